@@ -1,0 +1,108 @@
+"""``fullband <command>``: thin entry points over the library. Each command's options come from a config
+dataclass (help from its field docs), set by ``--config FILE`` (TOML/YAML) and ``--key value`` overrides."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from fullband.config import CheckConfig, ConfigError, GenerateConfig
+from fullband.configio import add_dataclass_arguments, config_from_args
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(piece) for piece in text.replace(",", " ").split()]
+    except ValueError:
+        raise ConfigError(
+            f"--prompt {text!r}: this checkpoint has no tokenizer, so the prompt must be token ids "
+            "separated by spaces or commas"
+        ) from None
+
+
+def run_generate(cfg: GenerateConfig) -> None:
+    import torch
+
+    from fullband.data import load_tokenizer
+    from fullband.model import FullBandwidthLM
+
+    model = FullBandwidthLM.from_pretrained(cfg.checkpoint, device=cfg.device)
+    tokenizer = load_tokenizer(cfg.checkpoint)
+    prompt = tokenizer.encode(cfg.prompt) if tokenizer is not None else _parse_ids(cfg.prompt)
+    if not prompt:
+        raise ConfigError("--prompt is empty: give some text (or token ids) to continue")
+    stops = [tokenizer.eos_id] if tokenizer is not None and cfg.stop_at_eos and tokenizer.eos_id is not None else []
+    steps = model.stream(
+        prompt, cfg.max_new_tokens, cfg.mode, prefill_passes=cfg.prefill_passes, temperature=cfg.temperature,
+        top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed, stop_token_ids=stops, exact_chunk_size=cfg.exact_chunk_size,
+    )
+    generated: list[int] = []
+    shown = ""
+    with torch.no_grad():
+        if tokenizer is None:
+            print(" ".join(map(str, prompt)), end="", flush=True)
+        else:
+            print(cfg.prompt, end="", flush=True)
+        for step in steps:
+            token = int(step[0])
+            if token in stops:
+                break
+            generated.append(token)
+            if tokenizer is None:
+                print(f" {token}", end="", flush=True)
+            else:
+                # Decode the whole continuation each step: a byte tokenizer can split a UTF-8 character.
+                text = tokenizer.decode(generated)
+                print(text[len(shown) :], end="", flush=True)
+                shown = text
+    print()
+
+
+def run_check(cfg: CheckConfig) -> None:
+    from fullband.selfcheck import run_check as check
+
+    if not check(cfg.seq_len, cfg.plain_prefix, cfg.seed):
+        raise SystemExit(1)
+
+
+COMMANDS: dict[str, tuple[type, Callable, str]] = {
+    "generate": (GenerateConfig, run_generate, "Decode from a checkpoint in standard, soft, fused or exact mode."),
+    "check": (CheckConfig, run_check, "Verify that sequential, multi-pass, chunked and cached decoding agree."),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fullband",
+        description="The full-bandwidth transformer: train, compare, decode, evaluate and serve.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (config_cls, _, help_text) in COMMANDS.items():
+        cmd = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
+        cmd.add_argument("--config", default=None, metavar="FILE", help="TOML or YAML file with these options.")
+        add_dataclass_arguments(cmd, config_cls)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    config_cls, handler, _ = COMMANDS[args.command]
+    from fullband.model.serialization import CheckpointError
+
+    try:
+        handler(config_from_args(config_cls, args))
+    except (ConfigError, CheckpointError) as err:
+        print(f"fullband {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

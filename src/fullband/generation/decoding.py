@@ -1,0 +1,183 @@
+"""Decoding in the four inference modes of DESIGN.md §4, batched with left padding, streaming.
+
+The decoding state of a row is its KV cache plus the last carried state ``h``. Every mode decodes one token
+per step through the model's one forward; the modes differ in how the prompt is prefilled and whether the
+carried state is fed back:
+
+- ``standard``: plain prefill, plain decoding (an ordinary transformer);
+- ``soft``: plain prefill, fused decoding from the first generated token on;
+- ``fused``: the prompt gets ``prefill_passes`` extra fused passes (Jacobi, p = 1), then fused decoding;
+- ``exact``: the prompt is fully recurrent (sequential, or exact Jacobi per chunk), then fused decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from fullband.config import DECODING_MODES, validate_decoding_options
+from fullband.generation.sampling import sample_next
+from fullband.model import FullBandwidthLM, KVCache
+
+MODES = DECODING_MODES
+
+PromptInput = torch.Tensor | Sequence[int] | Sequence[Sequence[int]]
+
+
+@dataclass
+class DecodeState:
+    """What a batch needs to take the next step: its KV cache and each row's last carried state."""
+
+    cache: KVCache
+    carried: torch.Tensor | None  # (B, D); None = plain decoding
+    next_logits: torch.Tensor  # (B, V) logits for the next token
+    prompt_len: int  # padded prompt length: generated positions start here
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged prompts -> (ids (B, T), attention_mask (B, T)), padded on the left."""
+    if len(prompts) == 0 or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    T = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), T), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, T - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
+        mask[row, T - len(prompt) :] = 1
+    return ids, mask
+
+
+def _as_batch(prompt_ids: PromptInput, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(prompt_ids, torch.Tensor):
+        ids = prompt_ids[None] if prompt_ids.dim() == 1 else prompt_ids
+        if ids.dim() != 2 or ids.shape[1] == 0:
+            raise ValueError("prompt_ids must be a non-empty tensor of shape (seq_len,) or (batch, seq_len)")
+        mask = attention_mask if attention_mask is not None else torch.ones_like(ids)
+        mask = mask[None] if mask.dim() == 1 else mask
+        if mask.shape != ids.shape:
+            raise ValueError(f"attention_mask shape {tuple(mask.shape)} != prompt_ids shape {tuple(ids.shape)}")
+        if not bool(mask[:, -1].all()):
+            raise ValueError("prompts must be left-padded: the last position of every row must be a real token")
+        return ids.long(), mask.long()
+    if len(prompt_ids) > 0 and isinstance(prompt_ids[0], int):
+        return left_pad([prompt_ids])  # type: ignore[list-item]
+    return left_pad(prompt_ids)  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+def prefill(
+    model: FullBandwidthLM,
+    ids: torch.Tensor,  # (B, T) left-padded prompt
+    mask: torch.Tensor,  # (B, T)
+    mode: str,
+    max_len: int,
+    prefill_passes: int = 1,
+    exact_chunk_size: int = 1,
+    exact_tol: float | None = None,
+) -> DecodeState:
+    """Run the prompt through the model in ``mode`` and return the state to decode from."""
+    B, T = ids.shape
+    if max_len > model.config.max_seq_len:
+        raise ValueError(f"prompt ({T} tokens, padded) + max_new_tokens = {max_len} exceeds the model context "
+                         f"max_seq_len={model.config.max_seq_len}; shorten the prompt or generate fewer tokens")
+    cache = model.new_cache(B, max_len)
+    # With left padding, a row's first real token is the one that must stay plain (p = 1 in that row).
+    first_real = (mask.shape[1] - mask.sum(dim=1)).to(ids.device)
+    if mode in ("standard", "soft"):
+        out = model(ids, passes=1, cache=cache, attention_mask=mask, logits_to_keep=1)
+    elif mode == "fused":
+        out = model(ids, passes=1 + prefill_passes, plain_prefix=first_real + 1, cache=cache,
+                    attention_mask=mask, logits_to_keep=1)
+    else:
+        out = model.prefill(ids, cache, first_real + 1, chunk_size=exact_chunk_size, tol=exact_tol,
+                            attention_mask=mask)
+    carried = None if mode == "standard" or model.fusion is None else out.hidden[:, -1]
+    return DecodeState(cache=cache, carried=carried, next_logits=out.logits[:, -1], prompt_len=T)
+
+
+@torch.no_grad()
+def decode_step(model: FullBandwidthLM, state: DecodeState, tokens: torch.Tensor) -> None:
+    """Feed the chosen tokens (B,) and advance ``state`` by one position."""
+    ones = torch.ones(tokens.shape[0], 1, dtype=torch.long, device=tokens.device)
+    out = model(tokens[:, None], plain_prefix=state.prompt_len, cache=state.cache, carried_state=state.carried,
+                attention_mask=ones)
+    state.next_logits = out.logits[:, -1]
+    if state.carried is not None:
+        state.carried = out.hidden[:, -1]
+
+
+@torch.no_grad()
+def stream(
+    model: FullBandwidthLM,
+    prompt_ids: PromptInput,
+    max_new_tokens: int = 64,
+    mode: str = "soft",
+    *,
+    prefill_passes: int = 1,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop_token_ids: Sequence[int] = (),
+    pad_token_id: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    exact_chunk_size: int = 1,
+    exact_tol: float | None = None,
+) -> Iterator[torch.Tensor]:
+    """Yield the next token of every row (B,) at each step; rows that hit a stop token yield the pad id.
+
+    Stops after ``max_new_tokens`` steps or when every row has stopped.
+    """
+    validate_decoding_options(mode, prefill_passes, temperature, top_k, top_p, max_new_tokens, exact_chunk_size)
+    device = model.embed.weight.device
+    ids, mask = _as_batch(prompt_ids, attention_mask)
+    ids, mask = ids.to(device), mask.to(device)
+    if max_new_tokens == 0:
+        return
+    state = prefill(model, ids, mask, mode, ids.shape[1] + max_new_tokens, prefill_passes, exact_chunk_size,
+                    exact_tol)
+    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+    stops = torch.tensor(list(stop_token_ids), dtype=torch.long, device=device)
+    pad = pad_token_id if pad_token_id is not None else (int(stops[0]) if len(stops) else 0)
+    finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)
+    for step in range(max_new_tokens):
+        token = sample_next(state.next_logits, temperature, top_k, top_p, generator)
+        token = torch.where(finished, torch.full_like(token, pad), token)
+        yield token
+        finished |= torch.isin(token, stops)
+        if bool(finished.all()) or step == max_new_tokens - 1:
+            return
+        decode_step(model, state, token)
+
+
+def generate(
+    model: FullBandwidthLM,
+    prompt_ids: PromptInput,
+    max_new_tokens: int = 64,
+    mode: str = "soft",
+    **kwargs,
+) -> torch.Tensor | list[int] | list[list[int]]:
+    """Prompt + generated tokens.
+
+    A tensor prompt (T,) or (B, T) returns a tensor (B, T + n) padded with the pad id after a stop; a list of
+    ids returns a list, a list of lists returns a list of lists, each cut after its first stop token.
+    """
+    steps = list(stream(model, prompt_ids, max_new_tokens, mode, **kwargs))
+    ids, mask = _as_batch(prompt_ids, kwargs.get("attention_mask"))
+    new = torch.stack(steps, dim=1).cpu() if steps else torch.zeros(ids.shape[0], 0, dtype=torch.long)
+    if isinstance(prompt_ids, torch.Tensor):
+        return torch.cat((ids.cpu(), new), dim=1)
+    stops = set(kwargs.get("stop_token_ids", ()))
+    rows = []
+    for row in range(ids.shape[0]):
+        prompt = ids[row][mask[row].bool()].tolist()
+        generated: list[int] = []
+        for token in new[row].tolist():
+            generated.append(token)
+            if token in stops:
+                break
+        rows.append(prompt + generated)
+    single = len(prompt_ids) > 0 and isinstance(prompt_ids[0], int)
+    return rows[0] if single else rows

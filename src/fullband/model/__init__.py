@@ -1,0 +1,7 @@
+"""The model: transformer blocks, latent fusion, KV cache and FullBandwidthLM (imports nothing else of fullband)."""
+
+from fullband.model.fusion import LatentFusion
+from fullband.model.kv_cache import KVCache
+from fullband.model.lm import IGNORE_INDEX, FullBandwidthLM, LMOutput, exact_pass_count
+
+__all__ = ["IGNORE_INDEX", "FullBandwidthLM", "KVCache", "LMOutput", "LatentFusion", "exact_pass_count"]

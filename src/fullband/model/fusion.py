@@ -1,0 +1,29 @@
+"""Latent-feedback fusion: the previous position's carried state enters the next input.
+
+    u_t = RMSNorm_in( (W_U h_{t-1}) * sigmoid(W_G RMSNorm_e(e_t)) )        ("glu_cross", DESIGN.md §1)
+
+The state is on the value path and the token only gates it: an additive ``e + W h`` would let the model
+learn to ignore the state, the gate cannot.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fullband.config import ModelConfig
+from fullband.model.layers import RMSNorm
+
+
+class LatentFusion(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.token_norm = RMSNorm(cfg.d_model, cfg.norm_eps)  # RMSNorm_e
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_G
+        self.state_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_U
+        self.out_norm = RMSNorm(cfg.d_model, cfg.norm_eps)  # RMSNorm_in
+
+    def forward(self, token_emb: torch.Tensor, prev_state: torch.Tensor) -> torch.Tensor:
+        """token_emb e_t and prev_state h_{t-1}, both (..., D) -> fused input u_t (..., D)."""
+        gate = torch.sigmoid(self.gate_proj(self.token_norm(token_emb)))
+        return self.out_norm(self.state_proj(prev_state) * gate)

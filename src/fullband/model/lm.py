@@ -1,0 +1,368 @@
+"""FullBandwidthLM: a pre-norm decoder whose top-layer state is fed back into the next position's input.
+
+One forward computes every execution mode of DESIGN.md §2. A *pass* runs the whole stack over a chunk of
+positions in parallel. Pass 1 feeds plain token embeddings (except a chunk's first position when the state
+carried in from the previous chunk is known); pass k >= 2 shifts pass k-1's carried states right by one and
+fuses them into every position at or past ``plain_prefix``. Run enough passes and the chunk is exact:
+
+- a whole sequence with ``passes = T - p + 1``           -> multi-pass (Jacobi) == sequential;
+- chunks of a prompt on top of the KV cache               -> chunked prefill;
+- chunks of one token, one pass each                      -> sequential reference == KV-cache decoding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fullband.config import ModelConfig
+from fullband.model.fusion import LatentFusion
+from fullband.model.kv_cache import KVCache
+from fullband.model.layers import Block, RMSNorm, rope_angles
+from fullband.model.serialization import load_config, load_state_dict_into, save_pretrained
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class LMOutput:
+    logits: torch.Tensor  # (B, T, V) from the last pass (or the last logits_to_keep positions)
+    hidden: torch.Tensor  # (B, T, D) carried states h_t from the last pass
+    loss: torch.Tensor | None = None  # NTP(pass 1) + feedback_weight * mean_{k>=2} NTP(pass k)
+    pass_losses: list[torch.Tensor] = field(default_factory=list)  # NTP loss of each pass
+    passes: int = 1  # passes run (stack evaluations; summed over chunks for chunked/sequential)
+    delta: float | None = None  # max |h^(k) - h^(k-1)| of the last pass (None after a single pass)
+
+
+PlainPrefix = int | torch.Tensor  # int, or one value per row (B,)
+
+
+class FullBandwidthLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        # The baseline has no fusion parameters at all, so its checkpoints are plain transformers.
+        self.fusion = LatentFusion(config) if config.feedback else None
+        exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim
+        inv_freq = 1.0 / config.rope_theta**exponents
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ setup
+
+    def reset_parameters(self) -> None:
+        std = self.config.init_std
+        residual_std = std / math.sqrt(2 * self.config.n_layers)  # keeps ||h|| O(1) with depth (GPT-2 scaling)
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                is_residual_out = name.endswith(("o_proj", "down_proj"))
+                nn.init.normal_(module.weight, mean=0.0, std=residual_std if is_residual_out else std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+        """An empty preallocated KV cache for ``batch_size`` rows of at most ``max_len`` tokens."""
+        max_len = max_len or self.config.max_seq_len
+        if max_len > self.config.max_seq_len:
+            raise ValueError(f"cache length {max_len} exceeds the model context max_seq_len={self.config.max_seq_len}")
+        p = self.embed.weight
+        return KVCache(self.config.n_layers, batch_size, self.config.kv_heads, self.config.head_dim, max_len,
+                       p.dtype, p.device)
+
+    def num_parameters(self, include_embedding: bool = True) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n if include_embedding else n - self.embed.weight.numel()
+
+    # ------------------------------------------------------------------ the stack
+
+    def run_stack(
+        self,
+        inputs: torch.Tensor,  # (B, T, D) input vectors u_t
+        positions: torch.Tensor,  # (B, T) RoPE positions
+        mask: torch.Tensor | None = None,  # (B, 1, T, S) bool; None = plain causal without cache
+        cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass through all blocks -> (carried states h (B, T, D), final-normed states (B, T, D))."""
+        rope = rope_angles(positions, self.inv_freq, inputs.dtype)
+        x, carried = inputs, None
+        for i, block in enumerate(self.blocks, start=1):
+            x = block(x, rope, mask, cache)
+            if i == self.config.feedback_layer:
+                carried = x
+        normed = self.norm(x)
+        if self.config.feedback_source == "normed":
+            carried = normed
+        return carried, normed
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # (B, T) token ids
+        passes: int = 1,
+        plain_prefix: PlainPrefix = 1,
+        labels: torch.Tensor | None = None,  # (B, T), aligned with tokens; shifted here; -100 = ignore
+        *,
+        attention_mask: torch.Tensor | None = None,  # (B, T) 1 = real token, 0 = left padding
+        cache: KVCache | None = None,
+        carried_state: torch.Tensor | None = None,  # (B, D) state of the position before this chunk
+        tol: float | None = None,
+        jitter: float = 0.0,
+        detach_passes: bool = False,
+        feedback_weight: float = 1.0,
+        logits_to_keep: int = 0,
+    ) -> LMOutput:
+        """Multi-pass forward over ``tokens`` (see the module docstring).
+
+        ``plain_prefix`` counts absolute positions from the start of the sequence (cached ones included);
+        positions before it get plain embeddings. ``tol`` stops early once ``max|h^(k) - h^(k-1)| < tol``.
+        ``jitter`` adds Uniform(-jitter, jitter) noise to the states before they are fused (training).
+        """
+        B, T = self._check_tokens(tokens, cache)
+        if passes < 1:
+            raise ValueError(f"passes must be >= 1, got {passes}")
+        if self.fusion is None:
+            passes, carried_state = 1, None  # the baseline ignores feedback entirely
+        offset = cache.length if cache is not None else 0
+        positions, mask = self._positions_and_mask(B, T, attention_mask, cache, tokens.device)
+        fused = self._fused_positions(plain_prefix, B, T, offset, tokens.device)  # (B, T) bool
+        if carried_state is not None and carried_state.shape != (B, self.config.d_model):
+            raise ValueError(
+                f"carried_state must have shape {(B, self.config.d_model)}, got {tuple(carried_state.shape)}"
+            )
+
+        emb = self.embed(tokens)  # (B, T, D)
+        # Which positions have a predecessor state to fuse: in pass 1 only a chunk's first position, and
+        # only when the state carried in from the previous chunk is given.
+        known_first = torch.zeros(B, T, dtype=torch.bool, device=tokens.device)
+        known_first[:, 0] = carried_state is not None
+        known_later = known_first.clone()
+        known_later[:, 1:] = True
+        incoming = carried_state if carried_state is not None else emb.new_zeros(B, self.config.d_model)
+
+        pass_losses: list[torch.Tensor] = []
+        carried: torch.Tensor | None = None
+        delta: float | None = None
+        logits = None
+        k = 0
+        for k in range(1, passes + 1):
+            if carried is None:
+                prev_states = incoming[:, None].expand(B, T, -1)  # only position 0 is used in pass 1
+                fuse_here = fused & known_first
+            else:
+                prev = carried.detach() if detach_passes else carried
+                prev_states = torch.cat((incoming[:, None], prev[:, :-1]), dim=1)  # h_{t-1} at position t
+                fuse_here = fused & known_later
+            inputs = self._fuse(emb, prev_states, fuse_here, jitter)
+            new_carried, normed = self.run_stack(inputs, positions, mask, cache)
+            last = k == passes
+            if carried is not None:
+                delta = (new_carried - carried).abs().max().item()
+                last = last or (tol is not None and delta < tol)
+            carried = new_carried
+            if labels is not None:
+                logits = self.lm_head(normed)
+                pass_losses.append(self._ntp_loss(logits, labels))
+            elif last:
+                logits = self.lm_head(normed[:, -logits_to_keep:] if logits_to_keep else normed)
+            if last:
+                break
+
+        if cache is not None:
+            chunk_valid = attention_mask.bool() if attention_mask is not None else torch.ones_like(fused)
+            cache.commit(chunk_valid)
+        loss = None
+        if pass_losses:
+            loss = pass_losses[0]
+            if len(pass_losses) > 1:
+                loss = loss + feedback_weight * torch.stack(pass_losses[1:]).mean()
+        return LMOutput(logits=logits, hidden=carried, loss=loss, pass_losses=pass_losses, passes=k, delta=delta)
+
+    def _fuse(
+        self, emb: torch.Tensor, prev_states: torch.Tensor, fuse_here: torch.Tensor, jitter: float
+    ) -> torch.Tensor:
+        if self.fusion is None or not bool(fuse_here.any()):
+            return emb
+        if jitter > 0:
+            prev_states = prev_states + torch.empty_like(prev_states).uniform_(-jitter, jitter)
+        return torch.where(fuse_here[..., None], self.fusion(emb, prev_states), emb)
+
+    @staticmethod
+    def _ntp_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = logits[:, :-1].flatten(0, 1)
+        # Cross-entropy in at least float32, so bf16 logits do not lose the loss's precision.
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return F.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX)
+
+    # ------------------------------------------------------------------ exact evaluation
+
+    @torch.no_grad()
+    def forward_exact(
+        self,
+        tokens: torch.Tensor,
+        plain_prefix: PlainPrefix = 1,
+        *,
+        method: str = "sequential",
+        chunk_size: int = 64,
+        tol: float | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> LMOutput:
+        """The fully recurrent states: ``sequential`` (one position at a time through the KV cache, the
+        definition), ``jacobi`` (whole-sequence passes until exact, or until ``max|Δh| < tol``), or
+        ``chunked`` (Jacobi per chunk of ``chunk_size`` on top of the cache of earlier chunks)."""
+        B, T = self._check_tokens(tokens, None)
+        if method == "jacobi":
+            cap = exact_pass_count(plain_prefix, T, offset=0, has_incoming=False)
+            return self(tokens, passes=cap, plain_prefix=plain_prefix, tol=tol, attention_mask=attention_mask)
+        if method == "sequential":
+            chunk_size = 1
+        elif method != "chunked":
+            raise ValueError(f"method must be 'sequential', 'jacobi' or 'chunked', got {method!r}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        cache = self.new_cache(B, T)
+        out = self.prefill(tokens, cache, plain_prefix, chunk_size=chunk_size, tol=tol, attention_mask=attention_mask)
+        return out
+
+    def prefill(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        plain_prefix: PlainPrefix,
+        *,
+        chunk_size: int,
+        carried_state: torch.Tensor | None = None,
+        tol: float | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> LMOutput:
+        """Exact (chunked) prefill into ``cache``: each chunk runs until it is exact (or ``max|Δh| < tol``)."""
+        logits, hidden, passes = [], [], 0
+        for start in range(0, tokens.shape[1], chunk_size):
+            chunk = tokens[:, start : start + chunk_size]
+            chunk_mask = attention_mask[:, start : start + chunk_size] if attention_mask is not None else None
+            cap = exact_pass_count(plain_prefix, chunk.shape[1], cache.length, carried_state is not None)
+            out = self(chunk, passes=cap, plain_prefix=plain_prefix, cache=cache, carried_state=carried_state,
+                       tol=tol, attention_mask=chunk_mask)
+            carried_state = out.hidden[:, -1] if self.fusion is not None else None
+            logits.append(out.logits)
+            hidden.append(out.hidden)
+            passes += out.passes
+        return LMOutput(logits=torch.cat(logits, 1), hidden=torch.cat(hidden, 1), passes=passes)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write ``model.safetensors`` and ``config.json`` to ``directory`` (each file atomically)."""
+        save_pretrained(self, directory)
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: str | Path, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> FullBandwidthLM:
+        """Load a directory written by :meth:`save_pretrained`; mismatched tensors raise CheckpointError."""
+        model = cls(load_config(directory))
+        load_state_dict_into(model, directory)
+        return model.to(device=device, dtype=dtype).eval()
+
+    # ------------------------------------------------------------------ decoding
+
+    def generate(
+        self, prompt_ids: torch.Tensor | list, max_new_tokens: int = 64, mode: str = "soft", **kwargs: Any
+    ) -> torch.Tensor | list:
+        """Decode in ``mode`` (standard | soft | fused | exact); see :func:`fullband.generation.generate`."""
+        from fullband.generation import generate  # decoding lives outside the model package
+
+        return generate(self, prompt_ids, max_new_tokens, mode, **kwargs)
+
+    def stream(
+        self, prompt_ids: torch.Tensor | list, max_new_tokens: int = 64, mode: str = "soft", **kwargs: Any
+    ) -> Iterator[torch.Tensor]:
+        """Yield each step's tokens (B,); see :func:`fullband.generation.stream`."""
+        from fullband.generation import stream
+
+        return stream(self, prompt_ids, max_new_tokens, mode, **kwargs)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_tokens(self, tokens: torch.Tensor, cache: KVCache | None) -> tuple[int, int]:
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int):
+            raise ValueError("tokens must be an integer tensor of shape (batch, seq_len)")
+        B, T = tokens.shape
+        if T == 0:
+            raise ValueError("tokens is empty: need at least one position")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} out of range: the model's vocab_size is {self.config.vocab_size} "
+                             f"(ids must be in 0..{self.config.vocab_size - 1})")
+        total = T + (cache.length if cache is not None else 0)
+        if total > self.config.max_seq_len:
+            raise ValueError(f"sequence of {total} tokens is longer than the model context max_seq_len="
+                             f"{self.config.max_seq_len}; shorten the input")
+        if cache is not None:
+            if cache.batch_size != B:
+                raise ValueError(f"cache holds {cache.batch_size} rows but tokens has {B}")
+            cache.check_room(T)
+        return B, T
+
+    @staticmethod
+    def _positions_and_mask(
+        B: int, T: int, attention_mask: torch.Tensor | None, cache: KVCache | None, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """RoPE positions (B, T) counting real tokens only, and the attention mask (None = plain causal)."""
+        if attention_mask is None and cache is None:
+            return torch.arange(T, device=device).expand(B, T), None
+        chunk_valid = (attention_mask if attention_mask is not None else torch.ones(B, T, device=device)).bool()
+        if attention_mask is not None and tuple(attention_mask.shape) != (B, T):
+            raise ValueError(f"attention_mask must have shape {(B, T)}, got {tuple(attention_mask.shape)}")
+        offset = cache.length if cache is not None else 0
+        start = cache.next_position[:, None] if cache is not None else 0
+        positions = (start + chunk_valid.long().cumsum(1) - 1).clamp(min=0)
+        key_valid = chunk_valid if cache is None else torch.cat((cache.valid[:, :offset], chunk_valid), 1)  # (B, S)
+        query_pos = torch.arange(offset, offset + T, device=device)[:, None]  # (T, 1)
+        key_pos = torch.arange(offset + T, device=device)[None, :]  # (1, S)
+        causal = key_pos <= query_pos  # (T, S)
+        # Pads attend to themselves only, so no softmax row is empty (which would give NaN).
+        mask = causal & (key_valid[:, None, :] | (key_pos == query_pos))  # (B, T, S)
+        return positions, mask[:, None]
+
+    @staticmethod
+    def _fused_positions(
+        plain_prefix: PlainPrefix, B: int, T: int, offset: int, device: torch.device
+    ) -> torch.Tensor:
+        absolute = torch.arange(offset, offset + T, device=device)
+        if isinstance(plain_prefix, torch.Tensor):
+            if plain_prefix.shape != (B,):
+                raise ValueError(f"plain_prefix tensor must have shape ({B},), got {tuple(plain_prefix.shape)}")
+            if bool((plain_prefix < 1).any()):
+                raise ValueError("plain_prefix must be >= 1 in every row (position 1 is always plain)")
+            return absolute[None, :] >= plain_prefix.to(device)[:, None]
+        if not isinstance(plain_prefix, int) or plain_prefix < 1:
+            raise ValueError(f"plain_prefix must be an integer >= 1 (position 1 is always plain), got {plain_prefix!r}")
+        return (absolute >= plain_prefix)[None, :].expand(B, T)
+
+
+def exact_pass_count(plain_prefix: PlainPrefix, T: int, offset: int, has_incoming: bool) -> int:
+    """Passes after which every position of a chunk is exact.
+
+    After pass k the first k-1 fused positions lacking a known predecessor are exact (each pass fixes one
+    more), so the count is (fused positions) + 1, one fewer when the chunk's first position is fused with a
+    known incoming state.
+    """
+    prefix = int(plain_prefix.min()) if isinstance(plain_prefix, torch.Tensor) else int(plain_prefix)
+    n_fused = max(0, offset + T - max(prefix, offset))
+    first_known = has_incoming and offset >= prefix
+    return max(1, n_fused + 1 - int(first_known))

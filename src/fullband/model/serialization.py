@@ -1,0 +1,83 @@
+"""save_pretrained / from_pretrained: ``model.safetensors`` + ``config.json`` in a directory."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from fullband.config import ConfigError, ModelConfig
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory is missing, incomplete or does not match its config."""
+
+
+def _atomic_write(path: Path, write) -> None:
+    # Write beside the target, flush to disk, then rename: a crash never leaves a half-written file.
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_pretrained(model: torch.nn.Module, directory: str | Path) -> None:
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CheckpointError(f"cannot create checkpoint directory {directory}: {err}") from None
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.config.tie_embeddings:
+        state.pop("lm_head.weight")  # shared with embed.weight; safetensors stores each tensor once
+    _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
+    config_text = json.dumps(model.config.to_dict(), indent=2) + "\n"
+    _atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(config_text))
+
+
+def load_config(directory: str | Path) -> ModelConfig:
+    path = Path(directory) / CONFIG_NAME
+    if not Path(directory).is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    if not path.is_file():
+        raise CheckpointError(f"{directory} has no {CONFIG_NAME}: not a fullband checkpoint")
+    try:
+        return ModelConfig.load(path)
+    except ConfigError as err:
+        raise CheckpointError(f"{path}: {err}") from None
+
+
+def load_state_dict_into(model: torch.nn.Module, directory: str | Path) -> None:
+    """Load ``model.safetensors`` into ``model``, failing with the names of missing/extra/misshapen tensors."""
+    path = Path(directory) / WEIGHTS_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{directory} has no {WEIGHTS_NAME}")
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{path} is corrupted or truncated: {err}") from None
+    expected = dict(model.state_dict())
+    if model.config.tie_embeddings:
+        expected.pop("lm_head.weight")
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    misshapen = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+                 for k in sorted(set(state) & set(expected)) if state[k].shape != expected[k].shape]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    if unexpected:
+        problems.append(f"unexpected tensors {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+    if misshapen:
+        problems.append(f"shape mismatches {misshapen[:8]}")
+    if problems:
+        raise CheckpointError(f"{path} does not match {directory / CONFIG_NAME}: " + "; ".join(problems))
+    model.load_state_dict(state, strict=False)  # strict would demand the tied lm_head.weight key

@@ -1,0 +1,68 @@
+"""save_pretrained / from_pretrained round trip and clear failures on bad checkpoints."""
+
+import json
+
+import pytest
+import torch
+from conftest import make_model
+
+from fullband import FullBandwidthLM
+from fullband.model.serialization import CheckpointError
+
+
+@pytest.mark.parametrize("overrides", [{}, {"feedback": False}, {"tie_embeddings": False}])
+def test_round_trip_gives_identical_logits(tmp_path, tokens, overrides):
+    model = make_model(dtype=torch.float32, **overrides)
+    model.save_pretrained(tmp_path / "ckpt")
+    loaded = FullBandwidthLM.from_pretrained(tmp_path / "ckpt")
+    assert loaded.config == model.config
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens, passes=3).logits, model(tokens, passes=3).logits, atol=0, rtol=0)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json", "model.safetensors"]
+    if model.config.tie_embeddings:
+        assert loaded.lm_head.weight is loaded.embed.weight
+
+
+def test_load_casts_to_requested_dtype(tmp_path):
+    make_model(dtype=torch.float32).save_pretrained(tmp_path)
+    assert FullBandwidthLM.from_pretrained(tmp_path, dtype=torch.float64).embed.weight.dtype == torch.float64
+
+
+def test_missing_directory_and_files(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        FullBandwidthLM.from_pretrained(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match=r"has no config\.json"):
+        FullBandwidthLM.from_pretrained(tmp_path)
+    make_model().save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"has no model\.safetensors"):
+        FullBandwidthLM.from_pretrained(tmp_path)
+
+
+def test_truncated_weights_are_reported_as_corrupted(tmp_path):
+    make_model().save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="corrupted or truncated"):
+        FullBandwidthLM.from_pretrained(tmp_path)
+
+
+def test_missing_and_misshapen_tensors_are_named(tmp_path):
+    make_model(feedback=False).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "feedback": True}))
+    with pytest.raises(CheckpointError, match=r"missing tensors \['fusion.gate_proj.weight'"):
+        FullBandwidthLM.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": 99}))
+    with pytest.raises(CheckpointError, match=r"shape mismatches \['embed.weight: checkpoint \(61, 32\) vs model"):
+        FullBandwidthLM.from_pretrained(tmp_path)
+
+
+def test_bad_config_json_is_reported(tmp_path):
+    make_model().save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('{"d_model": 32, "colour": "red"}')
+    with pytest.raises(CheckpointError, match="unknown ModelConfig key"):
+        FullBandwidthLM.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        FullBandwidthLM.from_pretrained(tmp_path)

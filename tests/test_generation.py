@@ -1,0 +1,129 @@
+"""Greedy decoding in every mode equals its definition; batching, sampling, stopping, streaming."""
+
+import pytest
+import torch
+from conftest import make_model
+
+from fullband import FullBandwidthLM
+
+PROMPT = [5, 17, 3, 44, 8, 21]
+NEW = 7
+
+
+def greedy_from_definition(model: FullBandwidthLM, prompt: list[int], logits_of) -> list[int]:
+    """Append argmax(logits_of(sequence)[last]) one token at a time, recomputing from scratch each step."""
+    seq = list(prompt)
+    for _ in range(NEW):
+        logits = logits_of(torch.tensor([seq]))
+        seq.append(int(logits[0, -1].argmax()))
+    return seq
+
+
+def fused_prefill_definition(model: FullBandwidthLM, prompt: list[int], k: int):
+    """Logits for fused(k) with no cache: the prompt's inputs are those of pass k+1 of Jacobi (p = 1);
+    generated positions then follow the exact recurrence on top of them."""
+    ids = torch.tensor([prompt])
+    emb = model.embed(ids)
+    prev = model(ids, passes=k, plain_prefix=1).hidden  # the states pass k+1 fuses
+    prompt_inputs = torch.cat((emb[:, :1], model.fusion(emb[:, 1:], prev[:, :-1])), 1)
+
+    def logits_of(seq: torch.Tensor) -> torch.Tensor:
+        inputs = [prompt_inputs[:, t] for t in range(len(prompt))]
+        emb_all = model.embed(seq)
+        for t in range(len(prompt), seq.shape[1] + 1):
+            positions = torch.arange(t).expand(1, t)
+            states, normed = model.run_stack(torch.stack(inputs, 1), positions)
+            if t < seq.shape[1]:
+                inputs.append(model.fusion(emb_all[:, t], states[:, t - 1]))
+        return model.lm_head(normed)
+
+    return logits_of
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("mode", ["standard", "soft", "fused", "exact"])
+def test_greedy_generate_equals_definition(model, mode):
+    if mode == "standard":
+        logits_of = lambda seq: model(seq).logits  # noqa: E731
+    elif mode == "soft":
+        logits_of = lambda seq: model.forward_exact(seq, plain_prefix=len(PROMPT)).logits  # noqa: E731
+    elif mode == "exact":
+        logits_of = lambda seq: model.forward_exact(seq, plain_prefix=1).logits  # noqa: E731
+    else:
+        logits_of = fused_prefill_definition(model, PROMPT, k=2)
+    expected = greedy_from_definition(model, PROMPT, logits_of)
+    got = model.generate(PROMPT, max_new_tokens=NEW, mode=mode, prefill_passes=2)
+    assert got == expected
+
+
+@torch.no_grad()
+def test_modes_really_differ(model):
+    outputs = {mode: tuple(model.generate(PROMPT, NEW, mode=mode)) for mode in ("standard", "soft", "exact")}
+    assert len(set(outputs.values())) == 3
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("chunk", [1, 4, 100])
+def test_exact_mode_chunk_sizes_agree(model, chunk):
+    expected = model.generate(PROMPT, NEW, mode="exact")
+    assert model.generate(PROMPT, NEW, mode="exact", exact_chunk_size=chunk) == expected
+
+
+@torch.no_grad()
+def test_baseline_soft_equals_standard():
+    model = make_model(feedback=False)
+    assert model.generate(PROMPT, NEW, mode="soft") == model.generate(PROMPT, NEW, mode="standard")
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("mode", ["standard", "soft", "fused", "exact"])
+def test_batched_left_padding_equals_one_by_one(model, mode):
+    prompts = [PROMPT, [9, 1], [33, 2, 60, 7, 12, 13, 14, 15, 40], [4]]
+    batched = model.generate(prompts, NEW, mode=mode, prefill_passes=2)
+    single = [model.generate(p, NEW, mode=mode, prefill_passes=2) for p in prompts]
+    assert batched == single
+
+
+@torch.no_grad()
+def test_tensor_prompt_returns_prompt_plus_new_tokens(model):
+    out = model.generate(torch.tensor([PROMPT, PROMPT]), NEW, mode="soft")
+    assert out.shape == (2, len(PROMPT) + NEW)
+    assert out[0].tolist() == model.generate(PROMPT, NEW, mode="soft")
+
+
+@torch.no_grad()
+def test_seeded_sampling_is_reproducible(model):
+    kwargs = dict(max_new_tokens=12, mode="soft", temperature=1.0, top_k=20, top_p=0.9)
+    first = model.generate([PROMPT, PROMPT[:3]], seed=7, **kwargs)
+    assert model.generate([PROMPT, PROMPT[:3]], seed=7, **kwargs) == first
+    others = [model.generate([PROMPT, PROMPT[:3]], seed=s, **kwargs) for s in (8, 9, 10)]
+    assert any(o != first for o in others)
+
+
+@torch.no_grad()
+def test_top_k_one_is_greedy(model):
+    greedy = model.generate(PROMPT, NEW, mode="soft")
+    assert model.generate(PROMPT, NEW, mode="soft", temperature=1.5, top_k=1, seed=0) == greedy
+
+
+@torch.no_grad()
+def test_stop_tokens_end_each_row(model):
+    full = model.generate(PROMPT, NEW, mode="soft")
+    stop = full[len(PROMPT) + 2]  # the third generated token
+    out = model.generate([PROMPT, PROMPT], NEW, mode="soft", stop_token_ids=[stop])
+    first = full.index(stop, len(PROMPT))
+    assert out == [full[: first + 1]] * 2
+    # Decoding ends once every row has stopped; a tensor prompt gets a tensor cut at that step.
+    tensor_out = model.generate(torch.tensor([PROMPT]), NEW, mode="soft", stop_token_ids=[stop])
+    assert tensor_out[0].tolist() == full[: first + 1]
+    # A row that stopped early is padded while the others go on.
+    steps = list(model.stream([PROMPT, [1, 2]], NEW, mode="soft", stop_token_ids=[stop], pad_token_id=0))
+    row0 = [int(t[0]) for t in steps]
+    assert row0[: first + 1 - len(PROMPT)] == full[len(PROMPT) : first + 1]
+    assert set(row0[first + 1 - len(PROMPT) :]) <= {0}
+
+
+@torch.no_grad()
+def test_stream_yields_the_generated_tokens(model):
+    steps = [int(t[0]) for t in model.stream(PROMPT, NEW, mode="fused", prefill_passes=1)]
+    assert PROMPT + steps == model.generate(PROMPT, NEW, mode="fused", prefill_passes=1)

@@ -1,0 +1,204 @@
+"""The recurrence computed every way DESIGN.md §2 lists must agree (float64, tiny random models)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_model
+
+from fullband import FullBandwidthLM
+from fullband.model import exact_pass_count
+
+TOL = 1e-9
+
+
+def sequential_reference(model: FullBandwidthLM, tokens: torch.Tensor, plain_prefix: int) -> torch.Tensor:
+    """The definition, with no cache and no multi-pass machinery: h_t = f(u_t; u_<t), u_t = fuse(e_t, h_{t-1})."""
+    B, T = tokens.shape
+    emb = model.embed(tokens)
+    inputs: list[torch.Tensor] = []
+    states = None
+    for t in range(T):
+        u = emb[:, t] if t < plain_prefix else model.fusion(emb[:, t], states[:, t - 1])
+        inputs.append(u)
+        positions = torch.arange(t + 1).expand(B, t + 1)
+        states, _ = model.run_stack(torch.stack(inputs, 1), positions)
+    return states
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("plain_prefix", [1, 2, 5, 13])
+def test_all_execution_modes_agree(model, tokens, plain_prefix):
+    T = tokens.shape[1]
+    reference = sequential_reference(model, tokens, plain_prefix)
+    sequential = model.forward_exact(tokens, plain_prefix)
+    multipass = model(tokens, passes=T - plain_prefix + 1, plain_prefix=plain_prefix)
+    jacobi = model.forward_exact(tokens, plain_prefix, method="jacobi")
+    jacobi_tol = model.forward_exact(tokens, plain_prefix, method="jacobi", tol=1e-12)
+    chunked = [model.forward_exact(tokens, plain_prefix, method="chunked", chunk_size=c) for c in (1, 2, 3, 5, T)]
+    assert sequential.passes == T
+    assert jacobi.passes == T - plain_prefix + 1 == exact_pass_count(plain_prefix, T, 0, False)
+    for out in [sequential, multipass, jacobi, jacobi_tol, *chunked]:
+        torch.testing.assert_close(out.hidden, reference, atol=TOL, rtol=0)
+        torch.testing.assert_close(out.logits, sequential.logits, atol=TOL, rtol=0)
+
+
+@torch.no_grad()
+def test_kv_cache_step_by_step_equals_sequential(model, tokens):
+    plain_prefix = 4
+    reference = sequential_reference(model, tokens, plain_prefix)
+    cache = model.new_cache(tokens.shape[0], tokens.shape[1])
+    out = model(tokens[:, :plain_prefix], cache=cache)  # plain prefill of the prefix
+    hidden = [out.hidden]
+    for t in range(plain_prefix, tokens.shape[1]):
+        out = model(tokens[:, t : t + 1], plain_prefix=plain_prefix, cache=cache, carried_state=hidden[-1][:, -1])
+        hidden.append(out.hidden)
+    torch.testing.assert_close(torch.cat(hidden, 1), reference, atol=TOL, rtol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("plain_prefix", [1, 3])
+def test_k_passes_exact_exactly_up_to_p_plus_k_minus_1(model, tokens, plain_prefix):
+    reference = model.forward_exact(tokens, plain_prefix).hidden
+    T = tokens.shape[1]
+    for k in range(1, T - plain_prefix + 1):
+        hidden = model(tokens, passes=k, plain_prefix=plain_prefix).hidden
+        error = (hidden - reference).abs().amax(dim=(0, 2))  # per position
+        exact_upto = plain_prefix + k - 1  # 1-indexed
+        assert error[:exact_upto].max() <= TOL, (k, error)
+        # The next position was fed a not-yet-exact state: with random fusion weights it is far off.
+        assert error[exact_upto] > 1e-3, (k, error)
+
+
+@torch.no_grad()
+def test_per_row_plain_prefix_equals_rows_one_by_one(model, tokens):
+    prefixes = torch.tensor([1, 4, 9])
+    batched = model(tokens, passes=3, plain_prefix=prefixes)
+    for row, p in enumerate(prefixes.tolist()):
+        single = model(tokens[row : row + 1], passes=3, plain_prefix=p)
+        torch.testing.assert_close(batched.hidden[row], single.hidden[0], atol=TOL, rtol=0)
+
+
+@torch.no_grad()
+def test_left_padding_does_not_change_real_positions(model, tokens):
+    pad = 3
+    padded = torch.cat((torch.zeros(1, pad, dtype=torch.long), tokens[:1]), 1)
+    mask = torch.cat((torch.zeros(1, pad, dtype=torch.long), torch.ones_like(tokens[:1])), 1)
+    out = model(padded, passes=4, plain_prefix=pad + 1, attention_mask=mask)
+    ref = model(tokens[:1], passes=4, plain_prefix=1)
+    torch.testing.assert_close(out.hidden[:, pad:], ref.hidden, atol=TOL, rtol=0)
+    exact = model.forward_exact(padded, torch.tensor([pad + 1]), method="chunked", chunk_size=4, attention_mask=mask)
+    torch.testing.assert_close(exact.hidden[:, pad:], model.forward_exact(tokens[:1], 1).hidden, atol=TOL, rtol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("source", ["normed", "layer:1"])
+def test_other_feedback_sources_agree_across_modes(tokens, source):
+    model = make_model(feedback_source=source)
+    reference = sequential_reference(model, tokens, 2)
+    for out in (model.forward_exact(tokens, 2), model(tokens, passes=12, plain_prefix=2),
+                model.forward_exact(tokens, 2, method="chunked", chunk_size=4)):
+        torch.testing.assert_close(out.hidden, reference, atol=TOL, rtol=0)
+
+
+@torch.no_grad()
+def test_jacobi_tolerance_stops_early_and_reports_passes(model, tokens):
+    loose = model.forward_exact(tokens, 1, method="jacobi", tol=1e6)
+    assert loose.passes == 2 and loose.delta is not None and loose.delta < 1e6
+
+
+def test_float32_modes_agree_closely(tokens):
+    model = make_model(dtype=torch.float32)
+    with torch.no_grad():
+        seq = model.forward_exact(tokens, 2)
+        multi = model(tokens, passes=12, plain_prefix=2)
+    torch.testing.assert_close(multi.logits, seq.logits, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- baseline (feedback=False)
+
+
+def standard_transformer_reference(model: FullBandwidthLM, tokens: torch.Tensor) -> torch.Tensor:
+    """A from-scratch pre-norm Llama-style forward (explicit softmax attention) with the model's weights."""
+    cfg = model.config
+    B, T = tokens.shape
+    H, Hkv, hd = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+
+    def rms(x, w):
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * w
+
+    inv = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv.float().double()
+    cos, sin = ang.cos(), ang.sin()
+
+    def rope(x):  # (B, H, T, hd)
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)
+
+    x = model.embed.weight[tokens]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for block in model.blocks:
+        a = block.attn
+        y = rms(x, block.attn_norm.weight)
+        q = rope((y @ a.q_proj.weight.T).view(B, T, H, hd).transpose(1, 2))
+        k = rope((y @ a.k_proj.weight.T).view(B, T, Hkv, hd).transpose(1, 2)).repeat_interleave(H // Hkv, 1)
+        v = (y @ a.v_proj.weight.T).view(B, T, Hkv, hd).transpose(1, 2).repeat_interleave(H // Hkv, 1)
+        scores = (q @ k.transpose(-1, -2) / hd**0.5).masked_fill(~causal, float("-inf"))
+        x = x + (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, -1) @ a.o_proj.weight.T
+        y = rms(x, block.mlp_norm.weight)
+        m = block.mlp
+        x = x + (F.silu(y @ m.gate_proj.weight.T) * (y @ m.up_proj.weight.T)) @ m.down_proj.weight.T
+    return rms(x, model.norm.weight) @ model.embed.weight.T
+
+
+@torch.no_grad()
+def test_baseline_has_no_fusion_and_ignores_passes(tokens):
+    model = make_model(feedback=False)
+    assert model.fusion is None
+    assert not any("fusion" in name for name in model.state_dict())
+    one = model(tokens, passes=1)
+    for passes in (2, 5):
+        torch.testing.assert_close(model(tokens, passes=passes, plain_prefix=1).logits, one.logits, atol=0, rtol=0)
+    torch.testing.assert_close(model.forward_exact(tokens).logits, one.logits, atol=TOL, rtol=0)
+    torch.testing.assert_close(one.logits, standard_transformer_reference(model, tokens), atol=TOL, rtol=0)
+
+
+@torch.no_grad()
+def test_feedback_model_single_pass_is_the_standard_transformer(model, tokens):
+    torch.testing.assert_close(model(tokens).logits, standard_transformer_reference(model, tokens), atol=TOL, rtol=0)
+
+
+# ---------------------------------------------------------------- training-facing options
+
+
+def test_loss_combines_passes_with_feedback_weight(model, tokens):
+    labels = tokens.clone()
+    labels[:, :3] = -100
+    out = model(tokens, passes=3, plain_prefix=2, labels=labels, feedback_weight=0.5)
+    assert len(out.pass_losses) == 3
+    expected = out.pass_losses[0] + 0.5 * (out.pass_losses[1] + out.pass_losses[2]) / 2
+    torch.testing.assert_close(out.loss, expected)
+    manual = F.cross_entropy(out.logits[:, :-1].reshape(-1, 61), labels[:, 1:].reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(out.pass_losses[-1], manual)
+
+
+def test_detach_passes_keeps_values_and_cuts_gradient_between_passes(model, tokens):
+    attached = model(tokens, passes=2, labels=tokens)
+    detached = model(tokens, passes=2, labels=tokens, detach_passes=True)
+    torch.testing.assert_close(attached.loss, detached.loss, atol=0, rtol=0)
+    # Pass 2's loss reaches the fusion weights either way, but reaches pass 1 only without detach.
+    grads = []
+    for out in (attached, detached):
+        model.zero_grad()
+        out.pass_losses[1].backward()
+        grads.append(model.blocks[0].attn.q_proj.weight.grad.clone())
+    assert not torch.allclose(grads[0], grads[1])
+
+
+def test_jitter_perturbs_only_fused_inputs(model, tokens):
+    torch.manual_seed(0)
+    clean = model(tokens, passes=2, plain_prefix=1)
+    noisy = model(tokens, passes=2, plain_prefix=1, jitter=0.02)
+    single_noisy = model(tokens, passes=1, jitter=0.02)
+    assert not torch.allclose(clean.logits, noisy.logits)
+    torch.testing.assert_close(clean.logits[:, 0], noisy.logits[:, 0], atol=TOL, rtol=0)  # position 1 is plain
+    torch.testing.assert_close(single_noisy.logits, model(tokens).logits, atol=0, rtol=0)
