@@ -8,14 +8,15 @@ which positions k Jacobi passes make exact, then greedy continuations in the fou
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
 from fullband.config import ModelConfig
-from fullband.model import FullBandwidthLM
+from fullband.model import FullBandwidthLM, LMOutput
 
 
-def _timed(fn):  # noqa: ANN001, ANN202
+def _timed(fn: Callable[[], LMOutput]) -> tuple[LMOutput, float]:
     start = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - start

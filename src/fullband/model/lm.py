@@ -145,33 +145,18 @@ class FullBandwidthLM(nn.Module):
             )
 
         emb = self.embed(tokens)  # (B, T, D)
-        # Which positions have a predecessor state to fuse: in pass 1 only a chunk's first position, and
-        # only when the state carried in from the previous chunk is given.
-        known_first = torch.zeros(B, T, dtype=torch.bool, device=tokens.device)
-        known_first[:, 0] = carried_state is not None
-        known_later = known_first.clone()
-        known_later[:, 1:] = True
-        incoming = carried_state if carried_state is not None else emb.new_zeros(B, self.config.d_model)
-
         pass_losses: list[torch.Tensor] = []
         carried: torch.Tensor | None = None
         delta: float | None = None
         logits = None
         k = 0
         for k in range(1, passes + 1):
-            if carried is None:
-                prev_states = incoming[:, None].expand(B, T, -1)  # only position 0 is used in pass 1
-                fuse_here = fused & known_first
-            else:
-                prev = carried.detach() if detach_passes else carried
-                prev_states = torch.cat((incoming[:, None], prev[:, :-1]), dim=1)  # h_{t-1} at position t
-                fuse_here = fused & known_later
-            inputs = self._fuse(emb, prev_states, fuse_here, jitter)
+            inputs = self._pass_inputs(emb, fused, carried, carried_state, jitter, detach_passes)
             new_carried, normed = self.run_stack(inputs, positions, mask, cache)
             last = k == passes
-            if carried is not None:
+            if carried is not None and (last or tol is not None):
                 delta = (new_carried - carried).abs().max().item()
-                last = last or (tol is not None and delta < tol)
+                last = last or delta < tol
             carried = new_carried
             if labels is not None:
                 logits = self.lm_head(normed)
@@ -191,14 +176,35 @@ class FullBandwidthLM(nn.Module):
                 loss = loss + feedback_weight * torch.stack(pass_losses[1:]).mean()
         return LMOutput(logits=logits, hidden=carried, loss=loss, pass_losses=pass_losses, passes=k, delta=delta)
 
-    def _fuse(
-        self, emb: torch.Tensor, prev_states: torch.Tensor, fuse_here: torch.Tensor, jitter: float
+    def _pass_inputs(
+        self,
+        emb: torch.Tensor,  # (B, T, D) token embeddings e_t
+        fused: torch.Tensor,  # (B, T) positions at or past plain_prefix
+        carried: torch.Tensor | None,  # (B, T, D) previous pass's states; None in pass 1
+        carried_state: torch.Tensor | None,  # (B, D) state carried in from before the chunk
+        jitter: float,
+        detach: bool,
     ) -> torch.Tensor:
-        if self.fusion is None or not bool(fuse_here.any()):
-            return emb
-        if jitter > 0:
-            prev_states = prev_states + torch.empty_like(prev_states).uniform_(-jitter, jitter)
+        """Input vectors of one pass: fuse(e_t, h_{t-1}) at fused positions whose h_{t-1} is known, else e_t."""
+        if self.fusion is None or (carried is None and carried_state is None):
+            return emb  # pass 1 of a chunk with nothing carried in: all plain
+        B, _, D = emb.shape
+        incoming = carried_state if carried_state is not None else emb.new_zeros(B, D)
+        if carried is None:
+            # Pass 1: only the chunk's first position has a known predecessor, the carried-in state.
+            first = self.fusion(emb[:, 0], self._jittered(incoming, jitter))
+            return torch.cat((torch.where(fused[:, :1], first, emb[:, 0])[:, None], emb[:, 1:]), dim=1)
+        prev = carried.detach() if detach else carried
+        prev_states = self._jittered(torch.cat((incoming[:, None], prev[:, :-1]), dim=1), jitter)  # h_{t-1} at t
+        fuse_here = fused.clone()
+        if carried_state is None:
+            fuse_here[:, 0] = False  # no predecessor for the chunk's first position
         return torch.where(fuse_here[..., None], self.fusion(emb, prev_states), emb)
+
+    @staticmethod
+    def _jittered(states: torch.Tensor, jitter: float) -> torch.Tensor:
+        # Training-time robustness noise on the states about to be fused (DESIGN.md §3).
+        return states + torch.empty_like(states).uniform_(-jitter, jitter) if jitter > 0 else states
 
     @staticmethod
     def _ntp_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

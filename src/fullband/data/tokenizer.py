@@ -1,0 +1,186 @@
+"""Tokenizers: a small common interface, a byte tokenizer and a byte-level BPE (HF ``tokenizers``).
+
+On disk a tokenizer is a directory with ``tokenizer_config.json`` (``{"type": "byte" | "bpe", ...}``) and,
+for BPE, the ``tokenizers`` library's ``tokenizer.json``. ``load_tokenizer(dir)`` reads either back; a bare
+``tokenizer.json`` from elsewhere also loads if it has a recognisable end-of-text token.
+
+Special ids are only ever produced by id (``eos_id``), never by encoding text: a corpus that happens to
+contain the string ``<|endoftext|>`` encodes it as ordinary text. ``decode`` drops special and
+out-of-range ids (a model's embedding table may be larger than the tokenizer's vocabulary).
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from fullband.data.cache import atomic_write_bytes, atomic_write_json, sha256_bytes
+from fullband.data.errors import DataError
+
+CONFIG_FILE = "tokenizer_config.json"
+BPE_FILE = "tokenizer.json"
+EOS_TOKEN = "<|endoftext|>"
+_KNOWN_EOS = (EOS_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>")
+
+
+class Tokenizer(ABC):
+    """What the rest of fullband needs from a tokenizer."""
+
+    vocab_size: int
+    eos_id: int
+    bos_id: int | None = None
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without special tokens."""
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``; special and unknown ids are dropped."""
+
+    @abstractmethod
+    def save(self, directory: str | Path) -> None:
+        """Write the tokenizer files into ``directory`` (created if needed)."""
+
+    @abstractmethod
+    def config(self) -> dict[str, Any]:
+        """The JSON written as ``tokenizer_config.json``."""
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    @property
+    def fingerprint(self) -> str:
+        """Hex digest that changes whenever the text -> ids mapping could change (used as a cache key)."""
+        return sha256_bytes(json.dumps(self.config(), sort_keys=True).encode())
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes as ids 0..255, then ``<|endoftext|>`` = 256: vocabulary 257, nothing to train."""
+
+    vocab_size = 257
+    eos_id = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def config(self) -> dict[str, Any]:
+        return {"type": "byte", "vocab_size": self.vocab_size, "eos_id": self.eos_id, "bos_id": None}
+
+    def save(self, directory: str | Path) -> None:
+        atomic_write_json(Path(directory) / CONFIG_FILE, self.config())
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer()"
+
+
+class BPETokenizer(Tokenizer):
+    """A wrapped ``tokenizers.Tokenizer`` (normally byte-level BPE from ``train_bpe``)."""
+
+    def __init__(self, tk: Any, eos_token: str = EOS_TOKEN) -> None:
+        eos_id = tk.token_to_id(eos_token)
+        if eos_id is None:
+            raise DataError(f"tokenizer has no end-of-text token {eos_token!r}")
+        self._tk = tk
+        self._tk.encode_special_tokens = True  # text never turns into special ids (see module doc)
+        self.eos_token = eos_token
+        self.eos_id = eos_id
+        self.bos_id = None
+        self.vocab_size = tk.get_vocab_size(with_added_tokens=True)
+        self._json = tk.to_str()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tk.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        # The Rust side parallelises across texts.
+        return [e.ids for e in self._tk.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tk.decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=True)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "type": "bpe",
+            "vocab_size": self.vocab_size,
+            "eos_token": self.eos_token,
+            "eos_id": self.eos_id,
+            "bos_id": None,
+            "tokenizer_sha256": sha256_bytes(self._json.encode()),
+        }
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        atomic_write_bytes(directory / BPE_FILE, self._json.encode("utf-8"))
+        atomic_write_json(directory / CONFIG_FILE, self.config())  # written last: marks a complete save
+
+    @classmethod
+    def from_file(cls, path: str | Path, eos_token: str | None = None) -> BPETokenizer:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        tk = HFTokenizer.from_file(str(path))
+        if eos_token is None:
+            vocab = tk.get_vocab(with_added_tokens=True)
+            eos_token = next((t for t in _KNOWN_EOS if t in vocab), None)
+            if eos_token is None:
+                raise DataError(
+                    f"{path}: cannot tell which token is end-of-text (looked for {', '.join(_KNOWN_EOS)}); "
+                    f"add a {CONFIG_FILE} with an eos_token"
+                )
+        return cls(tk, eos_token)
+
+    def __repr__(self) -> str:
+        return f"BPETokenizer(vocab_size={self.vocab_size})"
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2) -> BPETokenizer:
+    """Train a byte-level BPE (GPT-2 style pre-tokenisation, exact round trip) with ``<|endoftext|>`` as eos.
+
+    The vocabulary always contains all 256 byte symbols, so any text encodes; ``vocab_size`` is an upper
+    bound (a small corpus may run out of merges first).
+    """
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 257:
+        raise DataError(f"BPE vocab_size must be at least 257 (256 bytes + eos), got {vocab_size}")
+    tk = HFTokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tk.train_from_iterator(texts, trainer=trainer)
+    return BPETokenizer(tk)
+
+
+def load_tokenizer(directory: str | Path) -> Tokenizer | None:
+    """The tokenizer saved in ``directory``, or None if it holds no tokenizer files (or does not exist)."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise DataError(f"load_tokenizer expects a directory, got file {directory}")
+    cfg_path, bpe_path = directory / CONFIG_FILE, directory / BPE_FILE
+    if not cfg_path.is_file():
+        return BPETokenizer.from_file(bpe_path) if bpe_path.is_file() else None
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{cfg_path}: invalid JSON ({e})") from e
+    kind = cfg.get("type")
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "bpe":
+        if not bpe_path.is_file():
+            raise DataError(f"{cfg_path} says type 'bpe' but {bpe_path} is missing")
+        return BPETokenizer.from_file(bpe_path, cfg.get("eos_token", EOS_TOKEN))
+    raise DataError(f"{cfg_path}: unknown tokenizer type {kind!r} (expected 'byte' or 'bpe')")
