@@ -2,6 +2,7 @@
 
 from fullband.model.fusion import LatentFusion
 from fullband.model.kv_cache import KVCache
-from fullband.model.lm import IGNORE_INDEX, FullBandwidthLM, LMOutput, exact_pass_count
+from fullband.model.lm import FullBandwidthLM
+from fullband.model.recurrence import IGNORE_INDEX, LMOutput, exact_pass_count, run_passes
 
-__all__ = ["IGNORE_INDEX", "FullBandwidthLM", "KVCache", "LMOutput", "LatentFusion", "exact_pass_count"]
+__all__ = ["IGNORE_INDEX", "FullBandwidthLM", "KVCache", "LMOutput", "LatentFusion", "exact_pass_count", "run_passes"]

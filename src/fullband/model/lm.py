@@ -1,9 +1,7 @@
 """FullBandwidthLM: a pre-norm decoder whose top-layer state is fed back into the next position's input.
 
-One forward computes every execution mode of DESIGN.md §2. A *pass* runs the whole stack over a chunk of
-positions in parallel. Pass 1 feeds plain token embeddings (except a chunk's first position when the state
-carried in from the previous chunk is known); pass k >= 2 shifts pass k-1's carried states right by one and
-fuses them into every position at or past ``plain_prefix``. Run enough passes and the chunk is exact:
+One forward computes every execution mode of DESIGN.md §2 by running the multi-pass iteration of
+:mod:`fullband.model.recurrence` over a chunk of positions. Run enough passes and the chunk is exact:
 
 - a whole sequence with ``passes = T - p + 1``           -> multi-pass (Jacobi) == sequential;
 - chunks of a prompt on top of the KV cache               -> chunked prefill;
@@ -14,34 +12,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fullband.config import ModelConfig
 from fullband.model.fusion import LatentFusion
 from fullband.model.kv_cache import KVCache
 from fullband.model.layers import Block, RMSNorm, rope_angles
+from fullband.model.recurrence import LMOutput, PlainPrefix, exact_pass_count, fused_positions, run_passes
 from fullband.model.serialization import load_config, load_state_dict_into, save_pretrained
-
-IGNORE_INDEX = -100
-
-
-@dataclass
-class LMOutput:
-    logits: torch.Tensor  # (B, T, V) from the last pass (or the last logits_to_keep positions)
-    hidden: torch.Tensor  # (B, T, D) carried states h_t from the last pass
-    loss: torch.Tensor | None = None  # NTP(pass 1) + feedback_weight * mean_{k>=2} NTP(pass k)
-    pass_losses: list[torch.Tensor] = field(default_factory=list)  # NTP loss of each pass
-    passes: int = 1  # passes run (stack evaluations; summed over chunks for chunked/sequential)
-    delta: float | None = None  # max |h^(k) - h^(k-1)| of the last pass (None after a single pass)
-
-
-PlainPrefix = int | torch.Tensor  # int, or one value per row (B,)
 
 
 class FullBandwidthLM(nn.Module):
@@ -138,80 +120,19 @@ class FullBandwidthLM(nn.Module):
             passes, carried_state = 1, None  # the baseline ignores feedback entirely
         offset = cache.length if cache is not None else 0
         positions, mask = self._positions_and_mask(B, T, attention_mask, cache, tokens.device)
-        fused = self._fused_positions(plain_prefix, B, T, offset, tokens.device)  # (B, T) bool
+        fused = fused_positions(plain_prefix, B, T, offset, tokens.device)  # (B, T) bool
         if carried_state is not None and carried_state.shape != (B, self.config.d_model):
             raise ValueError(
                 f"carried_state must have shape {(B, self.config.d_model)}, got {tuple(carried_state.shape)}"
             )
-
-        emb = self.embed(tokens)  # (B, T, D)
-        pass_losses: list[torch.Tensor] = []
-        carried: torch.Tensor | None = None
-        delta: float | None = None
-        logits = None
-        k = 0
-        for k in range(1, passes + 1):
-            inputs = self._pass_inputs(emb, fused, carried, carried_state, jitter, detach_passes)
-            new_carried, normed = self.run_stack(inputs, positions, mask, cache)
-            last = k == passes
-            if carried is not None and (last or tol is not None):
-                delta = (new_carried - carried).abs().max().item()
-                last = last or delta < tol
-            carried = new_carried
-            if labels is not None:
-                logits = self.lm_head(normed)
-                pass_losses.append(self._ntp_loss(logits, labels))
-            elif last:
-                logits = self.lm_head(normed[:, -logits_to_keep:] if logits_to_keep else normed)
-            if last:
-                break
-
+        out = run_passes(
+            lambda inputs: self.run_stack(inputs, positions, mask, cache), self.lm_head, self.fusion,
+            self.embed(tokens), fused, passes, labels=labels, carried_state=carried_state, tol=tol, jitter=jitter,
+            detach_passes=detach_passes, feedback_weight=feedback_weight, logits_to_keep=logits_to_keep,
+        )
         if cache is not None:
-            chunk_valid = attention_mask.bool() if attention_mask is not None else torch.ones_like(fused)
-            cache.commit(chunk_valid)
-        loss = None
-        if pass_losses:
-            loss = pass_losses[0]
-            if len(pass_losses) > 1:
-                loss = loss + feedback_weight * torch.stack(pass_losses[1:]).mean()
-        return LMOutput(logits=logits, hidden=carried, loss=loss, pass_losses=pass_losses, passes=k, delta=delta)
-
-    def _pass_inputs(
-        self,
-        emb: torch.Tensor,  # (B, T, D) token embeddings e_t
-        fused: torch.Tensor,  # (B, T) positions at or past plain_prefix
-        carried: torch.Tensor | None,  # (B, T, D) previous pass's states; None in pass 1
-        carried_state: torch.Tensor | None,  # (B, D) state carried in from before the chunk
-        jitter: float,
-        detach: bool,
-    ) -> torch.Tensor:
-        """Input vectors of one pass: fuse(e_t, h_{t-1}) at fused positions whose h_{t-1} is known, else e_t."""
-        if self.fusion is None or (carried is None and carried_state is None):
-            return emb  # pass 1 of a chunk with nothing carried in: all plain
-        B, _, D = emb.shape
-        incoming = carried_state if carried_state is not None else emb.new_zeros(B, D)
-        if carried is None:
-            # Pass 1: only the chunk's first position has a known predecessor, the carried-in state.
-            first = self.fusion(emb[:, 0], self._jittered(incoming, jitter))
-            return torch.cat((torch.where(fused[:, :1], first, emb[:, 0])[:, None], emb[:, 1:]), dim=1)
-        prev = carried.detach() if detach else carried
-        prev_states = self._jittered(torch.cat((incoming[:, None], prev[:, :-1]), dim=1), jitter)  # h_{t-1} at t
-        fuse_here = fused.clone()
-        if carried_state is None:
-            fuse_here[:, 0] = False  # no predecessor for the chunk's first position
-        return torch.where(fuse_here[..., None], self.fusion(emb, prev_states), emb)
-
-    @staticmethod
-    def _jittered(states: torch.Tensor, jitter: float) -> torch.Tensor:
-        # Training-time robustness noise on the states about to be fused (DESIGN.md §3).
-        return states + torch.empty_like(states).uniform_(-jitter, jitter) if jitter > 0 else states
-
-    @staticmethod
-    def _ntp_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        logits = logits[:, :-1].flatten(0, 1)
-        # Cross-entropy in at least float32, so bf16 logits do not lose the loss's precision.
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        return F.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX)
+            cache.commit(attention_mask.bool() if attention_mask is not None else torch.ones_like(fused))
+        return out
 
     # ------------------------------------------------------------------ exact evaluation
 
@@ -344,31 +265,3 @@ class FullBandwidthLM(nn.Module):
         # Pads attend to themselves only, so no softmax row is empty (which would give NaN).
         mask = causal & (key_valid[:, None, :] | (key_pos == query_pos))  # (B, T, S)
         return positions, mask[:, None]
-
-    @staticmethod
-    def _fused_positions(
-        plain_prefix: PlainPrefix, B: int, T: int, offset: int, device: torch.device
-    ) -> torch.Tensor:
-        absolute = torch.arange(offset, offset + T, device=device)
-        if isinstance(plain_prefix, torch.Tensor):
-            if plain_prefix.shape != (B,):
-                raise ValueError(f"plain_prefix tensor must have shape ({B},), got {tuple(plain_prefix.shape)}")
-            if bool((plain_prefix < 1).any()):
-                raise ValueError("plain_prefix must be >= 1 in every row (position 1 is always plain)")
-            return absolute[None, :] >= plain_prefix.to(device)[:, None]
-        if not isinstance(plain_prefix, int) or plain_prefix < 1:
-            raise ValueError(f"plain_prefix must be an integer >= 1 (position 1 is always plain), got {plain_prefix!r}")
-        return (absolute >= plain_prefix)[None, :].expand(B, T)
-
-
-def exact_pass_count(plain_prefix: PlainPrefix, T: int, offset: int, has_incoming: bool) -> int:
-    """Passes after which every position of a chunk is exact.
-
-    After pass k the first k-1 fused positions lacking a known predecessor are exact (each pass fixes one
-    more), so the count is (fused positions) + 1, one fewer when the chunk's first position is fused with a
-    known incoming state.
-    """
-    prefix = int(plain_prefix.min()) if isinstance(plain_prefix, torch.Tensor) else int(plain_prefix)
-    n_fused = max(0, offset + T - max(prefix, offset))
-    first_known = has_incoming and offset >= prefix
-    return max(1, n_fused + 1 - int(first_known))

@@ -1,0 +1,147 @@
+"""The multi-pass (Jacobi) iteration of DESIGN.md §2, independent of the network that runs one pass.
+
+A *pass* runs the whole stack over a chunk of positions in parallel. Pass 1 feeds plain token embeddings,
+except at the chunk's first position when the state carried in from before the chunk is known. Pass k >= 2
+shifts pass k-1's carried states right by one and fuses them into every position at or past ``plain_prefix``.
+After k passes the first k-1 fused positions without a known predecessor are exact (see
+:func:`exact_pass_count`). The native model and wrappers of other networks share this one loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+IGNORE_INDEX = -100
+
+PlainPrefix = int | torch.Tensor  # int, or one value per row (B,)
+Stack = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # inputs u -> (carried h, head input)
+
+
+@dataclass
+class LMOutput:
+    logits: torch.Tensor  # (B, T, V) from the last pass (or its last logits_to_keep positions)
+    hidden: torch.Tensor  # (B, T, D) carried states h_t from the last pass
+    loss: torch.Tensor | None = None  # NTP(pass 1) + feedback_weight * mean_{k>=2} NTP(pass k)
+    pass_losses: list[torch.Tensor] = field(default_factory=list)  # NTP loss of each pass
+    passes: int = 1  # passes run (stack evaluations; summed over chunks for chunked/sequential)
+    delta: float | None = None  # max |h^(k) - h^(k-1)| of the last pass (None after a single pass)
+
+
+def run_passes(
+    stack: Stack,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    fusion: nn.Module | None,
+    emb: torch.Tensor,  # (B, T, D) token embeddings e_t
+    fused: torch.Tensor,  # (B, T) bool: positions at or past plain_prefix
+    passes: int,
+    *,
+    labels: torch.Tensor | None = None,
+    carried_state: torch.Tensor | None = None,
+    tol: float | None = None,
+    jitter: float = 0.0,
+    detach_passes: bool = False,
+    feedback_weight: float = 1.0,
+    logits_to_keep: int = 0,
+) -> LMOutput:
+    """Run up to ``passes`` passes; stop early once ``max|h^(k) - h^(k-1)| < tol``.
+
+    ``stack(u)`` runs the network once and returns (carried states, input of ``head``); ``head`` gives logits.
+    With ``labels`` every pass's logits are scored, otherwise only the last pass's.
+    """
+    pass_losses: list[torch.Tensor] = []
+    carried: torch.Tensor | None = None
+    delta: float | None = None
+    logits = None
+    k = 0
+    for k in range(1, passes + 1):
+        inputs = pass_inputs(fusion, emb, fused, carried, carried_state, jitter, detach_passes)
+        new_carried, head_input = stack(inputs)
+        last = k == passes
+        if carried is not None and (last or tol is not None):
+            delta = (new_carried - carried).abs().max().item()
+            last = last or delta < tol
+        carried = new_carried
+        if labels is not None:
+            logits = head(head_input)
+            pass_losses.append(ntp_loss(logits, labels))
+        elif last:
+            logits = head(head_input[:, -logits_to_keep:] if logits_to_keep else head_input)
+        if last:
+            break
+    loss = None
+    if pass_losses:
+        loss = pass_losses[0]
+        if len(pass_losses) > 1:
+            loss = loss + feedback_weight * torch.stack(pass_losses[1:]).mean()
+    return LMOutput(logits=logits, hidden=carried, loss=loss, pass_losses=pass_losses, passes=k, delta=delta)
+
+
+def pass_inputs(
+    fusion: nn.Module | None,
+    emb: torch.Tensor,  # (B, T, D)
+    fused: torch.Tensor,  # (B, T)
+    carried: torch.Tensor | None,  # (B, T, D) previous pass's states; None in pass 1
+    carried_state: torch.Tensor | None,  # (B, D) state carried in from before the chunk
+    jitter: float = 0.0,
+    detach: bool = False,
+) -> torch.Tensor:
+    """Input vectors of one pass: fuse(e_t, h_{t-1}) at fused positions whose h_{t-1} is known, else e_t."""
+    if fusion is None or (carried is None and carried_state is None):
+        return emb  # pass 1 of a chunk with nothing carried in: all plain
+    B, _, D = emb.shape
+    incoming = carried_state if carried_state is not None else emb.new_zeros(B, D)
+    if carried is None:
+        # Pass 1: only the chunk's first position has a known predecessor, the carried-in state.
+        first = fusion(emb[:, 0], _jittered(incoming, jitter))
+        return torch.cat((torch.where(fused[:, :1], first, emb[:, 0])[:, None], emb[:, 1:]), dim=1)
+    prev = carried.detach() if detach else carried
+    prev_states = _jittered(torch.cat((incoming[:, None], prev[:, :-1]), dim=1), jitter)  # h_{t-1} at t
+    fuse_here = fused.clone()
+    if carried_state is None:
+        fuse_here[:, 0] = False  # no predecessor for the chunk's first position
+    return torch.where(fuse_here[..., None], fusion(emb, prev_states), emb)
+
+
+def _jittered(states: torch.Tensor, jitter: float) -> torch.Tensor:
+    # Training-time robustness noise on the states about to be fused (DESIGN.md §3).
+    return states + torch.empty_like(states).uniform_(-jitter, jitter) if jitter > 0 else states
+
+
+def ntp_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy; ``labels`` are aligned with the inputs and shifted here (-100 = ignore)."""
+    logits = logits[:, :-1].flatten(0, 1)
+    # Cross-entropy in at least float32, so bf16 logits do not lose the loss's precision.
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX)
+
+
+def fused_positions(plain_prefix: PlainPrefix, B: int, T: int, offset: int, device: torch.device) -> torch.Tensor:
+    """(B, T) bool: which positions of a chunk starting at absolute position ``offset`` are past the prefix."""
+    absolute = torch.arange(offset, offset + T, device=device)
+    if isinstance(plain_prefix, torch.Tensor):
+        if plain_prefix.shape != (B,):
+            raise ValueError(f"plain_prefix tensor must have shape ({B},), got {tuple(plain_prefix.shape)}")
+        if bool((plain_prefix < 1).any()):
+            raise ValueError("plain_prefix must be >= 1 in every row (position 1 is always plain)")
+        return absolute[None, :] >= plain_prefix.to(device)[:, None]
+    if not isinstance(plain_prefix, int) or plain_prefix < 1:
+        raise ValueError(f"plain_prefix must be an integer >= 1 (position 1 is always plain), got {plain_prefix!r}")
+    return (absolute >= plain_prefix)[None, :].expand(B, T)
+
+
+def exact_pass_count(plain_prefix: PlainPrefix, T: int, offset: int, has_incoming: bool) -> int:
+    """Passes after which every position of a chunk is exact.
+
+    After pass k the first k-1 fused positions lacking a known predecessor are exact (each pass fixes one
+    more), so the count is (fused positions) + 1, one fewer when the chunk's first position is fused with a
+    known incoming state.
+    """
+    prefix = int(plain_prefix.min()) if isinstance(plain_prefix, torch.Tensor) else int(plain_prefix)
+    n_fused = max(0, offset + T - max(prefix, offset))
+    first_known = has_incoming and offset >= prefix
+    return max(1, n_fused + 1 - int(first_known))
