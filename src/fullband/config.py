@@ -295,7 +295,7 @@ class TrainConfig:
     checkpoint_every: int = doc(500, "Write a checkpoint every N steps; 0 = only at the end.")
     keep_last: int = doc(3, "Complete checkpoints to keep; older ones are deleted.")
     log_every: int = doc(10, "Write a metrics.jsonl record (and TensorBoard scalars) every N steps.")
-    compile: bool = doc(False, "Wrap the model in torch.compile for training.")
+    compile: bool = doc(False, "torch.compile each transformer block (the Python loop over passes stays eager).")
     autocast: str = doc(
         "auto", "Mixed precision: 'auto' = bf16 autocast on CUDA, none elsewhere; 'bf16' = require it; 'off'."
     )

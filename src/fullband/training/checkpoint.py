@@ -1,0 +1,292 @@
+"""Training checkpoints: written atomically, verified before loading, pruned to the last N.
+
+Layout of ``<out_dir>/checkpoints/step-0000400/`` (the state after 400 optimizer steps):
+
+    model.safetensors, config.json   the model (``save_pretrained``; loadable with ``from_pretrained``)
+    optimizer.pt                     AdamW state_dict
+    rng.pt                           each process's Python/NumPy/torch/CUDA RNG states; the prefix generator
+    trainer_state.json               step, lr, loss, tokens, token-equivalent compute, schedule, metrics offset
+    run_config.json                  the resolved configs of the run
+    manifest.json                    written last: size and sha256 of every other file (the completion marker)
+
+Everything is written into ``checkpoints/.tmp-step-0000400``, each file and the directory fsynced, then
+renamed into place, so a crash leaves either a complete checkpoint or a ``.tmp-`` directory that is never
+read. A ``step-*`` directory whose manifest is missing or does not match its files (copied half-way,
+truncated, edited) is skipped with a :class:`CheckpointWarning` and never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fullband.model.serialization import CONFIG_NAME, WEIGHTS_NAME, load_config, load_state_dict_into
+from fullband.training.errors import CheckpointError, CheckpointWarning, NonFiniteLossError
+
+CHECKPOINTS = "checkpoints"
+MANIFEST = "manifest.json"
+OPTIMIZER = "optimizer.pt"
+RNG = "rng.pt"
+STATE = "trainer_state.json"
+RUN_CONFIG = "run_config.json"
+FORMAT_VERSION = 1
+_PREFIX = "step-"
+
+
+@dataclass
+class TrainingState:
+    """Counters of a run; ``step`` = optimizer steps completed = the 0-based index of the next step."""
+
+    step: int = 0
+    tokens: int = 0  # input tokens consumed (all processes)
+    token_equiv_compute: int = 0  # sum over steps of tokens x passes
+    loss: float | None = None  # loss of the last step
+    lr: float = 0.0  # learning rate of the last step
+    metrics_bytes: int = 0  # size of metrics.jsonl when saved: a resumed run truncates it back to this
+    schedule: dict[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_root(out_dir: str | Path) -> Path:
+    return Path(out_dir) / CHECKPOINTS
+
+
+def checkpoint_path(out_dir: str | Path, step: int) -> Path:
+    return checkpoint_root(out_dir) / f"{_PREFIX}{step:07d}"
+
+
+def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every ``step-*`` directory, complete or not, oldest first."""
+    root = checkpoint_root(out_dir)
+    found = []
+    if root.is_dir():
+        for path in root.iterdir():
+            suffix = path.name[len(_PREFIX):]
+            if path.is_dir() and path.name.startswith(_PREFIX) and suffix.isdigit():
+                found.append((int(suffix), path))
+    return sorted(found)
+
+
+# ---------------------------------------------------------------------------------------------- saving
+
+
+def save_checkpoint(
+    out_dir: str | Path,
+    model: torch.nn.Module,  # the unwrapped FullBandwidthLM
+    optimizer: torch.optim.Optimizer,
+    state: TrainingState,
+    *,
+    generator: torch.Generator | None = None,
+    process_rng: list[dict[str, Any]] | None = None,
+    run_config: dict[str, Any] | None = None,
+    keep_last: int = 3,
+) -> Path:
+    """Write ``checkpoints/step-{state.step}`` atomically, then delete all but the last ``keep_last``.
+
+    ``process_rng`` holds every process's :func:`capture_process_rng` (index = rank); None = this process's.
+    ``generator`` is the prefix-length generator, shared by all processes.
+    """
+    if state.loss is not None and not math.isfinite(state.loss):
+        raise NonFiniteLossError("the loss", state.loss, state.step)
+    root = checkpoint_root(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(out_dir, state.step)
+    tmp = root / f".tmp-{final.name}"
+    if tmp.exists():  # left by a crash while writing this same step
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+
+    model.save_pretrained(tmp)  # fsyncs its files itself
+    _write(tmp / OPTIMIZER, lambda f: torch.save(optimizer.state_dict(), f))
+    rng = {"processes": process_rng if process_rng is not None else [capture_process_rng()]}
+    if generator is not None:
+        rng["generator"] = generator.get_state()
+    _write(tmp / RNG, lambda f: torch.save(rng, f))
+    _write_json(tmp / STATE, {"format": FORMAT_VERSION, **asdict(state)})
+    _write_json(tmp / RUN_CONFIG, run_config or {})
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir())}
+    _write_json(tmp / MANIFEST, {"format": FORMAT_VERSION, "step": state.step, "files": files})
+    _fsync_dir(tmp)
+
+    if final.exists():  # re-reaching a step after resuming from an older checkpoint: replace it
+        trash = root / f".trash-{final.name}"
+        shutil.rmtree(trash, ignore_errors=True)
+        os.rename(final, trash)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    prune_checkpoints(out_dir, keep_last)
+    return final
+
+
+def prune_checkpoints(out_dir: str | Path, keep_last: int) -> None:
+    """Keep the newest ``keep_last`` complete checkpoints; delete older ones and leftover temp dirs."""
+    root = checkpoint_root(out_dir)
+    for leftover in root.iterdir():  # .tmp-* from a crash, .trash-* from a replacement
+        if leftover.name.startswith((".tmp-", ".trash-")):
+            shutil.rmtree(leftover, ignore_errors=True)
+    checkpoints = list_checkpoints(out_dir)
+    complete = [(step, path) for step, path in checkpoints if verify_checkpoint(path, hashes=False) is None]
+    if len(complete) <= keep_last:
+        return
+    oldest_kept = complete[-keep_last][0]
+    for step, path in checkpoints:
+        if step < oldest_kept:  # incomplete ones older than what we keep are of no use either
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _write(path: Path, write) -> None:
+    with open(path, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_json(path: Path, data: Any) -> None:
+    _write(path, lambda f: f.write((json.dumps(data, indent=2, allow_nan=False) + "\n").encode()))
+
+
+def _fsync_dir(path: Path) -> None:
+    # Makes the directory entries (new files, a rename) durable; not possible on every platform.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- checking
+
+
+def verify_checkpoint(path: str | Path, hashes: bool = True) -> str | None:
+    """None if ``path`` is a complete checkpoint, else what is wrong with it.
+
+    ``hashes=False`` checks only the manifest and the file sizes (cheap, used when pruning).
+    """
+    path = Path(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = {name: (int(entry["bytes"]), str(entry["sha256"])) for name, entry in manifest["files"].items()}
+    except FileNotFoundError:
+        return f"no {MANIFEST} (the write did not finish)"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return f"unreadable {MANIFEST}: {type(err).__name__}: {err}"
+    for required in (WEIGHTS_NAME, CONFIG_NAME, OPTIMIZER, RNG, STATE):
+        if required not in files:
+            return f"{MANIFEST} does not list {required}"
+    for name, (size, sha256) in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, the manifest says {size}"
+        if hashes and _sha256(file) != sha256:
+            return f"{name} does not match its sha256 in {MANIFEST}"
+    return None
+
+
+def latest_good_checkpoint(out_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint under ``out_dir``; partial/corrupt ones are skipped with a warning."""
+    for _, path in reversed(list_checkpoints(out_dir)):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path
+        warnings.warn(
+            f"skipping partial or corrupt checkpoint {path}: {problem}; it will not be loaded, trying an older one",
+            CheckpointWarning,
+            stacklevel=2,
+        )
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def load_checkpoint(
+    path: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    restore_rng: bool = True,
+    rank: int = 0,
+) -> TrainingState:
+    """Restore model weights, optimizer state and RNG states (this ``rank``'s) from a verified checkpoint.
+
+    Returns the run's counters. A rank the checkpoint has no RNG state for (more processes than when it was
+    saved) keeps its current RNG, with a warning: the run goes on, but not bit for bit as before.
+    """
+    path = Path(path)
+    problem = verify_checkpoint(path)
+    if problem is not None:
+        raise CheckpointError(f"refusing to load {path}: {problem}")
+    saved_config = load_config(path)
+    if saved_config != model.config:
+        raise CheckpointError(f"{path} holds a model with config {saved_config}, not {model.config}")
+    load_state_dict_into(model, path)
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True))
+    if restore_rng:
+        rng = torch.load(path / RNG, weights_only=True)
+        if rank < len(rng["processes"]):
+            restore_process_rng(rng["processes"][rank])
+        else:
+            warnings.warn(f"{path} was saved by {len(rng['processes'])} process(es); rank {rank} keeps its own RNG "
+                          "state, so this resumed run will not repeat the original bit for bit", CheckpointWarning,
+                          stacklevel=2)
+        if generator is not None:
+            if "generator" not in rng:
+                raise CheckpointError(f"{path} has no prefix-generator state to restore")
+            generator.set_state(rng["generator"])
+    data = json.loads((path / STATE).read_text())
+    data.pop("format", None)
+    return TrainingState(**data)
+
+
+def load_run_config(path: str | Path) -> dict[str, Any]:
+    """The resolved configs stored with a checkpoint."""
+    return json.loads((Path(path) / RUN_CONFIG).read_text())
+
+
+def capture_process_rng() -> dict[str, Any]:
+    """This process's global RNG states, in a form ``torch.load(weights_only=True)`` accepts."""
+    name, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    return {
+        "python": random.getstate(),
+        "numpy": {"name": name, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+    }
+
+
+def restore_process_rng(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    np_state = states["numpy"]
+    np.random.set_state((np_state["name"], np_state["key"].numpy().astype(np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(states["cuda"])

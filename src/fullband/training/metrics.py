@@ -1,0 +1,98 @@
+"""Training metrics: the JSONL log (TensorBoard too when installed) and the FLOPs/MFU estimate."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Dense bf16 tensor-core peak FLOP/s per GPU, by a fragment of torch.cuda.get_device_name(); the first match
+# wins, so more specific names come first. Devices not listed get no MFU rather than a made-up one.
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("GH200", 989e12),
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+)
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Peak bf16 FLOP/s of ``device`` if it is a CUDA GPU in :data:`PEAK_BF16_FLOPS`, else None."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for fragment, flops in PEAK_BF16_FLOPS if fragment in name), None)
+
+
+def flops_per_token(num_params: int, n_layers: int, d_model: int, seq_len: int) -> float:
+    """Training FLOPs per token per pass (forward + backward), as in nanoGPT / PaLM appendix B.
+
+    6N for the weight matmuls (the tied output head included) plus 12·L·D·T for attention scores and values.
+    """
+    return 6.0 * num_params + 12.0 * n_layers * d_model * seq_len
+
+
+class MetricsLog:
+    """Appends one JSON object per line to ``metrics.jsonl``; mirrors numbers to TensorBoard if available."""
+
+    def __init__(self, path: str | Path, *, resume_bytes: int | None = None, tensorboard_dir: str | Path | None = None,
+                 start_step: int = 0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_bytes is None:
+            self.path.write_text("")  # a fresh run starts a fresh log
+        else:
+            self._truncate(resume_bytes)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._tb = _summary_writer(tensorboard_dir, start_step) if tensorboard_dir is not None else None
+
+    def _truncate(self, size: int) -> None:
+        # Records written after the checkpoint by the interrupted run would repeat the steps about to rerun.
+        have = self.path.stat().st_size if self.path.exists() else 0
+        if have < size:
+            warnings.warn(f"{self.path} has {have} bytes but the checkpoint recorded {size}; records are missing",
+                          stacklevel=3)
+            return
+        with open(self.path, "r+b") as f:
+            f.truncate(size)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            kind = record.get("kind", "train")
+            for key, value in record.items():
+                if key in ("step", "kind"):
+                    continue
+                values = enumerate(value, start=1) if isinstance(value, list) else [(None, value)]
+                for index, item in values:
+                    if isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item):
+                        tag = f"{kind}/{key}" if index is None else f"{kind}/{key}_{index}"
+                        self._tb.add_scalar(tag, item, record["step"])
+
+    def tell(self) -> int:
+        """Bytes written so far (stored in checkpoints so a resume can drop what came after)."""
+        self._file.flush()
+        return self.path.stat().st_size
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _summary_writer(log_dir: str | Path, start_step: int) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # the tensorboard package is optional
+        return None
+    # purge_step drops events a crashed run logged past the checkpoint we resume from.
+    return SummaryWriter(str(log_dir), purge_step=start_step or None)

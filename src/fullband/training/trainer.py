@@ -1,0 +1,339 @@
+"""The training loop: scheduled multi-pass steps, logging, validation and resumable checkpoints.
+
+Step numbers are 0-based indices: step ``s`` trains on ``batch_fn(s, rank, world_size)`` with
+``schedule.passes_at(s)`` passes at ``lr_at(s)``, and its metrics record says ``"step": s``. A checkpoint
+holds the state after some number of steps ``n`` (directory ``step-{n}``) and a resumed run continues with
+step ``n``. Everything random is either a pure function of (seed, step) or an RNG state in the checkpoint,
+so a resumed run repeats the uninterrupted one bit for bit on the same hardware.
+
+Parallelism is applied from outside: ``trainer.raw_model`` is the FullBandwidthLM (saved, loaded,
+evaluated); ``trainer.model`` is what the training forward calls and may be replaced by a DDP wrapper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from fullband.config import ConfigError, OptimConfig, ScheduleConfig, TrainConfig
+from fullband.configio import config_to_dict
+from fullband.model import FullBandwidthLM
+from fullband.training.checkpoint import (
+    TrainingState,
+    capture_process_rng,
+    latest_good_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from fullband.training.errors import NonFiniteLossError, TrainingError
+from fullband.training.metrics import MetricsLog, flops_per_token, peak_flops
+from fullband.training.objective import multipass_loss, sample_plain_prefix
+from fullband.training.optim import build_optimizer, in_cooldown, lr_at, set_lr
+from fullband.training.schedule import FeedbackSchedule
+
+# batch_fn(step, rank, world_size) -> (inputs, labels), each (batch_size * grad_accum, T): this process's
+# rows of optimizer step ``step``, all micro-batches together; must be a pure function of its arguments.
+BatchFn = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
+# eval_fn(model, step) -> {"name": value}; called in eval mode under torch.no_grad.
+EvalFn = Callable[[FullBandwidthLM, int], dict[str, float]]
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class Trainer:
+    """Trains ``model`` with the scheduled multi-pass objective; see the module docstring."""
+
+    def __init__(
+        self,
+        model: FullBandwidthLM,
+        train_cfg: TrainConfig,
+        optim_cfg: OptimConfig,
+        schedule_cfg: ScheduleConfig,
+        batch_fn: BatchFn,
+        eval_fn: EvalFn | None = None,
+        out_dir: str | Path = "runs/fullband",
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        run_config: dict[str, Any] | None = None,  # extra sections (data, ...) stored with checkpoints
+        progress: bool = True,
+    ) -> None:
+        if train_cfg.seq_len > model.config.max_seq_len:
+            raise ConfigError(f"train.seq_len={train_cfg.seq_len} is invalid: must be at most the model's "
+                              f"max_seq_len={model.config.max_seq_len}")
+        if train_cfg.compile:
+            compile_blocks(model)
+        self.raw_model = model
+        self.model: torch.nn.Module = model
+        self.cfg, self.optim_cfg, self.schedule_cfg = train_cfg, optim_cfg, schedule_cfg
+        self.batch_fn, self.eval_fn = batch_fn, eval_fn
+        self.out_dir = Path(out_dir)
+        self.rank, self.world_size = rank, world_size
+        self.progress = progress and rank == 0
+        self.device = next(model.parameters()).device
+        self.total_steps = train_cfg.total_steps(world_size)
+        self.schedule = FeedbackSchedule(schedule_cfg, self.total_steps, train_cfg.seed,
+                                         feedback=model.config.feedback)
+        self.optimizer = build_optimizer(model, optim_cfg)
+        # Prefix lengths come from their own CPU generator, identical on every rank (each takes its slice of
+        # the global draw), so they do not depend on the device or on how the batch is split.
+        self.generator = torch.Generator()
+        self.autocast_dtype = _autocast_dtype(train_cfg.autocast, self.device)
+        self.state = TrainingState(schedule=self.schedule.state_dict())
+        self.run_config = {
+            "model": model.config.to_dict(),
+            "train": config_to_dict(train_cfg),
+            "optim": config_to_dict(optim_cfg),
+            "schedule": config_to_dict(schedule_cfg),
+            **(run_config or {}),
+        }
+        self._flops_per_token = flops_per_token(model.num_parameters(), model.config.n_layers, model.config.d_model,
+                                                train_cfg.seq_len)
+        peak = peak_flops(self.device) if self.autocast_dtype == torch.bfloat16 else None
+        self._peak_flops = peak * world_size if peak is not None else None
+        self.log: MetricsLog | None = None
+
+    # ------------------------------------------------------------------ one step
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        """Run optimizer step ``step`` (gradient accumulation, clipping, AdamW); return its metrics."""
+        t0 = time.perf_counter()
+        self.model.train()
+        cfg = self.cfg
+        passes = self.schedule.passes_at(step)
+        lr = lr_at(step, self.optim_cfg, self.total_steps)
+        set_lr(self.optimizer, lr)
+        z_weight = self._z_loss_weight(step)
+
+        inputs, labels = self.batch_fn(step, self.rank, self.world_size)
+        rows, seq_len = inputs.shape
+        if rows != cfg.batch_size * cfg.grad_accum or labels.shape != inputs.shape:
+            raise TrainingError(
+                f"batch_fn returned inputs {tuple(inputs.shape)} and labels {tuple(labels.shape)}; expected both "
+                f"({cfg.batch_size * cfg.grad_accum}, T) = (batch_size * grad_accum, T) for one optimizer step"
+            )
+        inputs = inputs.to(self.device, non_blocking=True)
+        labels = labels.to(self.device, non_blocking=True)
+        prefixes = self._plain_prefixes(rows, seq_len)
+
+        totals: dict[str, Any] = {}
+        for micro in range(cfg.grad_accum):
+            rows_here = slice(micro * cfg.batch_size, (micro + 1) * cfg.batch_size)
+            with self._grad_sync(micro == cfg.grad_accum - 1):
+                with self._autocast():
+                    loss, metrics = multipass_loss(self.model, inputs[rows_here], labels[rows_here], passes, cfg,
+                                                   None, z_loss_weight=z_weight, plain_prefix=prefixes[rows_here])
+                (loss / cfg.grad_accum).backward()
+            _accumulate(totals, metrics, cfg.grad_accum)
+
+        # One host sync for all scalars; it also makes the timing below honest on CUDA.
+        names = [k for k in ("loss", "ntp_loss", "z_loss") if k in totals]
+        values = torch.stack([totals[k] for k in names] + totals["pass_losses"]).float()
+        values = self._mean_over_ranks(values).tolist()
+        scalars = dict(zip(names, values[: len(names)], strict=True))
+        if not math.isfinite(scalars["loss"]):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError("the loss", scalars["loss"], step)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError("the gradient norm", grad_norm, step)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+        step_tokens = totals["tokens"] * self.world_size
+        step_compute = totals["token_equiv_compute"] * self.world_size
+        self.state.step = step + 1
+        self.state.tokens += step_tokens
+        self.state.token_equiv_compute += step_compute
+        self.state.loss, self.state.lr = scalars["loss"], lr
+        seconds = time.perf_counter() - t0
+        record = {"kind": "train", "step": step, **scalars, "pass_losses": values[len(names):], "lr": lr,
+                  "passes": totals["passes"], "tokens": self.state.tokens,
+                  "token_equiv_compute": self.state.token_equiv_compute, "tokens_per_s": step_tokens / seconds,
+                  "grad_norm": grad_norm, "step_time_s": seconds}
+        if self._peak_flops is not None:
+            record["mfu"] = self._flops_per_token * step_compute / seconds / self._peak_flops
+        return record
+
+    def _plain_prefixes(self, rows: int, seq_len: int) -> torch.Tensor:
+        """(rows,) prefix lengths of this rank: its slice of one draw for the global batch."""
+        if not self.cfg.prefix_mixin:
+            return torch.ones(rows, dtype=torch.long)
+        # Drawn even for single-pass steps, so the prefixes of a step do not depend on the pass schedule.
+        everyone = sample_plain_prefix(rows * self.world_size, seq_len, self.generator)
+        return everyone[self.rank * rows : (self.rank + 1) * rows]
+
+    def _z_loss_weight(self, step: int) -> float:
+        when = self.optim_cfg.z_loss_when
+        if when == "always" or (when == "cooldown" and in_cooldown(step, self.optim_cfg, self.total_steps)):
+            return self.optim_cfg.z_loss
+        return 0.0
+
+    def _grad_sync(self, last_micro: bool) -> contextlib.AbstractContextManager:
+        # Under DDP only the last micro-batch's backward needs to all-reduce the gradients.
+        if last_micro or not hasattr(self.model, "no_sync"):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        if self._distributed:
+            torch.distributed.all_reduce(values)  # SUM: gloo has no AVG in older torch releases
+            values = values / self.world_size
+        return values
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self, resume: bool = False, until: int | None = None) -> TrainingState:
+        """Train to the end of the run (or to step ``until``, exclusive), checkpointing on the way.
+
+        ``resume=True`` continues from the latest complete checkpoint in ``out_dir`` (a fresh start if there is
+        none); ``resume=False`` refuses an ``out_dir`` that already holds checkpoints.
+        """
+        stop = self.total_steps if until is None else min(until, self.total_steps)
+        start = self._resume() if resume else self._start_fresh()
+        bar = tqdm(total=self.total_steps, initial=start, disable=not self.progress, unit="step", dynamic_ncols=True)
+        try:
+            for step in range(start, stop):
+                record = self.train_step(step)
+                done = step + 1
+                if self.rank == 0 and (step % self.cfg.log_every == 0 or done == stop):
+                    self.log.write(record)
+                bar.update(1)
+                bar.set_postfix(loss=f"{record['loss']:.4f}", passes=record["passes"],
+                                tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+                if self.eval_fn is not None and self.cfg.eval_every and (
+                        done % self.cfg.eval_every == 0 or done == self.total_steps):
+                    self.evaluate(step)
+                if (self.cfg.checkpoint_every and done % self.cfg.checkpoint_every == 0) or done == stop:
+                    self.save()  # after evaluation, so the saved RNG state is the one the next step starts from
+        finally:
+            bar.close()
+            if self.log is not None:
+                self.log.close()
+        return self.state
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Run ``eval_fn`` on the raw model (eval mode, no grad) and log its numbers under ``step``.
+
+        Every process calls it (so a sharded eval_fn may all-reduce); rank 0 logs what its call returns.
+        """
+        self.raw_model.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                results = dict(self.eval_fn(self.raw_model, step))
+        finally:
+            self.raw_model.train()
+        if self.rank == 0:
+            self.log.write({"kind": "eval", "step": step, **results})
+            if self.progress:
+                tqdm.write(f"step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
+        return results
+
+    def save(self) -> Path | None:
+        """Checkpoint the current state; call on every process (rank 0 writes, the others return None)."""
+        process_rng = [capture_process_rng()]
+        if self._distributed:  # each rank's jitter stream differs, so each rank's RNG state is kept
+            process_rng = [None] * self.world_size
+            torch.distributed.all_gather_object(process_rng, capture_process_rng())
+        path = None
+        if self.rank == 0:
+            self.state.metrics_bytes = self.log.tell()
+            path = save_checkpoint(self.out_dir, self.raw_model, self.optimizer, self.state, generator=self.generator,
+                                   process_rng=process_rng, run_config=self.run_config, keep_last=self.cfg.keep_last)
+        if self._distributed:
+            torch.distributed.barrier()  # nobody runs ahead (or exits) before the checkpoint is complete
+        return path
+
+    @property
+    def _distributed(self) -> bool:
+        return self.world_size > 1 and torch.distributed.is_initialized()
+
+    def _start_fresh(self) -> int:
+        if list_checkpoints(self.out_dir):
+            raise TrainingError(f"{self.out_dir} already holds checkpoints; resume with --resume or pick a new "
+                                "output directory")
+        seed = self.cfg.seed + self.rank  # each process its own jitter noise
+        torch.manual_seed(seed)  # the jitter noise draws from the global generator (CUDA seeded too)
+        np.random.seed(seed)
+        random.seed(seed)
+        self.generator.manual_seed(self.cfg.seed)  # the same on every rank: each takes its slice of one draw
+        self.state = TrainingState(schedule=self.schedule.state_dict())
+        self._open_log(resume_bytes=None, start_step=0)
+        return 0
+
+    def _resume(self) -> int:
+        path = latest_good_checkpoint(self.out_dir)
+        if path is None:
+            warnings.warn(f"no complete checkpoint under {self.out_dir}; starting from scratch", stacklevel=3)
+            return self._start_fresh()
+        self.state = load_checkpoint(path, self.raw_model, self.optimizer, generator=self.generator, rank=self.rank)
+        current = self.schedule.state_dict()
+        if self.state.schedule != current:
+            warnings.warn(f"the feedback schedule changed since {path} ({self.state.schedule} -> {current}); "
+                          "continuing with the new one", stacklevel=3)
+            self.state.schedule = current
+        self._open_log(resume_bytes=self.state.metrics_bytes, start_step=self.state.step)
+        if self.progress:
+            tqdm.write(f"resumed from {path} at step {self.state.step}")
+        return self.state.step
+
+    def _open_log(self, resume_bytes: int | None, start_step: int) -> None:
+        if self.rank == 0:
+            self.log = MetricsLog(self.out_dir / METRICS_FILE, resume_bytes=resume_bytes,
+                                  tensorboard_dir=self.out_dir / "tensorboard", start_step=start_step)
+
+
+def compile_blocks(model: FullBandwidthLM) -> None:
+    """torch.compile each transformer block in place (as torchtitan does).
+
+    The forward around the blocks is Python control flow over passes, prefixes and caches that would break a
+    whole-model graph many times; the blocks are where the FLOPs are, and they see one shape per run. The
+    parameter names do not change, so checkpoints stay plain.
+    """
+    for block in model.blocks:
+        block.compile()
+
+
+def _accumulate(totals: dict[str, Any], metrics: dict[str, Any], grad_accum: int) -> None:
+    """Average the micro-batches' losses; sum their token counts."""
+    for key, value in metrics.items():
+        if key in ("tokens", "token_equiv_compute"):
+            totals[key] = totals.get(key, 0) + value
+        elif key == "passes":
+            totals[key] = value
+        elif key == "pass_losses":
+            previous = totals.get(key) or [0.0] * len(value)
+            totals[key] = [a + b / grad_accum for a, b in zip(previous, value, strict=True)]
+        else:
+            totals[key] = totals.get(key, 0.0) + value / grad_accum
+
+
+def _autocast_dtype(setting: str, device: torch.device) -> torch.dtype | None:
+    """bf16 on a CUDA device that supports it (for 'auto' and 'bf16'), None (full precision) otherwise."""
+    if setting == "off":
+        return None
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    if setting == "bf16":
+        raise ConfigError(f"train.autocast='bf16' is invalid on {device}: bf16 autocast needs a CUDA GPU with bf16 "
+                          "support; use 'auto' or 'off'")
+    return None

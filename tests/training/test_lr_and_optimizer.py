@@ -1,0 +1,63 @@
+"""Learning-rate schedules and the AdamW weight-decay grouping."""
+
+import itertools
+
+import pytest
+import torch
+from conftest import make_model
+
+from fullband.config import OptimConfig
+from fullband.training import build_optimizer, lr_at
+from fullband.training.optim import decay_start, in_cooldown
+
+
+def curve(cfg: OptimConfig, total: int) -> list[float]:
+    return [lr_at(s, cfg, total) for s in range(total)]
+
+
+def test_warmup_is_linear_to_the_peak():
+    cfg = OptimConfig(lr=1e-3, warmup_steps=10, schedule="cosine")
+    lrs = curve(cfg, 100)
+    assert lrs[:10] == pytest.approx([1e-3 * (s + 1) / 10 for s in range(10)])
+    assert lrs[0] > 0 and max(lrs) == pytest.approx(1e-3)
+
+
+def test_cosine_decays_monotonically_to_min_lr_at_the_last_step():
+    cfg = OptimConfig(lr=1e-3, min_lr_ratio=0.1, warmup_steps=10, schedule="cosine")
+    lrs = curve(cfg, 100)
+    after = lrs[9:]
+    assert all(a >= b for a, b in itertools.pairwise(after))
+    assert lrs[-1] == pytest.approx(1e-4)
+    assert lrs[9 + 45] == pytest.approx(0.55e-3, rel=0.05)  # half way: half way between peak and floor
+
+
+def test_wsd_holds_the_peak_then_decays_linearly():
+    cfg = OptimConfig(lr=1e-3, min_lr_ratio=0.0, warmup_steps=5, schedule="wsd", decay_fraction=0.2)
+    lrs = curve(cfg, 100)
+    assert decay_start(cfg, 100) == 80
+    assert all(lr == 1e-3 for lr in lrs[5:80])
+    decay = lrs[80:]
+    steps = [a - b for a, b in itertools.pairwise(decay)]
+    assert steps == pytest.approx([steps[0]] * len(steps))  # linear
+    assert lrs[-1] == 0.0
+    assert in_cooldown(80, cfg, 100) and not in_cooldown(79, cfg, 100)
+
+
+def test_constant_schedule_after_warmup():
+    assert curve(OptimConfig(lr=2e-4, warmup_steps=0, schedule="constant"), 10) == [2e-4] * 10
+
+
+def test_weight_decay_only_on_matrices_including_the_tied_embedding():
+    model = make_model(dtype=torch.float32)
+    optimizer = build_optimizer(model, OptimConfig(weight_decay=0.1))
+    decay, no_decay = optimizer.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    not_decayed = {names[id(p)] for p in no_decay["params"]}
+    assert "embed.weight" in decayed  # also the output head (tied), counted once
+    assert any(n.startswith("fusion.") for n in decayed)  # W_U, W_G
+    assert not_decayed and all("norm" in n for n in not_decayed)
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    assert optimizer.defaults["foreach"] is True  # CPU parameters: foreach kernel, not fused

@@ -1,0 +1,94 @@
+"""The multi-pass objective: the paper's loss combination, per-row prefixes, z-loss and cost accounting."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_model
+
+from fullband.config import TrainConfig
+from fullband.training import multipass_loss, sample_plain_prefix
+from fullband.training.objective import z_loss
+
+B, T = 4, 12
+
+
+@pytest.fixture
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    inputs = torch.randint(0, 61, (B, T), generator=torch.Generator().manual_seed(5))
+    labels = inputs.clone()
+    labels[0, :3] = -100  # a masked prompt
+    return inputs, labels
+
+
+def ntp(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+
+
+def test_prefixes_are_per_row_uniform_and_reproducible():
+    draw = sample_plain_prefix(20_000, T, torch.Generator().manual_seed(0))
+    assert draw.dtype == torch.long and draw.shape == (20_000,)
+    assert int(draw.min()) == 1 and int(draw.max()) == T - 1  # never an all-plain row
+    counts = torch.bincount(draw, minlength=T)[1:]
+    assert (counts.float() / 20_000 - 1 / (T - 1)).abs().max() < 0.01
+    again = sample_plain_prefix(20_000, T, torch.Generator().manual_seed(0))
+    assert torch.equal(draw, again)
+
+
+def test_loss_is_pass_one_plus_weighted_mean_of_later_passes(batch):
+    inputs, labels = batch
+    model = make_model()
+    cfg = TrainConfig(seq_len=T, jitter=0.0, feedback_weight=0.5)
+    loss, metrics = multipass_loss(model, inputs, labels, 3, cfg, torch.Generator().manual_seed(1))
+    prefix = sample_plain_prefix(B, T, torch.Generator().manual_seed(1))  # the same draw
+    assert len(set(prefix.tolist())) > 1  # rows really differ
+    # Pass k of a 3-pass run is the k-pass forward, whose NTP loss we compute by hand.
+    manual = [ntp(model(inputs, passes=k, plain_prefix=prefix).logits, labels) for k in (1, 2, 3)]
+    torch.testing.assert_close(torch.stack(metrics["pass_losses"]), torch.stack(manual), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(loss, manual[0] + 0.5 * (manual[1] + manual[2]) / 2, rtol=1e-12, atol=1e-12)
+    assert metrics["passes"] == 3 and metrics["tokens"] == B * T and metrics["token_equiv_compute"] == 3 * B * T
+    assert loss.requires_grad and not metrics["loss"].requires_grad
+
+
+def test_without_prefix_mixin_every_row_has_prefix_one(batch):
+    inputs, labels = batch
+    model = make_model()
+    cfg = TrainConfig(seq_len=T, jitter=0.0, prefix_mixin=False)
+    loss, _ = multipass_loss(model, inputs, labels, 2, cfg, None)
+    torch.testing.assert_close(loss, model(inputs, passes=2, plain_prefix=1, labels=labels).loss, rtol=0, atol=0)
+
+
+def test_z_loss_is_added_from_the_last_pass_logits(batch):
+    inputs, labels = batch
+    model = make_model()
+    cfg = TrainConfig(seq_len=T, jitter=0.0)
+    base, _ = multipass_loss(model, inputs, labels, 2, cfg, torch.Generator().manual_seed(2))
+    loss, metrics = multipass_loss(model, inputs, labels, 2, cfg, torch.Generator().manual_seed(2), z_loss_weight=1e-2)
+    prefix = sample_plain_prefix(B, T, torch.Generator().manual_seed(2))
+    logits = model(inputs, passes=2, plain_prefix=prefix).logits
+    lse = torch.logsumexp(logits[:, :-1], -1)
+    valid = labels[:, 1:] != -100
+    expected_z = lse[valid].square().mean()
+    torch.testing.assert_close(metrics["z_loss"].double(), expected_z, rtol=1e-6, atol=0)
+    torch.testing.assert_close(loss, base + 1e-2 * metrics["z_loss"], rtol=1e-6, atol=0)
+    assert z_loss(logits, torch.full_like(labels, -100)) == 0  # nothing to predict: no z-loss, no NaN
+
+
+def test_jitter_comes_from_the_global_rng_and_is_reproducible(batch):
+    inputs, labels = batch
+    model = make_model()
+    cfg = TrainConfig(seq_len=T, jitter=0.5)
+    torch.manual_seed(11)
+    first, _ = multipass_loss(model, inputs, labels, 2, cfg, torch.Generator().manual_seed(0))
+    torch.manual_seed(11)
+    second, _ = multipass_loss(model, inputs, labels, 2, cfg, torch.Generator().manual_seed(0))
+    quiet, _ = multipass_loss(model, inputs, labels, 2, TrainConfig(seq_len=T, jitter=0.0),
+                              torch.Generator().manual_seed(0))
+    assert first == second and first != quiet
+
+
+def test_baseline_model_runs_one_pass_and_counts_one_pass_of_compute(batch):
+    inputs, labels = batch
+    model = make_model(feedback=False)
+    loss, metrics = multipass_loss(model, inputs, labels, 3, TrainConfig(seq_len=T), torch.Generator())
+    assert metrics["passes"] == 1 and metrics["token_equiv_compute"] == B * T
+    torch.testing.assert_close(loss, ntp(model(inputs).logits, labels), rtol=1e-12, atol=1e-12)

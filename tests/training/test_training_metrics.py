@@ -1,0 +1,40 @@
+"""Metrics helpers: the MFU peak table, the FLOPs estimate and the resumable JSONL log."""
+
+import json
+
+import pytest
+import torch
+
+from fullband.training.metrics import MetricsLog, flops_per_token, peak_flops
+
+
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H200", 989e12),
+     ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12), ("Tesla T4", None)],
+)
+def test_peak_flops_by_device_name(monkeypatch, name, peak):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert peak_flops(torch.device("cuda", 0)) == peak
+
+
+def test_no_peak_and_so_no_mfu_on_cpu():
+    assert peak_flops(torch.device("cpu")) is None
+
+
+def test_flops_per_token_is_6n_plus_attention():
+    assert flops_per_token(1000, n_layers=2, d_model=8, seq_len=16) == 6 * 1000 + 12 * 2 * 8 * 16
+
+
+def test_resumed_log_drops_records_written_after_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    log = MetricsLog(path)
+    log.write({"kind": "train", "step": 0, "loss": 2.0})
+    offset = log.tell()
+    log.write({"kind": "train", "step": 1, "loss": 1.5})  # written after the checkpoint, then the run died
+    log.close()
+    resumed = MetricsLog(path, resume_bytes=offset, tensorboard_dir=tmp_path / "tb", start_step=1)
+    resumed.write({"kind": "train", "step": 1, "loss": 1.4, "pass_losses": [1.4]})
+    resumed.close()
+    assert [json.loads(line)["loss"] for line in path.read_text().splitlines()] == [2.0, 1.4]
+    assert MetricsLog(path).tell() == 0  # a fresh run starts an empty log
