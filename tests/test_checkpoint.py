@@ -66,3 +66,16 @@ def test_bad_config_json_is_reported(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="not valid JSON"):
         FullBandwidthLM.from_pretrained(tmp_path)
+
+
+def test_adding_feedback_to_a_baseline_checkpoint_keeps_the_standard_path(tmp_path, tokens):
+    baseline = make_model(feedback=False)
+    baseline.save_pretrained(tmp_path)
+    upgraded = FullBandwidthLM.from_pretrained(tmp_path, dtype=torch.float64, feedback=True)
+    assert upgraded.fusion is not None and upgraded.config.feedback
+    with torch.no_grad():
+        torch.testing.assert_close(upgraded(tokens).logits, baseline(tokens).logits, atol=0, rtol=0)
+        assert not torch.allclose(upgraded(tokens, passes=2).logits, baseline(tokens).logits)
+    upgraded.save_pretrained(tmp_path / "fb")
+    dropped = FullBandwidthLM.from_pretrained(tmp_path / "fb", dtype=torch.float64, feedback=False)
+    assert dropped.fusion is None

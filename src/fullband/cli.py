@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from fullband.config import CheckConfig, ConfigError, GenerateConfig
+from fullband.config import CheckConfig, ConfigError, GenerateConfig, TrainRunConfig
 from fullband.configio import add_dataclass_arguments, config_from_args
 
 
@@ -59,6 +59,19 @@ def run_generate(cfg: GenerateConfig) -> None:
     print()
 
 
+def run_train(cfg: TrainRunConfig) -> None:
+    from fullband.training.run import run_train as train
+
+    result = train(cfg)
+    if result is None:
+        return
+    print(f"\ntrained {result.steps} steps, {result.tokens:,} tokens ({result.token_equiv_compute:,} "
+          f"token-equivalent compute) in {result.seconds:.0f} s; final train loss {result.final_loss:.4f}")
+    for name, value in sorted(result.validation.items()):
+        print(f"  {name:<20} {value:.4f}")
+    print(f"model: {result.model_dir}   (fullband generate --checkpoint {result.model_dir} --prompt ...)")
+
+
 def run_check(cfg: CheckConfig) -> None:
     from fullband.selfcheck import run_check as check
 
@@ -67,6 +80,7 @@ def run_check(cfg: CheckConfig) -> None:
 
 
 COMMANDS: dict[str, tuple[type, Callable, str]] = {
+    "train": (TrainRunConfig, run_train, "Train a full-bandwidth transformer (or the feedback=False baseline)."),
     "generate": (GenerateConfig, run_generate, "Decode from a checkpoint in standard, soft, fused or exact mode."),
     "check": (CheckConfig, run_check, "Verify that sequential, multi-pass, chunked and cached decoding agree."),
 }
@@ -92,11 +106,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     config_cls, handler, _ = COMMANDS[args.command]
+    from fullband.data import DataError
     from fullband.model.serialization import CheckpointError
+    from fullband.training.errors import TrainingError
 
     try:
         handler(config_from_args(config_cls, args))
-    except (ConfigError, CheckpointError) as err:
+    except (ConfigError, CheckpointError, DataError, TrainingError) as err:
         print(f"fullband {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -372,3 +372,76 @@ def validate_train_config(c: TrainConfig) -> None:
     _require(_is_number(c.feedback_weight) and c.feedback_weight >= 0, "feedback_weight", c.feedback_weight,
              "must be >= 0")
     _require(_is_number(c.jitter) and c.jitter >= 0, "jitter", c.jitter, "must be >= 0")
+
+
+# ---------------------------------------------------------------------------------------------- fullband train
+
+TOKENIZERS = ("byte", "bpe")
+DATA_FORMATS = ("text", "sft")
+
+
+@dataclass
+class TrainModelConfig(ModelConfig):
+    """Architecture ([model]); vocab_size 0 takes the tokenizer's vocabulary."""
+
+    vocab_size: int = doc(0, "Number of token ids; 0 = the tokenizer's vocabulary rounded up to a multiple of 64.")
+
+    def __post_init__(self) -> None:
+        _require(_is_int(self.vocab_size) and self.vocab_size >= 0, "vocab_size", self.vocab_size,
+                 "must be an integer >= 0 (0 = from the tokenizer)")
+        self.resolve(max(self.vocab_size, 1))  # validates every other field
+
+    def resolve(self, tokenizer_vocab: int) -> ModelConfig:
+        """The ModelConfig to build, with vocab_size filled in (and checked) against the tokenizer."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig)}
+        if self.vocab_size == 0:
+            fields["vocab_size"] = 64 * math.ceil(tokenizer_vocab / 64)
+        elif self.vocab_size < tokenizer_vocab:
+            raise ConfigError(f"model.vocab_size={self.vocab_size} is invalid: the tokenizer has {tokenizer_vocab} "
+                              "tokens; set model.vocab_size >= that, or 0 to take it from the tokenizer")
+        return ModelConfig(**fields)
+
+
+@dataclass
+class DataConfig:
+    """Training data ([data])."""
+
+    source: str = doc("shakespeare", "Corpus: 'shakespeare' (embedded default), a text file or directory, "
+                      "'hf:NAME[:field]' (Hugging Face datasets), or with format=sft a JSONL file.")
+    format: str = doc("text", "text = language modelling on the corpus; sft = prompt/completion or chat JSONL "
+                      "with the prompt masked out of the loss.")
+    validation_source: str | None = doc(None, "sft: JSONL for validation (text sources bring their own split).")
+    tokenizer: str = doc("byte", "byte (UTF-8 bytes, no training) or bpe (trained on the train split).")
+    bpe_vocab_size: int = doc(2048, "Vocabulary size of a trained BPE tokenizer.")
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.source, str) and bool(self.source), "data.source", self.source,
+                 "give a corpus name, a path or hf:NAME")
+        _require(self.format in DATA_FORMATS, "data.format", self.format, f"must be one of {DATA_FORMATS}")
+        _require(self.tokenizer in TOKENIZERS, "data.tokenizer", self.tokenizer, f"must be one of {TOKENIZERS}")
+        _require(_is_int(self.bpe_vocab_size) and 260 <= self.bpe_vocab_size <= 1_000_000, "data.bpe_vocab_size",
+                 self.bpe_vocab_size, "must be an integer in 260..1000000")
+
+
+@dataclass
+class TrainRunConfig:
+    """``fullband train``: all sections of one run."""
+
+    model: TrainModelConfig = field(default_factory=TrainModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig())
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig())
+    schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig())
+    out_dir: str = doc("runs/train", "Run directory: checkpoints/, metrics.jsonl, config.toml, model/ at the end.")
+    resume: bool = doc(False, "Continue from the latest complete checkpoint in out_dir.")
+    init_from: str | None = doc(None, "Start from this model directory (its architecture replaces [model]; "
+                                "model.feedback decides whether fusion weights are added).")
+    device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
+    eval_passes: tuple[int, ...] = doc(
+        (1, 2, 3), "Pass counts validated: 1 = standard, k = fused prefill with k-1 extra passes.",
+    )
+
+    def __post_init__(self) -> None:
+        _require(bool(self.eval_passes) and all(_is_int(k) and k >= 1 for k in self.eval_passes), "eval_passes",
+                 self.eval_passes, "must be a non-empty list of integers >= 1")
+        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")

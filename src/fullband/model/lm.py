@@ -10,6 +10,7 @@ One forward computes every execution mode of DESIGN.md §2 by running the multi-
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -197,11 +198,24 @@ class FullBandwidthLM(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, directory: str | Path, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+        cls,
+        directory: str | Path,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        feedback: bool | None = None,
     ) -> FullBandwidthLM:
-        """Load a directory written by :meth:`save_pretrained`; mismatched tensors raise CheckpointError."""
-        model = cls(load_config(directory))
-        load_state_dict_into(model, directory)
+        """Load a directory written by :meth:`save_pretrained`; mismatched tensors raise CheckpointError.
+
+        ``feedback=True`` on a checkpoint trained without feedback adds freshly initialised fusion weights (the
+        paper's late introduction of feedback); the standard path's outputs are unchanged. ``feedback=False``
+        drops a checkpoint's fusion weights.
+        """
+        config = load_config(directory)
+        changed = feedback is not None and feedback != config.feedback
+        if changed:
+            config = dataclasses.replace(config, feedback=feedback)
+        model = cls(config)
+        load_state_dict_into(model, directory, skip_prefix="fusion." if changed else None)
         return model.to(device=device, dtype=dtype).eval()
 
     # ------------------------------------------------------------------ decoding

@@ -29,7 +29,7 @@ class LMOutput:
     loss: torch.Tensor | None = None  # NTP(pass 1) + feedback_weight * mean_{k>=2} NTP(pass k)
     pass_losses: list[torch.Tensor] = field(default_factory=list)  # NTP loss of each pass
     passes: int = 1  # passes run (stack evaluations; summed over chunks for chunked/sequential)
-    delta: float | None = None  # max |h^(k) - h^(k-1)| of the last pass (None after a single pass)
+    delta: torch.Tensor | None = None  # max |h^(k) - h^(k-1)| of the last pass, 0-d (None after one pass)
 
 
 def run_passes(
@@ -55,16 +55,17 @@ def run_passes(
     """
     pass_losses: list[torch.Tensor] = []
     carried: torch.Tensor | None = None
-    delta: float | None = None
+    delta: torch.Tensor | None = None
     logits = None
     k = 0
     for k in range(1, passes + 1):
         inputs = pass_inputs(fusion, emb, fused, carried, carried_state, jitter, detach_passes)
         new_carried, head_input = stack(inputs)
         last = k == passes
-        if carried is not None and (last or tol is not None):
-            delta = (new_carried - carried).abs().max().item()
-            last = last or delta < tol
+        if carried is not None:
+            delta = (new_carried - carried).detach().abs().max()
+            # Only a tolerance needs the value on the host; otherwise no sync with the device.
+            last = last or (tol is not None and delta.item() < tol)
         carried = new_carried
         if labels is not None:
             logits = head(head_input)

@@ -55,8 +55,11 @@ def load_config(directory: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path}: {err}") from None
 
 
-def load_state_dict_into(model: torch.nn.Module, directory: str | Path) -> None:
-    """Load ``model.safetensors`` into ``model``, failing with the names of missing/extra/misshapen tensors."""
+def load_state_dict_into(model: torch.nn.Module, directory: str | Path, skip_prefix: str | None = None) -> None:
+    """Load ``model.safetensors`` into ``model``, failing with the names of missing/extra/misshapen tensors.
+
+    Tensors whose names start with ``skip_prefix`` may be absent from either side (they keep their init).
+    """
     path = Path(directory) / WEIGHTS_NAME
     if not path.is_file():
         raise CheckpointError(f"{directory} has no {WEIGHTS_NAME}")
@@ -67,6 +70,9 @@ def load_state_dict_into(model: torch.nn.Module, directory: str | Path) -> None:
     expected = dict(model.state_dict())
     if model.config.tie_embeddings:
         expected.pop("lm_head.weight")
+    if skip_prefix:
+        state = {k: v for k, v in state.items() if not k.startswith(skip_prefix)}
+        expected = {k: v for k, v in expected.items() if not k.startswith(skip_prefix)}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     misshapen = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"

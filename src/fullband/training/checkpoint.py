@@ -24,6 +24,7 @@ import os
 import random
 import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,9 +91,11 @@ def save_checkpoint(
     process_rng: list[dict[str, Any]] | None = None,
     run_config: dict[str, Any] | None = None,
     keep_last: int = 3,
+    write_extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write ``checkpoints/step-{state.step}`` atomically, then delete all but the last ``keep_last``.
 
+    ``write_extra(directory)`` adds files of the caller's (the tokenizer) before the manifest is written.
     ``process_rng`` holds every process's :func:`capture_process_rng` (index = rank); None = this process's.
     ``generator`` is the prefix-length generator, shared by all processes.
     """
@@ -114,6 +117,8 @@ def save_checkpoint(
     _write(tmp / RNG, lambda f: torch.save(rng, f))
     _write_json(tmp / STATE, {"format": FORMAT_VERSION, **asdict(state)})
     _write_json(tmp / RUN_CONFIG, run_config or {})
+    if write_extra is not None:
+        write_extra(tmp)
     files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir())}
     _write_json(tmp / MANIFEST, {"format": FORMAT_VERSION, "step": state.step, "files": files})
     _fsync_dir(tmp)

@@ -68,6 +68,7 @@ class Trainer:
         world_size: int = 1,
         run_config: dict[str, Any] | None = None,  # extra sections (data, ...) stored with checkpoints
         progress: bool = True,
+        write_extra: Callable[[Path], None] | None = None,  # adds files (the tokenizer) to every checkpoint
     ) -> None:
         if train_cfg.seq_len > model.config.max_seq_len:
             raise ConfigError(f"train.seq_len={train_cfg.seq_len} is invalid: must be at most the model's "
@@ -103,6 +104,7 @@ class Trainer:
         peak = peak_flops(self.device) if self.autocast_dtype == torch.bfloat16 else None
         self._peak_flops = peak * world_size if peak is not None else None
         self.log: MetricsLog | None = None
+        self.write_extra = write_extra
 
     # ------------------------------------------------------------------ one step
 
@@ -258,7 +260,8 @@ class Trainer:
         if self.rank == 0:
             self.state.metrics_bytes = self.log.tell()
             path = save_checkpoint(self.out_dir, self.raw_model, self.optimizer, self.state, generator=self.generator,
-                                   process_rng=process_rng, run_config=self.run_config, keep_last=self.cfg.keep_last)
+                                   process_rng=process_rng, run_config=self.run_config, keep_last=self.cfg.keep_last,
+                                   write_extra=self.write_extra)
         if self._distributed:
             torch.distributed.barrier()  # nobody runs ahead (or exits) before the checkpoint is complete
         return path

@@ -1,0 +1,197 @@
+"""``fullband train``: wire a run config to data, tokenizer, model and Trainer (one process or torchrun).
+
+    out_dir/
+      config.toml        the resolved configuration (re-run with ``--config out_dir/config.toml``)
+      tokenizer/         the tokenizer (also inside every checkpoint and the final model)
+      metrics.jsonl      one record per logged step and per validation
+      checkpoints/       step-NNNNNNN/ (atomic, verified, last N kept)
+      model/             the final model: ``FullBandwidthLM.from_pretrained`` / ``fullband generate``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fullband.config import ConfigError, TrainRunConfig
+from fullband.configio import config_to_dict, save_resolved_config
+from fullband.data import (
+    ByteTokenizer,
+    SFTBatches,
+    TokenBatches,
+    Tokenizer,
+    load_corpus,
+    load_sft,
+    load_tokenizer,
+    load_tokens,
+    train_bpe,
+)
+from fullband.model import FullBandwidthLM
+from fullband.training.distributed import cleanup_distributed, init_distributed, wrap_ddp
+from fullband.training.trainer import Trainer
+from fullband.training.validation import loss_eval
+
+BatchFn = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    model_dir: Path
+    steps: int
+    tokens: int
+    token_equiv_compute: int
+    final_loss: float | None
+    validation: dict[str, float]
+    seconds: float
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} is invalid: CUDA is not available here; use --device cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device={name!r} is invalid: use auto, cpu, cuda or cuda:N") from None
+
+
+def check_writable(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"out_dir={str(directory)!r} is not writable ({err.strerror}); pick another "
+                          "--out_dir") from None
+
+
+def build_tokenizer(cfg: TrainRunConfig, out_dir: Path, is_main: bool, barrier: Callable[[], None]) -> Tokenizer:
+    """The run's tokenizer: the one saved in out_dir (resume), the init_from model's, or a new one."""
+    for directory in (out_dir / "tokenizer", Path(cfg.init_from) if cfg.init_from else None):
+        if directory is not None and (tokenizer := load_tokenizer(directory)) is not None:
+            return tokenizer
+    if cfg.data.tokenizer == "byte":
+        return ByteTokenizer()
+    if cfg.data.format == "sft":
+        raise ConfigError("data.tokenizer='bpe' is invalid with data.format='sft': fine-tune a pretrained model "
+                          "with --init_from DIR (its tokenizer is used) or use data.tokenizer='byte'")
+    # BPE is trained once, by rank 0, on the train split; the other processes load what it saved.
+    if is_main:
+        train_bpe(load_corpus(cfg.data.source, "train"), vocab_size=cfg.data.bpe_vocab_size).save(out_dir / "tokenizer")
+    barrier()
+    return load_tokenizer(out_dir / "tokenizer")
+
+
+def build_model(cfg: TrainRunConfig, tokenizer: Tokenizer, device: torch.device) -> FullBandwidthLM:
+    torch.manual_seed(cfg.train.seed)  # the same initial weights on every process and every rerun
+    if cfg.init_from:
+        model = FullBandwidthLM.from_pretrained(cfg.init_from, feedback=cfg.model.feedback).train()
+        if model.config.vocab_size < tokenizer.vocab_size:
+            raise ConfigError(f"init_from={cfg.init_from!r} has vocab_size={model.config.vocab_size} but the "
+                              f"tokenizer has {tokenizer.vocab_size} tokens; use the checkpoint's own tokenizer")
+    else:
+        model = FullBandwidthLM(cfg.model.resolve(tokenizer.vocab_size))
+    return model.to(device)
+
+
+def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) -> tuple[BatchFn, Callable | None]:
+    """(train batch_fn, eval_fn) for the data section."""
+    t = cfg.train
+    rows = t.batch_size * t.grad_accum * world_size  # global rows of one optimizer step
+    if cfg.data.format == "sft":
+        pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
+        train = SFTBatches(load_sft(cfg.data.source, tokenizer, t.seq_len), rows, pad, seed=t.seed)
+        evaluate = None
+        if cfg.data.validation_source:
+            val = SFTBatches(load_sft(cfg.data.validation_source, tokenizer, t.seq_len), t.batch_size, pad,
+                             seed=t.seed + 1)
+            evaluate = loss_eval(val.batch, t.eval_batches, cfg.eval_passes)
+        return train.batch, evaluate
+    train_split = load_tokens(cfg.data.source, "train", tokenizer)
+    val_split = load_tokens(cfg.data.source, "validation", tokenizer)
+    train = TokenBatches(train_split.tokens, t.seq_len, rows, seed=t.seed)
+    val = TokenBatches(val_split.tokens, t.seq_len, t.batch_size, seed=t.seed + 1)
+    losses = loss_eval(val.batch, t.eval_batches, cfg.eval_passes)
+
+    def evaluate(model: FullBandwidthLM, step: int) -> dict[str, float]:
+        results = losses(model, step)
+        # Bits per byte compare across tokenizers: nats/token x tokens/byte of the split / ln 2.
+        bpb = {k.replace("val_loss", "val_bpb"): val_split.bits_per_byte(v) for k, v in results.items()}
+        return {**results, **bpb}
+
+    return train.batch, evaluate
+
+
+def run_train(cfg: TrainRunConfig, progress: bool = True) -> TrainResult:
+    """Train as configured (DDP when launched by torchrun); returns where the final model is."""
+    start = time.perf_counter()
+    env = init_distributed()
+    try:
+        device = resolve_device(cfg.device, env.local_rank)
+        out_dir = Path(cfg.out_dir)
+        if env.is_main:
+            check_writable(out_dir)
+
+        def barrier() -> None:
+            if env.world_size > 1:
+                torch.distributed.barrier()
+
+        tokenizer = build_tokenizer(cfg, out_dir, env.is_main, barrier)
+        model = build_model(cfg, tokenizer, device)
+        if env.is_main:  # data caches (download, tokenization) are filled once, then read by everyone
+            batch_fn, eval_fn = build_batches(cfg, tokenizer, env.world_size)
+        barrier()
+        if not env.is_main:
+            batch_fn, eval_fn = build_batches(cfg, tokenizer, env.world_size)
+        if env.is_main:
+            save_resolved_config(cfg, out_dir / "config.toml")
+            tokenizer.save(out_dir / "tokenizer")
+        trainer = Trainer(
+            model, cfg.train, cfg.optim, cfg.schedule, batch_fn, eval_fn, out_dir,
+            rank=env.rank, world_size=env.world_size, progress=progress and env.is_main,
+            run_config=_run_config(cfg, tokenizer), write_extra=tokenizer.save,
+        )
+        if env.world_size > 1:
+            wrap_ddp(trainer)
+        state = trainer.fit(resume=cfg.resume)
+        validation: dict[str, float] = {}
+        if eval_fn is not None and not cfg.train.eval_every:
+            validation = trainer.evaluate(state.step - 1)  # at least one validation, at the end
+        elif eval_fn is not None:
+            validation = _last_eval(out_dir)
+        model_dir = out_dir / "model"
+        if env.is_main:
+            model.save_pretrained(model_dir)
+            tokenizer.save(model_dir)
+        return TrainResult(out_dir, model_dir, state.step, state.tokens, state.token_equiv_compute, state.loss,
+                           validation, time.perf_counter() - start)
+    finally:
+        cleanup_distributed()
+
+
+def _run_config(cfg: TrainRunConfig, tokenizer: Tokenizer) -> dict[str, Any]:
+    resolved = config_to_dict(cfg)
+    resolved["tokenizer"] = tokenizer.config()
+    resolved["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
+    return {k: v for k, v in resolved.items() if k not in ("model", "train", "optim", "schedule")}
+
+
+def _last_eval(out_dir: Path) -> dict[str, float]:
+    last: dict[str, float] = {}
+    path = out_dir / "metrics.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("kind") == "eval":
+                last = {k: v for k, v in record.items() if k.startswith("val_")}
+    return last
