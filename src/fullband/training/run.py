@@ -165,10 +165,12 @@ def run_train(cfg: TrainRunConfig, progress: bool = True) -> TrainResult:
             wrap_ddp(trainer)
         state = trainer.fit(resume=cfg.resume)
         validation: dict[str, float] = {}
-        if eval_fn is not None and not cfg.train.eval_every:
-            validation = trainer.evaluate(state.step - 1)  # at least one validation, at the end
-        elif eval_fn is not None:
-            validation = _last_eval(out_dir)
+        if eval_fn is not None and cfg.train.eval_every:
+            validation = _last_eval(out_dir)  # the Trainer validated (and logged) at the last step
+        elif eval_fn is not None:  # no periodic validation: still report one at the end (not logged)
+            model.eval()
+            with torch.no_grad():
+                validation = eval_fn(model, state.step)
         model_dir = out_dir / "model"
         if env.is_main:
             model.save_pretrained(model_dir)

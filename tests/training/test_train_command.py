@@ -1,0 +1,105 @@
+"""``fullband train`` end to end on the embedded corpus: run, outputs, resume, SFT, init_from, errors."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from fullband import FullBandwidthLM
+from fullband.cli import main
+
+TINY = ["--model.d_model", "32", "--model.n_layers", "2", "--model.n_heads", "2", "--train.batch_size", "2",
+        "--train.seq_len", "32", "--train.eval_batches", "2", "--optim.warmup_steps", "2", "--optim.lr", "3e-3"]
+
+
+def train(out_dir, *extra) -> int:
+    return main(["train", "--out_dir", str(out_dir), *TINY, *extra])
+
+
+def records(out_dir, kind="train"):
+    lines = (out_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def test_train_on_shakespeare_writes_a_usable_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(out, "--train.max_steps", "8", "--train.eval_every", "4", "--train.log_every", "1") == 0
+    printed = capsys.readouterr().out
+    assert "trained 8 steps" in printed and "val_bpb_1pass" in printed
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.toml", "metrics.jsonl", "model",
+                                                     "tokenizer"]
+    train_records = records(out)
+    assert [r["step"] for r in train_records] == list(range(8))
+    # The default schedule turns feedback on for the last quarter of the steps.
+    assert [r["passes"] for r in train_records[:6]] == [1] * 6 and all(r["passes"] >= 2 for r in train_records[6:])
+    assert train_records[-1]["token_equiv_compute"] > train_records[-1]["tokens"]
+    evals = records(out, "eval")
+    assert [e["step"] for e in evals] == [3, 7]
+    assert {"val_loss_1pass", "val_loss_2pass", "val_loss_3pass", "val_bpb_1pass"} <= set(evals[-1])
+    model = FullBandwidthLM.from_pretrained(out / "model")
+    assert model.config.vocab_size == 320  # 257 byte tokens rounded up to a multiple of 64
+    assert main(["generate", "--checkpoint", str(out / "model"), "--prompt", "KING:", "--max_new_tokens", "5"]) == 0
+    assert capsys.readouterr().out.startswith("KING:")
+
+
+def test_resumed_run_reproduces_the_uninterrupted_metrics(tmp_path):
+    out = tmp_path / "run"
+    args = ["--train.max_steps", "6", "--train.checkpoint_every", "3", "--train.log_every", "1"]
+    assert train(out, *args) == 0
+    uninterrupted = records(out)
+    # Interrupted after step 3: the last checkpoint is gone and the log holds a partial extra line.
+    shutil.rmtree(out / "checkpoints" / "step-0000006")
+    with open(out / "metrics.jsonl", "a") as log:
+        log.write('{"kind": "train", "step": 4, "loss": 123')
+    assert train(out, *args, "--resume", "true") == 0
+    resumed = records(out)
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in uninterrupted]
+    assert [r["pass_losses"] for r in resumed] == [r["pass_losses"] for r in uninterrupted]
+
+
+def test_fine_tune_sft_from_a_baseline_with_three_passes(tmp_path):
+    base = tmp_path / "base"
+    assert train(base, "--train.max_steps", "2", "--model.feedback", "false") == 0
+    data = tmp_path / "sft.jsonl"
+    rows = [{"prompt": f"Q{i}: 2+{i}=", "completion": f" {2 + i}"} for i in range(20)]
+    rows.append({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "sft"
+    assert main(["train", "--out_dir", str(out), "--init_from", str(base / "model"), "--data.format", "sft",
+                 "--data.source", str(data), "--schedule.feedback_start", "0", "--schedule.pass_mix", "0,1",
+                 "--train.max_steps", "3", "--train.batch_size", "4", "--train.seq_len", "32",
+                 "--train.log_every", "1"]) == 0
+    assert [r["passes"] for r in records(out)] == [3, 3, 3]
+    tuned = FullBandwidthLM.from_pretrained(out / "model")
+    assert tuned.fusion is not None and tuned.config.d_model == 32
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--train.seq_len", "2000"], "train.seq_len=2000 is invalid: must be at most the model's max_seq_len=1024"),
+        (["--data.source", "nowhere.txt"], "corpus not found"),
+        (["--model.vocab_size", "100"], "the tokenizer has 257 tokens"),
+        (["--data.tokenizer", "sentencepiece"], "data.tokenizer='sentencepiece' is invalid: must be one of"),
+    ],
+)
+def test_bad_runs_fail_with_a_message(tmp_path, capsys, extra, message):
+    assert train(tmp_path / "run", "--train.max_steps", "1", *extra) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_unknown_option_is_rejected_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        train(tmp_path / "run", "--train.lr", "1")
+    assert "unrecognized arguments: --train.lr" in capsys.readouterr().err
+
+
+def test_init_from_rejects_a_tokenizer_larger_than_the_model_vocabulary(tmp_path, capsys):
+    base = tmp_path / "base"
+    assert train(base, "--train.max_steps", "1", "--model.vocab_size", "257") == 0
+    (base / "model" / "tokenizer_config.json").unlink()  # no tokenizer of its own: a new BPE one is trained
+    assert train(tmp_path / "bpe", "--init_from", str(base / "model"), "--data.tokenizer", "bpe",
+                 "--data.bpe_vocab_size", "300", "--train.max_steps", "1") == 2
+    assert "has vocab_size=257 but the tokenizer has 300 tokens" in capsys.readouterr().err
