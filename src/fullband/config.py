@@ -429,7 +429,7 @@ class TrainRunConfig:
 
     model: TrainModelConfig = field(default_factory=TrainModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=lambda: TrainConfig())
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(eval_every=250))
     optim: OptimConfig = field(default_factory=lambda: OptimConfig())
     schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig())
     out_dir: str = doc("runs/train", "Run directory: checkpoints/, metrics.jsonl, config.toml, model/ at the end.")
