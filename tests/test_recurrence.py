@@ -126,9 +126,9 @@ def standard_transformer_reference(model: FullBandwidthLM, tokens: torch.Tensor)
     def rms(x, w):
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * w
 
-    inv = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
-    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv.float().double()
-    cos, sin = ang.cos(), ang.sin()
+    inv = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2).float() / hd)
+    ang = torch.arange(T).float()[:, None] * inv
+    cos, sin = ang.cos().double(), ang.sin().double()
 
     def rope(x):  # (B, H, T, hd)
         x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]

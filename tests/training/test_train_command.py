@@ -4,7 +4,6 @@ import json
 import shutil
 
 import pytest
-import torch
 
 from fullband import FullBandwidthLM
 from fullband.cli import main

@@ -16,12 +16,17 @@ from fullband.model.layers import RMSNorm
 
 
 class LatentFusion(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig | None = None, *, d_model: int | None = None, norm_eps: float = 1e-5) -> None:
+        """From a ModelConfig, or from ``d_model``/``norm_eps`` alone for a network without one (a retrofit)."""
         super().__init__()
-        self.token_norm = RMSNorm(cfg.d_model, cfg.norm_eps)  # RMSNorm_e
-        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_G
-        self.state_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_U
-        self.out_norm = RMSNorm(cfg.d_model, cfg.norm_eps)  # RMSNorm_in
+        if cfg is not None:
+            d_model, norm_eps = cfg.d_model, cfg.norm_eps
+        if d_model is None:
+            raise ValueError("LatentFusion needs a ModelConfig or d_model")
+        self.token_norm = RMSNorm(d_model, norm_eps)  # RMSNorm_e
+        self.gate_proj = nn.Linear(d_model, d_model, bias=False)  # W_G
+        self.state_proj = nn.Linear(d_model, d_model, bias=False)  # W_U
+        self.out_norm = RMSNorm(d_model, norm_eps)  # RMSNorm_in
 
     def forward(self, token_emb: torch.Tensor, prev_state: torch.Tensor) -> torch.Tensor:
         """token_emb e_t and prev_state h_{t-1}, both (..., D) -> fused input u_t (..., D)."""

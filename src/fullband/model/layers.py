@@ -23,9 +23,18 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
+def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    """RoPE inverse frequencies (head_dim/2,), in float32 as Hugging Face Llama computes them."""
+    return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+
+
 def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """cos/sin of shape (B, 1, T, head_dim/2) for integer positions (B, T)."""
-    angles = positions.to(torch.float64)[..., None] * inv_freq.to(torch.float64)  # (B, T, hd/2)
+    """cos/sin of shape (B, 1, T, head_dim/2) for integer positions (B, T).
+
+    Angles are computed in float32 exactly as Hugging Face Llama does, so converted weights give identical
+    logits; every execution mode uses this same function, so they agree in any dtype.
+    """
+    angles = positions.float()[..., None] * inv_freq.float()  # (B, T, hd/2)
     return angles.cos().to(dtype)[:, None], angles.sin().to(dtype)[:, None]
 
 

@@ -22,7 +22,7 @@ from torch import nn
 from fullband.config import ModelConfig
 from fullband.model.fusion import LatentFusion
 from fullband.model.kv_cache import KVCache
-from fullband.model.layers import Block, RMSNorm, rope_angles
+from fullband.model.layers import Block, RMSNorm, rope_angles, rope_inv_freq
 from fullband.model.recurrence import LMOutput, PlainPrefix, exact_pass_count, fused_positions, run_passes
 from fullband.model.serialization import load_config, load_state_dict_into, save_pretrained
 
@@ -39,9 +39,7 @@ class FullBandwidthLM(nn.Module):
             self.lm_head.weight = self.embed.weight
         # The baseline has no fusion parameters at all, so its checkpoints are plain transformers.
         self.fusion = LatentFusion(config) if config.feedback else None
-        exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim
-        inv_freq = 1.0 / config.rope_theta**exponents
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(config.head_dim, config.rope_theta), persistent=False)
         self.reset_parameters()
 
     # ------------------------------------------------------------------ setup

@@ -1,0 +1,30 @@
+"""Integrations with other libraries (the ``hf`` extra: transformers).
+
+Nothing here is imported with ``fullband``; each submodule imports its library when it is imported itself:
+
+- :mod:`fullband.integrations.hf`: ``FullBandwidthConfig`` / ``FullBandwidthForCausalLM`` for the Auto classes
+  (registered on import) and ``generate``;
+- :mod:`fullband.integrations.llama`: ``to_llama`` / ``from_llama`` for baseline (feedback=False) models;
+- :mod:`fullband.integrations.retrofit`: ``retrofit(model)`` -> ``RetrofittedLM``, latent feedback on a
+  pretrained transformers causal LM.
+"""
+
+from typing import Any
+
+_LAZY = {
+    "FullBandwidthConfig": "fullband.integrations.hf",
+    "FullBandwidthForCausalLM": "fullband.integrations.hf",
+    "to_llama": "fullband.integrations.llama",
+    "from_llama": "fullband.integrations.llama",
+    "RetrofittedLM": "fullband.integrations.retrofit",
+    "retrofit": "fullband.integrations.retrofit",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'fullband.integrations' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)
