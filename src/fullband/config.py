@@ -214,6 +214,7 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
 LR_SCHEDULES = ("cosine", "wsd", "constant")
 Z_LOSS_WHEN = ("always", "cooldown", "off")
 AUTOCAST = ("auto", "bf16", "off")
+PARALLEL = ("ddp", "fsdp")
 
 
 @dataclass
@@ -299,6 +300,13 @@ class TrainConfig:
     autocast: str = doc(
         "auto", "Mixed precision: 'auto' = bf16 autocast on CUDA, none elsewhere; 'bf16' = require it; 'off'."
     )
+    parallel: str = doc(
+        "ddp",
+        "How torchrun's processes share the model: 'ddp' = a full replica (weights, gradients, AdamW state) on "
+        "each process, fastest while it fits in memory; 'fsdp' = FSDP2, each process holds 1/world_size of them "
+        "and gathers a block's weights when it runs it, for models too large to replicate (checkpoints then hold "
+        "sharded torch.distributed.checkpoint files plus a full model.safetensors). One process: no effect.",
+    )
     feedback_weight: float = doc(1.0, "λ in L = NTP(pass 1) + λ * mean_{k>=2} NTP(pass k); >= 0 (the paper uses 1).")
     jitter: float = doc(0.02, "σ of the Uniform(-σ, σ) noise on carried states before fusing; >= 0.")
     detach_passes: bool = doc(
@@ -369,6 +377,7 @@ def validate_train_config(c: TrainConfig) -> None:
     for name in ("compile", "detach_passes", "prefix_mixin"):
         _require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
     _require(c.autocast in AUTOCAST, "autocast", c.autocast, f"must be one of {AUTOCAST}")
+    _require(c.parallel in PARALLEL, "parallel", c.parallel, f"must be one of {PARALLEL}")
     _require(_is_number(c.feedback_weight) and c.feedback_weight >= 0, "feedback_weight", c.feedback_weight,
              "must be >= 0")
     _require(_is_number(c.jitter) and c.jitter >= 0, "jitter", c.jitter, "must be >= 0")

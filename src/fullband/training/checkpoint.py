@@ -4,6 +4,8 @@ Layout of ``<out_dir>/checkpoints/step-0000400/`` (the state after 400 optimizer
 
     model.safetensors, config.json   the model (``save_pretrained``; loadable with ``from_pretrained``)
     optimizer.pt                     AdamW state_dict
+    distributed/                     instead of optimizer.pt in an FSDP run: model and AdamW state as
+                                     ``torch.distributed.checkpoint`` shards (each process writes its own)
     rng.pt                           each process's Python/NumPy/torch/CUDA RNG states; the prefix generator
     trainer_state.json               step, lr, loss, tokens, token-equivalent compute, schedule, metrics offset
     run_config.json                  the resolved configs of the run
@@ -13,6 +15,11 @@ Everything is written into ``checkpoints/.tmp-step-0000400``, each file and the 
 renamed into place, so a crash leaves either a complete checkpoint or a ``.tmp-`` directory that is never
 read. A ``step-*`` directory whose manifest is missing or does not match its files (copied half-way,
 truncated, edited) is skipped with a :class:`CheckpointWarning` and never loaded.
+
+An FSDP run (:func:`save_sharded_checkpoint`, called by every process) keeps that contract: rank 0 makes the
+temporary directory, every process writes its shards into it, rank 0 adds the gathered full model (so
+``from_pretrained`` and ``fullband generate`` read any checkpoint alike), the rest and the manifest, which
+then covers the shards too. A sharded checkpoint loads at any world size, or into one plain process.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fullband.config import ModelConfig
+from fullband.model import FullBandwidthLM
 from fullband.model.serialization import CONFIG_NAME, WEIGHTS_NAME, load_config, load_state_dict_into
 from fullband.training.errors import CheckpointError, CheckpointWarning, NonFiniteLossError
 
@@ -41,6 +50,8 @@ OPTIMIZER = "optimizer.pt"
 RNG = "rng.pt"
 STATE = "trainer_state.json"
 RUN_CONFIG = "run_config.json"
+SHARDED = "distributed"  # the torch.distributed.checkpoint directory of an FSDP run
+SHARDED_METADATA = f"{SHARDED}/.metadata"  # written last by torch.distributed.checkpoint's FileSystemWriter
 FORMAT_VERSION = 1
 _PREFIX = "step-"
 
@@ -99,18 +110,124 @@ def save_checkpoint(
     ``process_rng`` holds every process's :func:`capture_process_rng` (index = rank); None = this process's.
     ``generator`` is the prefix-length generator, shared by all processes.
     """
+    _check_finite(state)
+    tmp = _fresh_tmp_dir(out_dir, state.step)
+    model.save_pretrained(tmp)  # fsyncs its files itself
+    _write(tmp / OPTIMIZER, lambda f: torch.save(optimizer.state_dict(), f))
+    return _complete(out_dir, tmp, state, generator, process_rng, run_config, keep_last, write_extra)
+
+
+def save_sharded_checkpoint(
+    out_dir: str | Path,
+    model: torch.nn.Module,  # the FullBandwidthLM after fully_shard
+    optimizer: torch.optim.Optimizer,  # over its DTensor parameters
+    state: TrainingState,
+    *,
+    rank: int,
+    generator: torch.Generator | None = None,
+    process_rng: list[dict[str, Any]] | None = None,
+    run_config: dict[str, Any] | None = None,
+    keep_last: int = 3,
+    write_extra: Callable[[Path], None] | None = None,
+) -> Path | None:
+    """:func:`save_checkpoint` for an FSDP model: collective (every process calls it); rank 0 returns the path.
+
+    Model and optimizer state go through ``torch.distributed.checkpoint`` into ``distributed/`` (each process
+    writes its own shards, nothing is gathered); the full model is gathered to rank 0's CPU once more for
+    ``model.safetensors``. Needs a file system every process sees, as the DDP checkpoints do.
+    """
+    # torch.distributed.checkpoint is imported where used: it adds ~0.7 s to every import of the Trainer.
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    _check_finite(state)  # the loss is the mean over ranks, so every process raises alike
+    tmp = _tmp_dir(out_dir, state.step)
+    if rank == 0:
+        _fresh_tmp_dir(out_dir, state.step)
+    dist.barrier()  # the directory exists, with nothing stale in it, before anyone writes into it
+    model_state, optimizer_state = get_state_dict(model, optimizer)  # DTensor shards keyed by parameter name
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp / SHARDED)
+    # dcp.save returns after rank 0 wrote the metadata, which it does once every process reported its files
+    # written, so rank 0 may hash and rename them.
+    full = gather_full_state_dict(model)
+    if rank != 0:
+        return None
+    _unsharded(model.config, full).save_pretrained(tmp)
+    return _complete(out_dir, tmp, state, generator, process_rng, run_config, keep_last, write_extra)
+
+
+def save_model(model: torch.nn.Module, directory: str | Path, rank: int = 0) -> None:
+    """``model.save_pretrained(directory)`` on rank 0, gathering the weights first when ``model`` is sharded
+    (collective then: every process calls it)."""
+    if is_sharded(model):
+        full = gather_full_state_dict(model)
+        if rank == 0:
+            _unsharded(model.config, full).save_pretrained(directory)
+    elif rank == 0:
+        model.save_pretrained(directory)
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``fully_shard`` (FSDP2) was applied to ``model``, so its parameters are DTensor shards."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def gather_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Collective: the unsharded CPU state dict of an FSDP model on rank 0 (an empty dict elsewhere)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # cpu_offload gathers one tensor at a time to rank 0's CPU, so no device ever holds the whole model.
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _unsharded(config: ModelConfig, state: dict[str, torch.Tensor]) -> FullBandwidthLM:
+    """A plain FullBandwidthLM around gathered tensors, so its own save_pretrained writes the files.
+
+    Built on the meta device (no memory, no init) and given the tensors themselves (assign=True); a
+    strict load, so a missing or extra tensor fails here rather than in a later from_pretrained.
+    """
+    with torch.device("meta"):
+        plain = FullBandwidthLM(config)
+    plain.load_state_dict(state, assign=True)
+    return plain
+
+
+def _check_finite(state: TrainingState) -> None:
     if state.loss is not None and not math.isfinite(state.loss):
         raise NonFiniteLossError("the loss", state.loss, state.step)
-    root = checkpoint_root(out_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = checkpoint_path(out_dir, state.step)
-    tmp = root / f".tmp-{final.name}"
+
+
+def _tmp_dir(out_dir: str | Path, step: int) -> Path:
+    return checkpoint_root(out_dir) / f".tmp-{checkpoint_path(out_dir, step).name}"
+
+
+def _fresh_tmp_dir(out_dir: str | Path, step: int) -> Path:
+    checkpoint_root(out_dir).mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_dir(out_dir, step)
     if tmp.exists():  # left by a crash while writing this same step
         shutil.rmtree(tmp)
     tmp.mkdir()
+    return tmp
 
-    model.save_pretrained(tmp)  # fsyncs its files itself
-    _write(tmp / OPTIMIZER, lambda f: torch.save(optimizer.state_dict(), f))
+
+def _complete(
+    out_dir: str | Path,
+    tmp: Path,
+    state: TrainingState,
+    generator: torch.Generator | None,
+    process_rng: list[dict[str, Any]] | None,
+    run_config: dict[str, Any] | None,
+    keep_last: int,
+    write_extra: Callable[[Path], None] | None,
+) -> Path:
+    """Add RNG, counters, run config and extras to ``tmp``, then the manifest; rename it into place; prune."""
+    root = checkpoint_root(out_dir)
+    final = checkpoint_path(out_dir, state.step)
     rng = {"processes": process_rng if process_rng is not None else [capture_process_rng()]}
     if generator is not None:
         rng["generator"] = generator.get_state()
@@ -119,9 +236,12 @@ def save_checkpoint(
     _write_json(tmp / RUN_CONFIG, run_config or {})
     if write_extra is not None:
         write_extra(tmp)
-    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir())}
+    # Relative paths, so the shards under distributed/ are covered too (a flat checkpoint lists plain names).
+    files = {p.relative_to(tmp).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(tmp.rglob("*")) if p.is_file()}
     _write_json(tmp / MANIFEST, {"format": FORMAT_VERSION, "step": state.step, "files": files})
-    _fsync_dir(tmp)
+    for directory in [*(p for p in tmp.rglob("*") if p.is_dir()), tmp]:
+        _fsync_dir(directory)
 
     if final.exists():  # re-reaching a step after resuming from an older checkpoint: replace it
         trash = root / f".trash-{final.name}"
@@ -198,9 +318,11 @@ def verify_checkpoint(path: str | Path, hashes: bool = True) -> str | None:
         return f"no {MANIFEST} (the write did not finish)"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         return f"unreadable {MANIFEST}: {type(err).__name__}: {err}"
-    for required in (WEIGHTS_NAME, CONFIG_NAME, OPTIMIZER, RNG, STATE):
+    for required in (WEIGHTS_NAME, CONFIG_NAME, RNG, STATE):
         if required not in files:
             return f"{MANIFEST} does not list {required}"
+    if OPTIMIZER not in files and SHARDED_METADATA not in files:
+        return f"{MANIFEST} lists neither {OPTIMIZER} nor {SHARDED_METADATA}"
     for name, (size, sha256) in files.items():
         file = path / name
         if not file.is_file():
@@ -240,6 +362,10 @@ def load_checkpoint(
 ) -> TrainingState:
     """Restore model weights, optimizer state and RNG states (this ``rank``'s) from a verified checkpoint.
 
+    A checkpoint of an FSDP run (``distributed/``) loads into the sharded model at any world size, or into a
+    plain model; under FSDP this is collective (every process calls it with the same ``path``). ``optimizer``
+    must be freshly built: its state is replaced by the checkpoint's.
+
     Returns the run's counters. A rank the checkpoint has no RNG state for (more processes than when it was
     saved) keeps its current RNG, with a warning: the run goes on, but not bit for bit as before.
     """
@@ -250,9 +376,15 @@ def load_checkpoint(
     saved_config = load_config(path)
     if saved_config != model.config:
         raise CheckpointError(f"{path} holds a model with config {saved_config}, not {model.config}")
-    load_state_dict_into(model, path)
-    if optimizer is not None:
-        optimizer.load_state_dict(torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True))
+    if (path / SHARDED_METADATA).is_file():
+        _load_sharded(path / SHARDED, model, optimizer)
+    elif is_sharded(model):
+        raise CheckpointError(f"{path} was written by a run without FSDP ({OPTIMIZER}); FSDP cannot load it: "
+                              "resume with train.parallel='ddp' or with one process")
+    else:
+        load_state_dict_into(model, path)
+        if optimizer is not None:
+            optimizer.load_state_dict(torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True))
     if restore_rng:
         rng = torch.load(path / RNG, weights_only=True)
         if rank < len(rng["processes"]):
@@ -268,6 +400,42 @@ def load_checkpoint(
     data = json.loads((path / STATE).read_text())
     data.pop("format", None)
     return TrainingState(**data)
+
+
+def _load_sharded(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    saved = set(dcp.FileSystemReader(directory).read_metadata().state_dict_metadata)
+    # dcp.load fills a template of the right shapes and shardings, which the get_* functions make.
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        optimizer.state.clear()  # so the template below has state for every parameter
+        template = get_optimizer_state_dict(model, optimizer)  # (an AdamW step at lr 0 creates that state)
+        # AdamW keeps no state for a parameter that never had a gradient (the fusion before feedback starts);
+        # such parameters must stay without state, as in the run that saved, for the resume to repeat it.
+        with_state = {key.removeprefix("optimizer.state.").rsplit(".", 1)[0]
+                      for key in saved if key.startswith("optimizer.state.")}
+        template["state"] = {name: s for name, s in template["state"].items() if name in with_state}
+        state["optimizer"] = template
+    no_dist = not (dist.is_available() and dist.is_initialized())  # one plain process reads every shard
+    try:
+        with warnings.catch_warnings():  # dcp warns that it assumes one process even when told so
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(state, checkpoint_id=directory, no_dist=no_dist)
+    except (dcp.CheckpointException, RuntimeError) as err:  # names the missing or misshapen tensors
+        raise CheckpointError(f"cannot load {directory}: {err}") from None
+    set_model_state_dict(model, state["model"])
+    if optimizer is not None:
+        # strict=False: parameters left without state above are not an error.
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(strict=False))
 
 
 def load_run_config(path: str | Path) -> dict[str, Any]:

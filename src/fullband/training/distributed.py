@@ -1,10 +1,12 @@
-"""Data-parallel training under torchrun: process-group setup and wrapping a Trainer's model in DDP.
+"""Data-parallel training under torchrun: process-group setup, and DDP or FSDP2 applied to a Trainer's model.
 
 Applied from outside the single-device code: build the model and the Trainer with ``rank``/``world_size``,
-then ``wrap_ddp(trainer)``. Each process trains on its own rows of every step (``batch_fn(step, rank,
-world_size)``); DDP averages the gradients, so with equal token counts per process the run matches one
-process on the global batch. Only rank 0 writes logs and checkpoints; every process keeps its optimizer
-replica and its own RNG state, which checkpoints store per rank.
+then ``wrap_ddp(trainer)`` or ``wrap_fsdp(trainer)``. Each process trains on its own rows of every step
+(``batch_fn(step, rank, world_size)``); DDP all-reduces and FSDP reduce-scatters the mean gradient, so with
+equal token counts per process either run matches one process on the global batch. Every process keeps its
+own RNG state, which checkpoints store per rank. Under DDP each process holds a full optimizer replica and
+rank 0 writes checkpoints alone; under FSDP each holds 1/world_size of the weights, gradients and AdamW state
+and writes its shards into the checkpoint (see :mod:`fullband.training.checkpoint`).
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from fullband.training.optim import build_optimizer
 from fullband.training.trainer import Trainer
 
 
@@ -55,16 +60,44 @@ def init_distributed(backend: str | None = None) -> DistributedEnv:
 
 def wrap_ddp(trainer: Trainer) -> None:
     """Make ``trainer.model`` a DDP wrapper of ``trainer.raw_model`` (whose blocks the Trainer compiled if asked)."""
-    if not dist.is_initialized():
-        raise RuntimeError("wrap_ddp needs an initialised process group: call init_distributed() under torchrun")
-    if dist.get_world_size() != trainer.world_size or dist.get_rank() != trainer.rank:
-        raise RuntimeError(f"the Trainer was built for rank {trainer.rank} of {trainer.world_size}, but this process "
-                           f"is rank {dist.get_rank()} of {dist.get_world_size()}")
+    _check_process_group(trainer, "wrap_ddp")
     device_ids = [trainer.device.index] if trainer.device.type == "cuda" else None
     # Single-pass steps never call the fusion, so its weights get no gradient there; DDP must expect that.
     find_unused = trainer.raw_model.fusion is not None
     trainer.model = DistributedDataParallel(trainer.raw_model, device_ids=device_ids,
                                             find_unused_parameters=find_unused)
+
+
+def wrap_fsdp(trainer: Trainer) -> None:
+    """Shard ``trainer.raw_model`` in place with FSDP2 (``fully_shard``) and rebuild the optimizer over the shards.
+
+    Each transformer block is one FSDP unit: its weights are all-gathered just before it runs and freed after,
+    in forward and again in backward (a multi-pass forward runs every block once per pass, gathering it each
+    time). The root unit holds the rest: the embedding, which is also the output head when tied (one parameter,
+    so necessarily one unit), the final norm and the fusion. Single-pass steps never call the fusion; FSDP2
+    then leaves its gradients None, as one process does, so AdamW skips it alike. Call before training.
+    """
+    _check_process_group(trainer, "wrap_fsdp")
+    if trainer.optimizer.state:
+        raise RuntimeError("wrap_fsdp must come before training: the optimizer already holds state for the "
+                           "unsharded parameters")
+    model = trainer.raw_model
+    mesh = init_device_mesh(trainer.device.type, (trainer.world_size,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    trainer.model = model  # fully_shard changed the module's class in place; its forward is the same
+    # fully_shard replaced every parameter by a DTensor shard, so the optimizer Trainer.__init__ built points at
+    # tensors that are no longer the model's; a new one (same groups, same settings) steps the shards.
+    trainer.optimizer = build_optimizer(model, trainer.optim_cfg)
+
+
+def _check_process_group(trainer: Trainer, caller: str) -> None:
+    if not dist.is_initialized():
+        raise RuntimeError(f"{caller} needs an initialised process group: call init_distributed() under torchrun")
+    if dist.get_world_size() != trainer.world_size or dist.get_rank() != trainer.rank:
+        raise RuntimeError(f"the Trainer was built for rank {trainer.rank} of {trainer.world_size}, but this process "
+                           f"is rank {dist.get_rank()} of {dist.get_world_size()}")
 
 
 def cleanup_distributed() -> None:

@@ -34,7 +34,8 @@ from fullband.data import (
     train_bpe,
 )
 from fullband.model import FullBandwidthLM
-from fullband.training.distributed import cleanup_distributed, init_distributed, wrap_ddp
+from fullband.training.checkpoint import save_model
+from fullband.training.distributed import cleanup_distributed, init_distributed, wrap_ddp, wrap_fsdp
 from fullband.training.trainer import Trainer
 from fullband.training.validation import loss_eval
 
@@ -133,7 +134,7 @@ def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) ->
 
 
 def run_train(cfg: TrainRunConfig, progress: bool = True) -> TrainResult:
-    """Train as configured (DDP when launched by torchrun); returns where the final model is."""
+    """Train as configured (DDP or FSDP when launched by torchrun); returns where the final model is."""
     start = time.perf_counter()
     env = init_distributed()
     try:
@@ -162,7 +163,7 @@ def run_train(cfg: TrainRunConfig, progress: bool = True) -> TrainResult:
             run_config=_run_config(cfg, tokenizer), write_extra=tokenizer.save,
         )
         if env.world_size > 1:
-            wrap_ddp(trainer)
+            (wrap_fsdp if cfg.train.parallel == "fsdp" else wrap_ddp)(trainer)
         state = trainer.fit(resume=cfg.resume)
         validation: dict[str, float] = {}
         if eval_fn is not None and cfg.train.eval_every:
@@ -172,8 +173,8 @@ def run_train(cfg: TrainRunConfig, progress: bool = True) -> TrainResult:
             with torch.no_grad():
                 validation = eval_fn(model, state.step)
         model_dir = out_dir / "model"
+        save_model(model, model_dir, env.rank)  # under FSDP every process takes part in gathering the weights
         if env.is_main:
-            model.save_pretrained(model_dir)
             tokenizer.save(model_dir)
         return TrainResult(out_dir, model_dir, state.step, state.tokens, state.token_equiv_compute, state.loss,
                            validation, time.perf_counter() - start)

@@ -8,6 +8,8 @@ so a resumed run repeats the uninterrupted one bit for bit on the same hardware.
 
 Parallelism is applied from outside: ``trainer.raw_model`` is the FullBandwidthLM (saved, loaded,
 evaluated); ``trainer.model`` is what the training forward calls and may be replaced by a DDP wrapper.
+FSDP2 (``wrap_fsdp``) instead shards ``raw_model`` in place (the two are then the same module) and rebuilds
+``trainer.optimizer`` over the shards; checkpoints then go through :func:`save_sharded_checkpoint`.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from fullband.model import FullBandwidthLM
 from fullband.training.checkpoint import (
     TrainingState,
     capture_process_rng,
+    is_sharded,
     latest_good_checkpoint,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
+    save_sharded_checkpoint,
 )
 from fullband.training.errors import NonFiniteLossError, TrainingError
 from fullband.training.metrics import MetricsLog, flops_per_token, peak_flops
@@ -186,7 +190,8 @@ class Trainer:
         return 0.0
 
     def _grad_sync(self, last_micro: bool) -> contextlib.AbstractContextManager:
-        # Under DDP only the last micro-batch's backward needs to all-reduce the gradients.
+        # Under DDP only the last micro-batch's backward needs to all-reduce the gradients. FSDP2 has no no_sync:
+        # it reduce-scatters after every micro-batch, which keeps only sharded gradients in memory.
         if last_micro or not hasattr(self.model, "no_sync"):
             return contextlib.nullcontext()
         return self.model.no_sync()
@@ -251,17 +256,24 @@ class Trainer:
         return results
 
     def save(self) -> Path | None:
-        """Checkpoint the current state; call on every process (rank 0 writes, the others return None)."""
+        """Checkpoint the current state; call on every process (rank 0 returns the path, the others None).
+
+        Rank 0 writes it alone, except under FSDP, where every process writes its shards.
+        """
         process_rng = [capture_process_rng()]
         if self._distributed:  # each rank's jitter stream differs, so each rank's RNG state is kept
             process_rng = [None] * self.world_size
             torch.distributed.all_gather_object(process_rng, capture_process_rng())
-        path = None
         if self.rank == 0:
             self.state.metrics_bytes = self.log.tell()
-            path = save_checkpoint(self.out_dir, self.raw_model, self.optimizer, self.state, generator=self.generator,
-                                   process_rng=process_rng, run_config=self.run_config, keep_last=self.cfg.keep_last,
-                                   write_extra=self.write_extra)
+        rest = dict(generator=self.generator, process_rng=process_rng, run_config=self.run_config,
+                    keep_last=self.cfg.keep_last, write_extra=self.write_extra)
+        path = None
+        if is_sharded(self.raw_model):
+            path = save_sharded_checkpoint(self.out_dir, self.raw_model, self.optimizer, self.state, rank=self.rank,
+                                           **rest)
+        elif self.rank == 0:
+            path = save_checkpoint(self.out_dir, self.raw_model, self.optimizer, self.state, **rest)
         if self._distributed:
             torch.distributed.barrier()  # nobody runs ahead (or exits) before the checkpoint is complete
         return path
@@ -284,7 +296,14 @@ class Trainer:
         return 0
 
     def _resume(self) -> int:
-        path = latest_good_checkpoint(self.out_dir)
+        if self._distributed:
+            # Every process must load the same checkpoint (under FSDP loading is collective), so rank 0 verifies
+            # and picks it for all.
+            choice = [latest_good_checkpoint(self.out_dir) if self.rank == 0 else None]
+            torch.distributed.broadcast_object_list(choice, src=0)
+            path = choice[0]
+        else:
+            path = latest_good_checkpoint(self.out_dir)
         if path is None:
             warnings.warn(f"no complete checkpoint under {self.out_dir}; starting from scratch", stacklevel=3)
             return self._start_fresh()
