@@ -57,7 +57,11 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (0 = torch's default); 1 is steadiest on a machine with other load")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     dtype = getattr(torch, args.dtype)
     print(f"# decode overhead: torch {torch.__version__}, {args.device}, {args.dtype}, threads="

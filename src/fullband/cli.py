@@ -7,7 +7,16 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from fullband.config import CheckConfig, ConfigError, GenerateConfig, TrainRunConfig
+from fullband.config import (
+    CheckConfig,
+    CompareConfig,
+    ConfigError,
+    GenerateConfig,
+    LmEvalConfig,
+    ReasoningConfig,
+    StateTrackingConfig,
+    TrainRunConfig,
+)
 from fullband.configio import add_dataclass_arguments, config_from_args
 
 
@@ -25,9 +34,9 @@ def run_generate(cfg: GenerateConfig) -> None:
     import torch
 
     from fullband.data import load_tokenizer
-    from fullband.model import FullBandwidthLM
+    from fullband.model_io import load_any
 
-    model = FullBandwidthLM.from_pretrained(cfg.checkpoint, device=cfg.device)
+    model = load_any(cfg.checkpoint, device=cfg.device)  # native, or retrofitted (retrofit.json)
     tokenizer = load_tokenizer(cfg.checkpoint)
     prompt = tokenizer.encode(cfg.prompt) if tokenizer is not None else _parse_ids(cfg.prompt)
     if not prompt:
@@ -79,10 +88,45 @@ def run_check(cfg: CheckConfig) -> None:
         raise SystemExit(1)
 
 
+def run_eval_lm(cfg: LmEvalConfig) -> None:
+    from fullband.evaluation.lm_eval_run import run_lm_eval
+
+    _, table = run_lm_eval(cfg)
+    print(table)
+    print(f"results: {cfg.out_dir}/results.json")
+
+
+def run_eval_reasoning(cfg: ReasoningConfig) -> None:
+    from fullband.evaluation.reasoning import run_reasoning, tables
+
+    results = run_reasoning(cfg)
+    for name in ("training", "accuracy", "mean_len", "equal_accuracy"):
+        print(f"\n{name}:\n{tables(results)[name]}")
+    print(f"\nreport: {cfg.out_dir}/report.md")
+
+
+def run_eval_state(cfg: StateTrackingConfig) -> None:
+    from fullband.evaluation.state_tracking import run_state_tracking, tables
+
+    for name, table in tables(run_state_tracking(cfg)).items():
+        print(f"\n{name}:\n{table}")
+    print(f"\nreport: {cfg.out_dir}/report.md")
+
+
+def run_compare(cfg: CompareConfig) -> None:
+    from fullband.evaluation.compare import run_compare as compare
+
+    compare(cfg)  # prints the summary table and where report.md is
+
+
 COMMANDS: dict[str, tuple[type, Callable, str]] = {
     "train": (TrainRunConfig, run_train, "Train a full-bandwidth transformer (or the feedback=False baseline)."),
     "generate": (GenerateConfig, run_generate, "Decode from a checkpoint in standard, soft, fused or exact mode."),
     "check": (CheckConfig, run_check, "Verify that sequential, multi-pass, chunked and cached decoding agree."),
+    "compare": (CompareConfig, run_compare, "Baselines at several token budgets vs the full-bandwidth model: report."),
+    "eval-lm": (LmEvalConfig, run_eval_lm, "Run lm-evaluation-harness tasks on a checkpoint in a decoding mode."),
+    "eval-reasoning": (ReasoningConfig, run_eval_reasoning, "Study: shorter reasoning traces at equal accuracy?"),
+    "eval-state": (StateTrackingConfig, run_eval_state, "Study: linear probes of the state at every depth (Fig. 7)."),
 }
 
 

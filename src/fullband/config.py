@@ -432,6 +432,34 @@ class DataConfig:
                  self.bpe_vocab_size, "must be an integer in 260..1000000")
 
 
+HF_PREFIX = "hf:"  # init_from="hf:PATH": retrofit the transformers causal LM saved in PATH
+RETROFIT_LAST_HIDDEN = "last_hidden"
+
+
+@dataclass
+class RetrofitTrainConfig:
+    """Retrofitting a transformers causal LM ([retrofit]; read only with init_from='hf:PATH')."""
+
+    feedback_source: str = doc(
+        RETROFIT_LAST_HIDDEN,
+        "Hidden state of the pretrained model that feeds back: 'last_hidden' = its last hidden state (after the "
+        "final norm for Llama, Qwen2, GPT-2), or N = the residual stream after block N, 1..n_layers-1 (quoted in a "
+        'config file: feedback_source = "2").',
+    )
+
+    def __post_init__(self) -> None:
+        source = self.feedback_source
+        ok = isinstance(source, str) and (source == RETROFIT_LAST_HIDDEN or (source.isdigit() and int(source) >= 1))
+        _require(ok, "feedback_source", source, "must be 'last_hidden' or a block index N >= 1 (at most the "
+                 "pretrained model's n_layers - 1)")
+        if source != RETROFIT_LAST_HIDDEN:
+            self.feedback_source = str(int(source))
+
+    def resolve(self) -> str | int:
+        """The ``feedback_source`` argument of :func:`fullband.retrofit`: 'last_hidden' or an int."""
+        return RETROFIT_LAST_HIDDEN if self.feedback_source == RETROFIT_LAST_HIDDEN else int(self.feedback_source)
+
+
 @dataclass
 class TrainRunConfig:
     """``fullband train``: all sections of one run."""
@@ -441,10 +469,15 @@ class TrainRunConfig:
     train: TrainConfig = field(default_factory=lambda: TrainConfig(eval_every=250))
     optim: OptimConfig = field(default_factory=lambda: OptimConfig())
     schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig())
+    retrofit: RetrofitTrainConfig = field(default_factory=RetrofitTrainConfig)
     out_dir: str = doc("runs/train", "Run directory: checkpoints/, metrics.jsonl, config.toml, model/ at the end.")
     resume: bool = doc(False, "Continue from the latest complete checkpoint in out_dir.")
-    init_from: str | None = doc(None, "Start from this model directory (its architecture replaces [model]; "
-                                "model.feedback decides whether fusion weights are added).")
+    init_from: str | None = doc(
+        None, "Start from this model directory (its architecture replaces [model]; model.feedback decides whether "
+        "fusion weights are added; a retrofitted model's directory continues it), or from 'hf:PATH': the "
+        "transformers causal LM (Llama, Qwen2, GPT-2, ...) saved with save_pretrained, with its tokenizer, in the "
+        "local directory PATH, retrofitted with latent feedback ([retrofit]) and tokenized with its own tokenizer.",
+    )
     device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
     eval_passes: tuple[int, ...] = doc(
         (1, 2, 3), "Pass counts validated: 1 = standard, k = fused prefill with k-1 extra passes.",
@@ -453,4 +486,319 @@ class TrainRunConfig:
     def __post_init__(self) -> None:
         _require(bool(self.eval_passes) and all(_is_int(k) and k >= 1 for k in self.eval_passes), "eval_passes",
                  self.eval_passes, "must be a non-empty list of integers >= 1")
+        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
+        hf = isinstance(self.init_from, str) and self.init_from.startswith(HF_PREFIX)
+        if hf:
+            _require(bool(self.init_from[len(HF_PREFIX):].strip()), "init_from", self.init_from,
+                     "give the directory after hf: (init_from='hf:PATH')")
+            _require(self.model.feedback, "model.feedback", self.model.feedback,
+                     "a retrofitted model always has the fusion; use schedule.feedback_start=1 to train it single-pass")
+        _require(hf or self.retrofit.feedback_source == RETROFIT_LAST_HIDDEN, "retrofit.feedback_source",
+                 self.retrofit.feedback_source, "applies only to init_from='hf:PATH' (a retrofitted model's "
+                 "directory keeps the source it was built with)")
+
+
+# ---------------------------------------------------------------------------------------------- fullband eval-lm
+
+EVAL_DTYPES = ("float32", "float64", "bfloat16")
+
+
+@dataclass
+class LmEvalConfig:
+    """``fullband eval-lm``: lm-evaluation-harness tasks on a checkpoint, through the ``fullband`` lm-eval model."""
+
+    checkpoint: str = doc("", "Model directory with its tokenizer (fullband train's out_dir/model); required.")
+    tasks: tuple[str, ...] = doc((), "Comma-separated lm-eval task (or group) names; required.")
+    num_fewshot: int | None = doc(None, "Few-shot examples per prompt; none = each task's default.")
+    include_path: str | None = doc(
+        None, "Directory of extra task YAML files (e.g. local tasks with dataset_path: json)."
+    )
+    include_defaults: bool = doc(
+        True, "Also index lm-eval's built-in tasks; false = only include_path (much faster to start)."
+    )
+    mode: str = doc("standard", "Decoding mode: standard | soft | fused | exact (which positions are fused: see "
+                    "fullband.evaluation.lm_eval_adapter).")
+    prefill_passes: int = doc(1, "fused mode: extra fused (Jacobi) passes over the context.")
+    exact_chunk_size: int = doc(1, "Exact parts (continuations; exact-mode contexts): chunk per exact Jacobi solve "
+                                "(1 = sequential).")
+    batch_size: int = doc(16, "Requests per model batch.")
+    limit: int | None = doc(None, "Evaluate only the first N documents of each task (none = all).")
+    max_gen_toks: int = doc(256, "Default cap on generated tokens for generate_until tasks.")
+    device: str = doc("cpu", "Torch device, e.g. cpu or cuda.")
+    dtype: str = doc("float32", f"Model dtype: one of {EVAL_DTYPES}.")
+    seed: int = doc(0, "Seed of the few-shot sampling and of every other random choice of lm-eval.")
+    log_samples: bool = doc(False, "Also save every request and response (samples.json).")
+    out_dir: str = doc("runs/eval-lm", "Run directory: results.json (and samples.json).")
+
+    def __post_init__(self) -> None:
+        _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
+        self.tasks = tuple(self.tasks)
+        _require(len(self.tasks) > 0 and all(isinstance(t, str) and t for t in self.tasks), "tasks", self.tasks,
+                 "give one or more task names (--tasks a,b)")
+        if self.num_fewshot is not None:
+            _require(_is_int(self.num_fewshot) and self.num_fewshot >= 0, "num_fewshot", self.num_fewshot,
+                     "must be an integer >= 0 (or none)")
+        if self.limit is not None:
+            _require(_is_int(self.limit) and self.limit >= 1, "limit", self.limit, "must be an integer >= 1 (or none)")
+        _require(self.mode in DECODING_MODES, "mode", self.mode, f"must be one of {DECODING_MODES}")
+        for name, low in (("prefill_passes", 0), ("exact_chunk_size", 1), ("batch_size", 1), ("max_gen_toks", 1),
+                          ("seed", 0)):
+            value = getattr(self, name)
+            _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
+        _require(self.dtype in EVAL_DTYPES, "dtype", self.dtype, f"must be one of {EVAL_DTYPES}")
+        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
+
+
+# ---------------------------------------------------------------------------------------------- fullband compare
+
+EXACT_METHODS = ("sequential", "jacobi", "chunked")
+
+# Presets of ``fullband compare``: what each changes relative to CompareConfig's defaults, which *are* the
+# "default" preset (so ``--help`` shows them). Precedence: defaults < preset < config file < command line.
+COMPARE_PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},  # 2 CPU cores, <= ~10 minutes including evaluation
+    "smoke": {  # tests and CI: seconds
+        "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 64},
+        "train": {"token_budget": 1280, "batch_size": 4, "seq_len": 32, "eval_batches": 1},
+        "optim": {"lr": 3e-3, "warmup_steps": 2},
+        "eval_windows": 8, "eval_batch_size": 8, "stability_windows": 4, "stability_passes": 20,
+    },
+    "gpu": {  # one GPU, minutes; about one epoch of the Shakespeare train split at the largest budget
+        "model": {"d_model": 384, "n_layers": 6, "n_heads": 6},
+        "train": {"token_budget": 2_000_000, "batch_size": 16, "seq_len": 512},
+        "optim": {"lr": 1e-3, "warmup_steps": 50},
+        "eval_windows": 512, "eval_batch_size": 64, "stability_windows": 32, "exact_method": "jacobi",
+    },
+}
+
+
+@dataclass
+class CompareConfig:
+    """``fullband compare``: does latent feedback buy training tokens? Baselines at several token budgets and
+    full-bandwidth models at 1x, evaluated on the test split in every mode, plus the stability diagnostic.
+
+    Build it through the CLI or ``fullband.configio.build_config`` so the preset is applied (configio calls
+    :meth:`preset_layer`); the sections' defaults below are the "default" preset.
+    """
+
+    preset: str = doc("default", f"Settings to start from: one of {tuple(COMPARE_PRESETS)}. default = 2 CPU cores in "
+                      "<= ~10 min; smoke = seconds (tests/CI); gpu = larger model and budget. Values from a config "
+                      "file or the command line override the preset's.")
+    model: TrainModelConfig = field(default_factory=lambda: TrainModelConfig(d_model=128, n_layers=4, n_heads=4))
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(
+        token_budget=512_000, batch_size=16, seq_len=128, eval_batches=4, checkpoint_every=0))  # 250 steps at 1x
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=25))
+    schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig())
+    budgets: tuple[float, ...] = doc(
+        (1.0, 1.5, 2.0), "Baseline token budgets as multiples of train.token_budget (the unit, 1x); the "
+        "full-bandwidth models train to 1x. At least two, so the baseline's loss-vs-tokens curve can be fitted. "
+        "(Each run sets model.feedback and its own budget itself; train.max_steps and train.eval_every are unused.)")
+    seeds: int = doc(1, "Repeat every run with seeds train.seed, train.seed+1, ...; >1 reports mean ± sd.")
+    fused_passes: tuple[int, ...] = doc(
+        (1, 2, 4), "Fused prefill modes to evaluate: k extra fused passes over each window (standard = 0).")
+    exact_method: str = doc(
+        "sequential", f"Exact mode: one of {EXACT_METHODS}: sequential (one position at a time with the KV cache, "
+        "the definition), jacobi (whole-window passes until max|Δh| < exact_tol) or chunked (Jacobi per chunk).")
+    exact_tol: float = doc(1e-4, "jacobi/chunked: stop once max|h^(k) - h^(k-1)| < exact_tol; 0 = run until exact.")
+    exact_chunk_size: int = doc(64, "chunked: positions per chunk.")
+    exact_check_windows: int = doc(
+        4, "jacobi/chunked: windows on which exact mode is checked against the sequential definition; 0 = skip.")
+    eval_windows: int = doc(256, "Test-split windows (train.seq_len tokens each, spread evenly over the split).")
+    eval_batch_size: int = doc(32, "Windows per evaluation batch.")
+    stability_passes: int = doc(100, "Stability diagnostic: fused prefill passes 1..N (the paper's Figure 3 uses "
+                                "1000; then raise stability_seq_len, see there).")
+    stability_windows: int = doc(16, "Stability diagnostic: validation-split windows.")
+    stability_seq_len: int | None = doc(
+        None, "Stability diagnostic window length; none = train.seq_len. A window of T tokens is exact after T "
+        "passes, so passes beyond T show nothing new; at most model.max_seq_len.")
+    stability_ablation: bool = doc(
+        True, "Also train the 1-/2-pass-only model (schedule.pass_mix = 1.0) for the stability diagnostic.")
+    out_dir: str = doc("runs/compare", "Run directory: one sub-directory per training run, report.md, "
+                       "results.json and the plots.")
+    device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
+
+    def __post_init__(self) -> None:
+        self.budgets = tuple(sorted(float(b) for b in self.budgets))
+        self.fused_passes = tuple(self.fused_passes)
+        validate_compare_config(self)
+
+    @classmethod
+    def preset_layer(cls, tree: dict[str, Any]) -> dict[str, Any]:
+        """The values of the preset named in ``tree`` (configio layers them under the file and command line)."""
+        name = tree.get("preset", "default")
+        _require(name in COMPARE_PRESETS, "preset", name, f"must be one of {tuple(COMPARE_PRESETS)}")
+        return json.loads(json.dumps(COMPARE_PRESETS[name]))  # a deep copy the caller may modify
+
+
+def validate_compare_config(c: CompareConfig) -> None:
+    _require(c.preset in COMPARE_PRESETS, "preset", c.preset, f"must be one of {tuple(COMPARE_PRESETS)}")
+    _require(len(c.budgets) >= 2 and len(set(c.budgets)) == len(c.budgets) and all(
+        _is_number(b) and b > 0 for b in c.budgets), "budgets", c.budgets,
+        "must be at least two distinct multiples > 0 of train.token_budget")
+    _require(c.train.token_budget is not None, "train.token_budget", c.train.token_budget,
+             "must be set: it is the 1x budget every run is measured in")
+    _require(c.train.seq_len <= c.model.max_seq_len, "train.seq_len", c.train.seq_len,
+             f"must be at most model.max_seq_len={c.model.max_seq_len}")
+    _require(c.data.format == "text", "data.format", c.data.format, "must be 'text' (language modelling)")
+    _require(len(c.fused_passes) >= 1 and all(_is_int(k) and k >= 1 for k in c.fused_passes), "fused_passes",
+             c.fused_passes, "must be a non-empty list of integers >= 1")
+    _require(c.exact_method in EXACT_METHODS, "exact_method", c.exact_method, f"must be one of {EXACT_METHODS}")
+    _require(_is_number(c.exact_tol) and c.exact_tol >= 0, "exact_tol", c.exact_tol, "must be >= 0 (0 = until exact)")
+    for name, low in (("seeds", 1), ("exact_chunk_size", 1), ("exact_check_windows", 0), ("eval_windows", 1),
+                      ("eval_batch_size", 1), ("stability_passes", 1), ("stability_windows", 1)):
+        value = getattr(c, name)
+        _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
+    if c.stability_seq_len is not None:
+        _require(_is_int(c.stability_seq_len) and 2 <= c.stability_seq_len <= c.model.max_seq_len,
+                 "stability_seq_len", c.stability_seq_len, f"must be in 2..model.max_seq_len={c.model.max_seq_len}")
+    _require(isinstance(c.stability_ablation, bool), "stability_ablation", c.stability_ablation,
+             "must be true or false")
+    _require(isinstance(c.out_dir, str) and bool(c.out_dir), "out_dir", c.out_dir, "give a directory")
+
+
+# ---------------------------------------------------------------------------------------------- fullband eval-reasoning
+
+# Each preset fills the fields left at None. smoke: the tests (seconds); default: the committed report (minutes on
+# 2 CPU cores); long: more steps and problems, for a GPU or a patient CPU.
+REASONING_PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": dict(min_length=2, max_length=4, strides=(1, 0), train_examples=500, test_per_length=4, d_model=32,
+                  n_layers=1, n_heads=2, steps=8, batch_size=8, lr=3e-3),
+    "default": dict(min_length=2, max_length=6, strides=(1, 2, 4, 0), train_examples=100_000, test_per_length=60,
+                    d_model=64, n_layers=2, n_heads=4, steps=4000, batch_size=64, lr=5e-4),
+    "long": dict(min_length=2, max_length=12, strides=(1, 2, 3, 4, 0), train_examples=200_000, test_per_length=200,
+                 d_model=128, n_layers=4, n_heads=4, steps=10_000, batch_size=64, lr=2e-3),
+}
+REASONING_FAMILIES = ("swaps", "sum")
+
+
+def _fill_from_preset(config: Any, presets: dict[str, dict[str, Any]]) -> None:
+    _require(config.preset in presets, "preset", config.preset, f"must be one of {tuple(presets)}")
+    for name, value in presets[config.preset].items():
+        if getattr(config, name) is None:
+            setattr(config, name, value)
+
+
+def _require_ints(config: Any, limits: dict[str, int]) -> None:
+    for name, low in limits.items():
+        value = getattr(config, name)
+        _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
+
+
+@dataclass
+class ReasoningConfig:
+    """``fullband eval-reasoning``: shorter traces at equal accuracy? (fullband.evaluation.reasoning)."""
+
+    preset: str = doc("default", f"Sizes of everything left at none: one of {tuple(REASONING_PRESETS)}.")
+    out_dir: str = doc("runs/reasoning", "Run directory: data/, baseline/, fullband/, results.json, report.md, PNGs.")
+    family: str = doc("swaps", f"Problem family: one of {REASONING_FAMILIES} (fullband.evaluation.reasoning_tasks).")
+    modulus: int = doc(5, "sum family: values are running sums modulo this (2..10).")
+    min_length: int | None = doc(None, "Shortest problem (number of variables = difficulty level).")
+    max_length: int | None = doc(None, "Longest problem (at most 26).")
+    strides: tuple[int, ...] | None = doc(
+        None, "Trace granularities trained on and evaluated: s = every s-th intermediate value, 0 = answer only."
+    )
+    train_examples: int | None = doc(None, "Training examples (random length and stride; test problems excluded).")
+    test_per_length: int | None = doc(None, "Test problems per length, each solved at every stride.")
+    d_model: int | None = doc(None, "Model width (both models).")
+    n_layers: int | None = doc(None, "Transformer blocks (both models).")
+    n_heads: int | None = doc(None, "Attention heads (both models).")
+    steps: int | None = doc(None, "Training steps (both models, the same batches).")
+    batch_size: int | None = doc(None, "Training batch size.")
+    lr: float | None = doc(None, "Peak learning rate.")
+    feedback_start: float = doc(
+        0.75, "fullband model: fraction of the steps trained single-pass before multi-pass (the paper's 75%)."
+    )
+    pass_mix: tuple[float, ...] = doc((0.88, 0.12), "fullband model: probabilities of 2, 3, ... passes afterwards.")
+    modes: tuple[str, ...] = doc(("standard", "soft", "fused"), "Decoding modes of the fullband model (greedy).")
+    fused_passes: int = doc(2, "fused mode: extra fused passes over the prompt.")
+    seed: int = doc(0, "Seed of the problems, the initial weights and the batches.")
+    threads: int = doc(1, "torch CPU threads (1 is fastest for tiny models on a shared CPU).")
+    device: str = doc("cpu", "Torch device for training and decoding.")
+    progress: bool = doc(True, "Progress bars.")
+    reuse_models: bool = doc(False, "Evaluate the models an earlier run left in out_dir instead of training.")
+
+    def __post_init__(self) -> None:
+        _fill_from_preset(self, REASONING_PRESETS)
+        self.strides = tuple(self.strides)
+        self.modes = tuple(self.modes)
+        self.pass_mix = tuple(float(x) for x in self.pass_mix)
+        _require_ints(self, {"min_length": 1, "train_examples": 1, "test_per_length": 1, "d_model": 2, "n_layers": 1,
+                             "n_heads": 1, "steps": 1, "batch_size": 1, "fused_passes": 0, "seed": 0, "threads": 1})
+        _require(self.family in REASONING_FAMILIES, "family", self.family, f"must be one of {REASONING_FAMILIES}")
+        _require(_is_int(self.modulus) and 2 <= self.modulus <= 10, "modulus", self.modulus, "must be in 2..10")
+        _require(_is_int(self.max_length) and self.min_length <= self.max_length <= 26, "max_length",
+                 self.max_length, f"must be in min_length={self.min_length}..26")
+        _require(len(self.strides) > 0 and all(_is_int(s) and s >= 0 for s in self.strides), "strides",
+                 self.strides, "must be a non-empty list of integers >= 0 (0 = answer only)")
+        _require(len(self.modes) > 0 and all(m in DECODING_MODES for m in self.modes), "modes", self.modes,
+                 f"must be a non-empty list from {DECODING_MODES}")
+        _require(_is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be > 0")
+        _require(_is_number(self.feedback_start) and 0 <= self.feedback_start < 1, "feedback_start",
+                 self.feedback_start, "must be in [0, 1): the fullband model needs some multi-pass steps")
+        ScheduleConfig(feedback_start=self.feedback_start, pass_mix=self.pass_mix)  # validates pass_mix
+        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
+
+
+# ---------------------------------------------------------------------------------------------- fullband eval-state
+
+STATE_TASKS = ("completion", "memory", "registers")
+STATE_PREFILLS = ("standard", "one-step", "exact")
+STATE_PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": dict(seq_len=12, train_per_task=200, probe_train=32, probe_test=32, d_model=32, n_layers=2, n_heads=2,
+                  steps=8, batch_size=8, lr=3e-3),
+    "default": dict(seq_len=24, train_per_task=10_000, probe_train=600, probe_test=400, d_model=64, n_layers=3,
+                    n_heads=4, steps=2000, batch_size=64, lr=1e-3),
+    "long": dict(seq_len=32, train_per_task=40_000, probe_train=2000, probe_test=1000, d_model=128, n_layers=4,
+                 n_heads=4, steps=6000, batch_size=64, lr=2e-3),
+}
+
+
+@dataclass
+class StateTrackingConfig:
+    """``fullband eval-state``: linear probes of the final token's residual stream at every depth (paper Figure 7)."""
+
+    preset: str = doc("default", f"Sizes of everything left at none: one of {tuple(STATE_PRESETS)}.")
+    out_dir: str = doc("runs/state-tracking", "Run directory: data/, baseline/, fullband/, results.json, report.md, "
+                       "PNG.")
+    tasks: tuple[str, ...] = doc(STATE_TASKS, f"Tasks (trained together, probed separately): from {STATE_TASKS}.")
+    seq_len: int | None = doc(None, "Tokens per sequence, task letter and final '?' included (even).")
+    train_per_task: int | None = doc(None, "Training sequences per task.")
+    probe_train: int | None = doc(None, "Fresh sequences per task to fit each probe on.")
+    probe_test: int | None = doc(None, "Fresh sequences per task to measure each probe on.")
+    d_model: int | None = doc(None, "Model width (both models).")
+    n_layers: int | None = doc(None, "Transformer blocks (both models); depths 0..n_layers are probed.")
+    n_heads: int | None = doc(None, "Attention heads (both models).")
+    steps: int | None = doc(None, "Training steps (both models, the same batches).")
+    batch_size: int | None = doc(None, "Training batch size.")
+    lr: float | None = doc(None, "Peak learning rate.")
+    feedback_start: float = doc(
+        0.75, "fullband model: fraction of the steps trained single-pass before multi-pass (the paper's 75%)."
+    )
+    pass_mix: tuple[float, ...] = doc((0.88, 0.12), "fullband model: probabilities of 2, 3, ... passes afterwards.")
+    prefills: tuple[str, ...] = doc(STATE_PREFILLS, "Prefills probed: standard (1 pass), one-step (2 passes), exact.")
+    ridge: float = doc(1e-2, "Ridge penalty of the probes (times the number of examples).")
+    seed: int = doc(0, "Seed of the data, the initial weights and the batches.")
+    threads: int = doc(1, "torch CPU threads (1 is fastest for tiny models on a shared CPU).")
+    device: str = doc("cpu", "Torch device for training and probing.")
+    progress: bool = doc(True, "Progress bars.")
+    reuse_models: bool = doc(False, "Probe the models an earlier run left in out_dir instead of training.")
+
+    def __post_init__(self) -> None:
+        _fill_from_preset(self, STATE_PRESETS)
+        self.tasks, self.prefills = tuple(self.tasks), tuple(self.prefills)
+        self.pass_mix = tuple(float(x) for x in self.pass_mix)
+        _require_ints(self, {"train_per_task": 1, "probe_train": 2, "probe_test": 1, "d_model": 2, "n_layers": 1,
+                             "n_heads": 1, "steps": 1, "batch_size": 1, "seed": 0, "threads": 1})
+        _require(_is_int(self.seq_len) and self.seq_len >= 6 and self.seq_len % 2 == 0, "seq_len", self.seq_len,
+                 "must be an even integer >= 6 (an odd one can never end with every bracket closed)")
+        _require(len(self.tasks) > 0 and all(t in STATE_TASKS for t in self.tasks), "tasks", self.tasks,
+                 f"must be a non-empty list from {STATE_TASKS}")
+        _require(len(self.prefills) > 0 and all(p in STATE_PREFILLS for p in self.prefills), "prefills",
+                 self.prefills, f"must be a non-empty list from {STATE_PREFILLS}")
+        _require(_is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be > 0")
+        _require(_is_number(self.ridge) and self.ridge > 0, "ridge", self.ridge, "must be > 0")
+        _require(_is_number(self.feedback_start) and 0 <= self.feedback_start < 1, "feedback_start",
+                 self.feedback_start, "must be in [0, 1): the fullband model needs some multi-pass steps")
+        ScheduleConfig(feedback_start=self.feedback_start, pass_mix=self.pass_mix)  # validates pass_mix
         _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")

@@ -1,8 +1,9 @@
 """Config files + ``--section.key`` overrides -> validated, nested config dataclasses.
 
-Precedence is dataclass default < config file (TOML/YAML/JSON) < command line. Unknown keys are
-rejected anywhere; for an optional field the string ``none``/``null`` means None everywhere (this is
-also how a resolved TOML file, which has no null, records None).
+Precedence is dataclass default < config file (TOML/YAML/JSON) < command line; a config class with a
+``preset_layer(tree)`` classmethod also gets the values of the preset the tree names, between its defaults
+and the file. Unknown keys are rejected anywhere; for an optional field the string ``none``/``null`` means
+None everywhere (this is also how a resolved TOML file, which has no null, records None).
 """
 
 from __future__ import annotations
@@ -184,7 +185,18 @@ def build_config(cls: type[T], file_data: dict[str, Any] | None,
         overrides = {k[len(_DEST):]: v for k, v in vars(overrides).items() if k.startswith(_DEST)}
     for key, value in overrides.items():  # written into the file's tree: the command line wins
         _set_override(cls, key, value, tree)
+    preset_layer = getattr(cls, "preset_layer", None)
+    if preset_layer is not None:  # a class with presets: defaults < the preset the tree names < file < command line
+        tree = _merged(_file_tree(cls, preset_layer(tree), ""), tree)
     return _instantiate(cls, tree, "", None)
+
+
+def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``top``, section by section."""
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _show(value: Any) -> str:

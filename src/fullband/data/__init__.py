@@ -23,7 +23,14 @@ from fullband.data.shards import (
     rank_slice,
 )
 from fullband.data.splits import SPLITS, normalize_split, split_names, split_text
-from fullband.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer, train_bpe
+from fullband.data.tokenizer import (
+    BPETokenizer,
+    ByteTokenizer,
+    Tokenizer,
+    TransformersTokenizer,
+    load_tokenizer,
+    train_bpe,
+)
 
 __all__ = [
     "IGNORE_INDEX",
@@ -36,6 +43,7 @@ __all__ = [
     "TokenBatches",
     "TokenSplit",
     "Tokenizer",
+    "TransformersTokenizer",
     "bits_per_byte",
     "cache_dir",
     "collate_sft",

@@ -1,8 +1,18 @@
-"""Tokenizers: a small common interface, a byte tokenizer and a byte-level BPE (HF ``tokenizers``).
+"""Tokenizers: a small common interface, a byte tokenizer, a byte-level BPE (HF ``tokenizers``) and a
+pretrained model's own transformers tokenizer.
 
-On disk a tokenizer is a directory with ``tokenizer_config.json`` (``{"type": "byte" | "bpe", ...}``) and,
-for BPE, the ``tokenizers`` library's ``tokenizer.json``. ``load_tokenizer(dir)`` reads either back; a bare
-``tokenizer.json`` from elsewhere also loads if it has a recognisable end-of-text token.
+On disk a tokenizer is a directory with fullband's ``tokenizer_config.json`` (``{"type": "byte" | "bpe" | "hf",
+...}``) and
+
+- for BPE, the ``tokenizers`` library's ``tokenizer.json`` beside it;
+- for ``hf`` (:class:`TransformersTokenizer`, the tokenizer of a retrofitted transformers model), the
+  tokenizer's own ``save_pretrained`` in the sub-directory the marker names (``{"type": "hf", "path":
+  "hf_tokenizer"}``). transformers writes a ``tokenizer_config.json`` of its own, with other contents, so the two
+  never share a directory.
+
+``load_tokenizer(dir)`` reads each back. Two foreign layouts load too: a bare ``tokenizer.json`` if it has a
+recognisable end-of-text token, and a directory written by a transformers tokenizer's ``save_pretrained`` (its
+``tokenizer_config.json`` has no ``type`` but transformers' keys), read with ``AutoTokenizer``.
 
 Special ids are only ever produced by id (``eos_id``), never by encoding text: a corpus that happens to
 contain the string ``<|endoftext|>`` encodes it as ordinary text. ``decode`` drops special and
@@ -12,6 +22,7 @@ out-of-range ids (a model's embedding table may be larger than the tokenizer's v
 from __future__ import annotations
 
 import json
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -23,6 +34,9 @@ from fullband.data.errors import DataError
 CONFIG_FILE = "tokenizer_config.json"
 BPE_FILE = "tokenizer.json"
 EOS_TOKEN = "<|endoftext|>"
+HF_TOKENIZER_DIR = "hf_tokenizer"  # where TransformersTokenizer.save puts the transformers files
+# Keys of a transformers tokenizer_config.json (one without fullband's "type").
+_TRANSFORMERS_KEYS = ("tokenizer_class", "added_tokens_decoder", "model_max_length")
 _KNOWN_EOS = (EOS_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>")
 
 
@@ -164,6 +178,97 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 2048, min_frequency: int =
     return BPETokenizer(tk)
 
 
+class TransformersTokenizer(Tokenizer):
+    """A transformers tokenizer (``AutoTokenizer``) behind fullband's interface: a pretrained model's own.
+
+    As everywhere in fullband, special tokens are never added while encoding and text that spells one (say
+    ``<|endoftext|>``) encodes as ordinary text (``split_special_tokens``); the end-of-text id is the
+    tokenizer's ``eos_token`` (or, when that is unset, the first of the usual end-of-text tokens in its
+    vocabulary). ``vocab_size`` counts added tokens (``len(tokenizer)``).
+
+    Saved as ``hf_tokenizer/`` (the tokenizer's own ``save_pretrained``) plus fullband's ``tokenizer_config.json``
+    marker ``{"type": "hf", "path": "hf_tokenizer", ...}`` beside it, written last.
+    """
+
+    def __init__(self, tk: Any, source: str = "") -> None:
+        eos_id = tk.eos_token_id
+        if eos_id is None:
+            vocab = tk.get_vocab()
+            eos_id = next((vocab[t] for t in _KNOWN_EOS if t in vocab), None)
+        if eos_id is None:
+            raise DataError(f"the tokenizer {source or type(tk).__name__} has no end-of-text token (eos_token is "
+                            f"unset and none of {', '.join(_KNOWN_EOS)} is in its vocabulary); set its eos_token "
+                            "and save it again")
+        self._tk = tk
+        self.eos_id = int(eos_id)
+        self.bos_id = tk.bos_token_id
+        self.vocab_size = len(tk)
+        self._sha256 = sha256_bytes(self._identity().encode())
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> TransformersTokenizer:
+        """``AutoTokenizer.from_pretrained(directory)`` (local files only), wrapped."""
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise DataError(f"{directory} holds a transformers tokenizer; loading it needs transformers "
+                            "(pip install 'fullband[hf]')") from None
+        try:
+            tk = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise DataError(f"cannot load a transformers tokenizer from {directory}: {first}") from None
+        return cls(tk, str(directory))
+
+    @property
+    def hf_tokenizer(self) -> Any:
+        """The wrapped transformers tokenizer."""
+        return self._tk
+
+    def _identity(self) -> str:
+        # What decides text -> ids: the backend's full definition when it has one (fast tokenizers), else the
+        # vocabulary; the class and the special tokens in both cases.
+        backend = getattr(self._tk, "backend_tokenizer", None)
+        definition = backend.to_str() if backend is not None else json.dumps(self._tk.get_vocab(), sort_keys=True)
+        special = json.dumps(self._tk.special_tokens_map, sort_keys=True, default=str)
+        return "\n".join((type(self._tk).__name__, special, definition))
+
+    def _call(self, texts: str | list[str]) -> Any:
+        return self._tk(texts, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._call(text))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [list(ids) for ids in self._call(list(texts))] if texts else []
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tk.decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=True)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "type": "hf",
+            "path": HF_TOKENIZER_DIR,
+            "tokenizer_class": type(self._tk).__name__,
+            "vocab_size": self.vocab_size,
+            "eos_id": self.eos_id,
+            "bos_id": self.bos_id,
+            "tokenizer_sha256": self._sha256,
+        }
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        target, tmp = directory / HF_TOKENIZER_DIR, directory / f".{HF_TOKENIZER_DIR}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self._tk.save_pretrained(str(tmp))
+        shutil.rmtree(target, ignore_errors=True)  # no stale file of an earlier save stays beside the new ones
+        tmp.rename(target)
+        atomic_write_json(directory / CONFIG_FILE, self.config())  # written last: marks a complete save
+
+    def __repr__(self) -> str:
+        return f"TransformersTokenizer({type(self._tk).__name__}, vocab_size={self.vocab_size})"
+
+
 def load_tokenizer(directory: str | Path) -> Tokenizer | None:
     """The tokenizer saved in ``directory``, or None if it holds no tokenizer files (or does not exist)."""
     directory = Path(directory)
@@ -176,6 +281,8 @@ def load_tokenizer(directory: str | Path) -> Tokenizer | None:
         cfg = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
         raise DataError(f"{cfg_path}: invalid JSON ({e})") from e
+    if not isinstance(cfg, dict):
+        raise DataError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}")
     kind = cfg.get("type")
     if kind == "byte":
         return ByteTokenizer()
@@ -183,4 +290,13 @@ def load_tokenizer(directory: str | Path) -> Tokenizer | None:
         if not bpe_path.is_file():
             raise DataError(f"{cfg_path} says type 'bpe' but {bpe_path} is missing")
         return BPETokenizer.from_file(bpe_path, cfg.get("eos_token", EOS_TOKEN))
-    raise DataError(f"{cfg_path}: unknown tokenizer type {kind!r} (expected 'byte' or 'bpe')")
+    if kind == "hf":
+        sub = cfg.get("path", HF_TOKENIZER_DIR)
+        if not isinstance(sub, str) or not sub or Path(sub).is_absolute() or ".." in Path(sub).parts:
+            raise DataError(f"{cfg_path}: 'path' must name a sub-directory of {directory}, got {sub!r}")
+        if not (directory / sub).is_dir():
+            raise DataError(f"{cfg_path} says type 'hf' but {directory / sub} is missing")
+        return TransformersTokenizer.from_pretrained(directory / sub)
+    if kind is None and any(key in cfg for key in _TRANSFORMERS_KEYS):  # a transformers save_pretrained
+        return TransformersTokenizer.from_pretrained(directory)
+    raise DataError(f"{cfg_path}: unknown tokenizer type {kind!r} (expected 'byte', 'bpe' or 'hf')")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import transformers
 from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -28,3 +29,21 @@ def crop_cache(cache: transformers.Cache, length: int) -> None:
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
+
+
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' own progress bars (loading and writing weights) off for the duration, then as they were.
+
+    ``fullband train`` shows one progress bar of its own; transformers would add two more lines at every
+    checkpoint, interleaved with it, and ahead of any one-line error.
+    """
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()

@@ -21,20 +21,15 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from fullband.model.serialization import CheckpointError
+from fullband.model_io import RETROFIT_BASE, RETROFIT_CONFIG, RETROFIT_FUSION, is_retrofit_checkpoint
 
 if TYPE_CHECKING:
     from fullband.integrations.retrofit import RetrofitConfig, RetrofittedLM
 
 FORMAT = "fullband-retrofit"
 FORMAT_VERSION = 1
-RETROFIT_CONFIG = "retrofit.json"
-FUSION_WEIGHTS = "fusion.safetensors"
-BASE_DIR = "base"
-
-
-def is_retrofit_checkpoint(directory: str | Path) -> bool:
-    """Whether ``directory`` holds a retrofitted model (rather than a native fullband or plain HF one)."""
-    return (Path(directory) / RETROFIT_CONFIG).is_file()
+FUSION_WEIGHTS = RETROFIT_FUSION
+BASE_DIR = RETROFIT_BASE
 
 
 def save_retrofitted(model: RetrofittedLM, directory: str | Path) -> None:

@@ -3,6 +3,9 @@
 Layout of ``<out_dir>/checkpoints/step-0000400/`` (the state after 400 optimizer steps):
 
     model.safetensors, config.json   the model (``save_pretrained``; loadable with ``from_pretrained``)
+    retrofit.json, fusion.safetensors, base/
+                                     instead, for a retrofitted transformers model (RetrofittedLM): its own
+                                     ``save_pretrained`` (loadable with ``fullband.model_io.load_any``)
     optimizer.pt                     AdamW state_dict
     distributed/                     instead of optimizer.pt in an FSDP run: model and AdamW state as
                                      ``torch.distributed.checkpoint`` shards (each process writes its own)
@@ -20,6 +23,7 @@ An FSDP run (:func:`save_sharded_checkpoint`, called by every process) keeps tha
 temporary directory, every process writes its shards into it, rank 0 adds the gathered full model (so
 ``from_pretrained`` and ``fullband generate`` read any checkpoint alike), the rest and the manifest, which
 then covers the shards too. A sharded checkpoint loads at any world size, or into one plain process.
+(Retrofitted models are not sharded: ``fullband train`` refuses FSDP for them.)
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import torch
 from fullband.config import ModelConfig
 from fullband.model import FullBandwidthLM
 from fullband.model.serialization import CONFIG_NAME, WEIGHTS_NAME, load_config, load_state_dict_into
+from fullband.model_io import RETROFIT_BASE, RETROFIT_CONFIG, RETROFIT_FUSION, is_retrofit_checkpoint
 from fullband.training.errors import CheckpointError, CheckpointWarning, NonFiniteLossError
 
 CHECKPOINTS = "checkpoints"
@@ -94,7 +99,7 @@ def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
 
 def save_checkpoint(
     out_dir: str | Path,
-    model: torch.nn.Module,  # the unwrapped FullBandwidthLM
+    model: torch.nn.Module,  # the unwrapped FullBandwidthLM or RetrofittedLM
     optimizer: torch.optim.Optimizer,
     state: TrainingState,
     *,
@@ -112,7 +117,11 @@ def save_checkpoint(
     """
     _check_finite(state)
     tmp = _fresh_tmp_dir(out_dir, state.step)
-    model.save_pretrained(tmp)  # fsyncs its files itself
+    model.save_pretrained(tmp)
+    if not isinstance(model, FullBandwidthLM):  # the native save fsyncs its files itself, transformers' does not
+        for path in tmp.rglob("*"):
+            if path.is_file():
+                _fsync_file(path)
     _write(tmp / OPTIMIZER, lambda f: torch.save(optimizer.state_dict(), f))
     return _complete(out_dir, tmp, state, generator, process_rng, run_config, keep_last, write_extra)
 
@@ -280,6 +289,11 @@ def _write_json(path: Path, data: Any) -> None:
     _write(path, lambda f: f.write((json.dumps(data, indent=2, allow_nan=False) + "\n").encode()))
 
 
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
 def _fsync_dir(path: Path) -> None:
     # Makes the directory entries (new files, a rename) durable; not possible on every platform.
     try:
@@ -318,9 +332,12 @@ def verify_checkpoint(path: str | Path, hashes: bool = True) -> str | None:
         return f"no {MANIFEST} (the write did not finish)"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         return f"unreadable {MANIFEST}: {type(err).__name__}: {err}"
-    for required in (WEIGHTS_NAME, CONFIG_NAME, RNG, STATE):
+    for required in (*_model_files(files), RNG, STATE):
         if required not in files:
             return f"{MANIFEST} does not list {required}"
+    base_weights = (f"{RETROFIT_BASE}/model.safetensors", f"{RETROFIT_BASE}/model.safetensors.index.json")
+    if RETROFIT_CONFIG in files and not any(name in files for name in base_weights):
+        return f"{MANIFEST} lists no weights of the base model under {RETROFIT_BASE}/"
     if OPTIMIZER not in files and SHARDED_METADATA not in files:
         return f"{MANIFEST} lists neither {OPTIMIZER} nor {SHARDED_METADATA}"
     for name, (size, sha256) in files.items():
@@ -332,6 +349,13 @@ def verify_checkpoint(path: str | Path, hashes: bool = True) -> str | None:
         if hashes and _sha256(file) != sha256:
             return f"{name} does not match its sha256 in {MANIFEST}"
     return None
+
+
+def _model_files(files: dict[str, Any]) -> tuple[str, ...]:
+    """The model files a checkpoint must hold: a retrofitted model's (retrofit.json listed) or a native one's."""
+    if RETROFIT_CONFIG in files:
+        return RETROFIT_CONFIG, RETROFIT_FUSION, f"{RETROFIT_BASE}/config.json"
+    return WEIGHTS_NAME, CONFIG_NAME
 
 
 def latest_good_checkpoint(out_dir: str | Path) -> Path | None:
@@ -373,10 +397,11 @@ def load_checkpoint(
     problem = verify_checkpoint(path)
     if problem is not None:
         raise CheckpointError(f"refusing to load {path}: {problem}")
-    saved_config = load_config(path)
-    if saved_config != model.config:
+    if is_retrofit_checkpoint(path):
+        _load_retrofitted(path, model, optimizer)
+    elif (saved_config := load_config(path)) != model.config:
         raise CheckpointError(f"{path} holds a model with config {saved_config}, not {model.config}")
-    if (path / SHARDED_METADATA).is_file():
+    elif (path / SHARDED_METADATA).is_file():
         _load_sharded(path / SHARDED, model, optimizer)
     elif is_sharded(model):
         raise CheckpointError(f"{path} was written by a run without FSDP ({OPTIMIZER}); FSDP cannot load it: "
@@ -400,6 +425,21 @@ def load_checkpoint(
     data = json.loads((path / STATE).read_text())
     data.pop("format", None)
     return TrainingState(**data)
+
+
+def _load_retrofitted(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Weights (in place, so the optimizer's references stay valid) and optimizer state of a RetrofittedLM."""
+    if isinstance(model, FullBandwidthLM) or is_sharded(model):
+        raise CheckpointError(f"{path} holds a retrofitted transformers model ({RETROFIT_CONFIG}); it cannot be "
+                              f"loaded into a {type(model).__name__}")
+    from fullband.integrations.retrofit_io import load_retrofit_config, load_weights_into
+
+    saved_config = load_retrofit_config(path)
+    if saved_config != model.config:
+        raise CheckpointError(f"{path} holds a model with config {saved_config}, not {model.config}")
+    load_weights_into(model, path)
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True))
 
 
 def _load_sharded(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:

@@ -5,11 +5,19 @@
       tokenizer/         the tokenizer (also inside every checkpoint and the final model)
       metrics.jsonl      one record per logged step and per validation
       checkpoints/       step-NNNNNNN/ (atomic, verified, last N kept)
-      model/             the final model: ``FullBandwidthLM.from_pretrained`` / ``fullband generate``
+      model/             the final model: ``fullband.model_io.load_any`` / ``fullband generate``
+
+``init_from="hf:PATH"`` retrofits the transformers causal LM saved in the local directory PATH
+(``fullband.retrofit(AutoModelForCausalLM.from_pretrained(PATH))``, weights in float32, ``retrofit.feedback_source``)
+and tokenizes with its own tokenizer (``AutoTokenizer.from_pretrained(PATH)``, as a
+:class:`~fullband.data.TransformersTokenizer`). Checkpoints and ``model/`` then hold the retrofitted layout
+(``base/``, ``fusion.safetensors``, ``retrofit.json``) and the tokenizer's ``hf_tokenizer/``; ``init_from`` naming
+such a directory continues training it. Retrofitted models train in one process or under DDP, not FSDP.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -20,13 +28,15 @@ from typing import Any
 
 import torch
 
-from fullband.config import ConfigError, TrainRunConfig
+from fullband.config import HF_PREFIX, ConfigError, TrainRunConfig
 from fullband.configio import config_to_dict, save_resolved_config
 from fullband.data import (
     ByteTokenizer,
+    DataError,
     SFTBatches,
     TokenBatches,
     Tokenizer,
+    TransformersTokenizer,
     load_corpus,
     load_sft,
     load_tokenizer,
@@ -34,6 +44,7 @@ from fullband.data import (
     train_bpe,
 )
 from fullband.model import FullBandwidthLM
+from fullband.model_io import AnyLM, is_retrofit_checkpoint, load_any
 from fullband.training.checkpoint import save_model
 from fullband.training.distributed import cleanup_distributed, init_distributed, wrap_ddp, wrap_fsdp
 from fullband.training.trainer import Trainer
@@ -76,11 +87,31 @@ def check_writable(directory: Path) -> None:
                           "--out_dir") from None
 
 
+def hf_init_path(cfg: TrainRunConfig) -> Path | None:
+    """PATH of ``init_from="hf:PATH"`` (checked to be a directory), or None for any other init_from."""
+    if not (cfg.init_from or "").startswith(HF_PREFIX):
+        return None
+    path = Path(cfg.init_from[len(HF_PREFIX):]).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"init_from={cfg.init_from!r} is invalid: {str(path)!r} is not a directory; give the "
+                          "local directory a transformers causal LM and its tokenizer were saved to "
+                          "(save_pretrained)")
+    return path
+
+
 def build_tokenizer(cfg: TrainRunConfig, out_dir: Path, is_main: bool, barrier: Callable[[], None]) -> Tokenizer:
     """The run's tokenizer: the one saved in out_dir (resume), the init_from model's, or a new one."""
-    for directory in (out_dir / "tokenizer", Path(cfg.init_from) if cfg.init_from else None):
+    hf_path = hf_init_path(cfg)
+    init_dir = Path(cfg.init_from) if cfg.init_from and hf_path is None else None
+    for directory in (out_dir / "tokenizer", init_dir):
         if directory is not None and (tokenizer := load_tokenizer(directory)) is not None:
             return tokenizer
+    if hf_path is not None:
+        try:
+            return TransformersTokenizer.from_pretrained(hf_path)
+        except DataError as err:
+            raise ConfigError(f"init_from={cfg.init_from!r}: {err} (save the model's tokenizer into the same "
+                              "directory: tokenizer.save_pretrained(PATH))") from None
     if cfg.data.tokenizer == "byte":
         return ByteTokenizer()
     if cfg.data.format == "sft":
@@ -93,16 +124,66 @@ def build_tokenizer(cfg: TrainRunConfig, out_dir: Path, is_main: bool, barrier: 
     return load_tokenizer(out_dir / "tokenizer")
 
 
-def build_model(cfg: TrainRunConfig, tokenizer: Tokenizer, device: torch.device) -> FullBandwidthLM:
+def build_model(cfg: TrainRunConfig, tokenizer: Tokenizer, device: torch.device) -> AnyLM:
     torch.manual_seed(cfg.train.seed)  # the same initial weights on every process and every rerun
-    if cfg.init_from:
+    hf_path = hf_init_path(cfg)
+    if hf_path is not None:
+        model = retrofit_pretrained(cfg, hf_path)
+    elif cfg.init_from and is_retrofit_checkpoint(cfg.init_from):
+        if not cfg.model.feedback:
+            raise ConfigError(f"model.feedback=False is invalid with init_from={cfg.init_from!r}: a retrofitted "
+                              "model always has the fusion")
+        model = load_any(cfg.init_from, dtype=torch.float32).train()
+    elif cfg.init_from:
+        _refuse_transformers_dir(cfg.init_from)
         model = FullBandwidthLM.from_pretrained(cfg.init_from, feedback=cfg.model.feedback).train()
-        if model.config.vocab_size < tokenizer.vocab_size:
-            raise ConfigError(f"init_from={cfg.init_from!r} has vocab_size={model.config.vocab_size} but the "
-                              f"tokenizer has {tokenizer.vocab_size} tokens; use the checkpoint's own tokenizer")
     else:
         model = FullBandwidthLM(cfg.model.resolve(tokenizer.vocab_size))
+    if cfg.init_from and model.config.vocab_size < tokenizer.vocab_size:
+        fix = ("resize the model's embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer))) and "
+               "save it again" if hf_path is not None else "use the checkpoint's own tokenizer")
+        raise ConfigError(f"init_from={cfg.init_from!r} has vocab_size={model.config.vocab_size} but the "
+                          f"tokenizer has {tokenizer.vocab_size} tokens; {fix}")
     return model.to(device)
+
+
+def _refuse_transformers_dir(init_from: str) -> None:
+    """A plain init_from naming a transformers checkpoint: say to retrofit it (hf:PATH) rather than fail on its
+    config.json."""
+    try:
+        saved = json.loads((Path(init_from) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # not readable here: from_pretrained gives its own message
+    model_type = saved.get("model_type") if isinstance(saved, dict) else None
+    if model_type and model_type != "fullband":
+        raise ConfigError(f"init_from={init_from!r} is a transformers {model_type!r} model, not a fullband one; "
+                          f"use init_from='hf:{init_from}' to retrofit it")
+
+
+def retrofit_pretrained(cfg: TrainRunConfig, path: Path) -> AnyLM:
+    """``fullband.retrofit(AutoModelForCausalLM.from_pretrained(path))`` in float32, with clear errors."""
+    try:
+        from transformers import AutoModelForCausalLM
+
+        from fullband.integrations.retrofit import retrofit
+    except ImportError:
+        raise ConfigError(f"init_from={cfg.init_from!r} needs transformers: pip install 'fullband[hf]'") from None
+    try:
+        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"init_from={cfg.init_from!r} is not a transformers causal LM that AutoModelForCausalLM "
+                          f"can load: {_first_line(err)}") from None
+    try:
+        return retrofit(base, feedback_source=cfg.retrofit.resolve()).train()
+    except (ValueError, NotImplementedError) as err:
+        message = _first_line(err)
+        where = "retrofit." if message.startswith("feedback_source") else f"init_from={cfg.init_from!r}: "
+        raise ConfigError(where + message) from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) -> tuple[BatchFn, Callable | None]:
@@ -135,6 +216,24 @@ def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) ->
 
 def run_train(cfg: TrainRunConfig, progress: bool = True) -> TrainResult:
     """Train as configured (DDP or FSDP when launched by torchrun); returns where the final model is."""
+    with _quiet_transformers(cfg):
+        return _run_train(cfg, progress)
+
+
+def _quiet_transformers(cfg: TrainRunConfig) -> contextlib.AbstractContextManager:
+    """A retrofit run: transformers' progress bars (at every load and checkpoint) off, fullband's own on."""
+    retrofit_run = bool(cfg.init_from) and (cfg.init_from.startswith(HF_PREFIX) or is_retrofit_checkpoint(
+        cfg.init_from))
+    if not retrofit_run:
+        return contextlib.nullcontext()  # a native run does not import transformers
+    try:
+        from fullband.integrations._hf_compat import no_progress_bars
+    except ImportError:
+        return contextlib.nullcontext()  # build_model says that transformers is missing
+    return no_progress_bars()
+
+
+def _run_train(cfg: TrainRunConfig, progress: bool) -> TrainResult:
     start = time.perf_counter()
     env = init_distributed()
     try:
@@ -149,6 +248,9 @@ def run_train(cfg: TrainRunConfig, progress: bool = True) -> TrainResult:
 
         tokenizer = build_tokenizer(cfg, out_dir, env.is_main, barrier)
         model = build_model(cfg, tokenizer, device)
+        if env.world_size > 1 and cfg.train.parallel == "fsdp" and not isinstance(model, FullBandwidthLM):
+            raise ConfigError("train.parallel='fsdp' is invalid for a retrofitted transformers model "
+                              f"(init_from={cfg.init_from!r}): FSDP shards native models only; use 'ddp'")
         if env.is_main:  # data caches (download, tokenization) are filled once, then read by everyone
             batch_fn, eval_fn = build_batches(cfg, tokenizer, env.world_size)
         barrier()

@@ -6,8 +6,9 @@ holds the state after some number of steps ``n`` (directory ``step-{n}``) and a 
 step ``n``. Everything random is either a pure function of (seed, step) or an RNG state in the checkpoint,
 so a resumed run repeats the uninterrupted one bit for bit on the same hardware.
 
-Parallelism is applied from outside: ``trainer.raw_model`` is the FullBandwidthLM (saved, loaded,
-evaluated); ``trainer.model`` is what the training forward calls and may be replaced by a DDP wrapper.
+Parallelism is applied from outside: ``trainer.raw_model`` is the FullBandwidthLM, or a RetrofittedLM (a
+transformers model with the fusion, which has the same API), that is saved, loaded and evaluated;
+``trainer.model`` is what the training forward calls and may be replaced by a DDP wrapper.
 FSDP2 (``wrap_fsdp``) instead shards ``raw_model`` in place (the two are then the same module) and rebuilds
 ``trainer.optimizer`` over the shards; checkpoints then go through :func:`save_sharded_checkpoint`.
 """
