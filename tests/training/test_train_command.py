@@ -102,3 +102,11 @@ def test_init_from_rejects_a_tokenizer_larger_than_the_model_vocabulary(tmp_path
     assert train(tmp_path / "bpe", "--init_from", str(base / "model"), "--data.tokenizer", "bpe",
                  "--data.bpe_vocab_size", "300", "--train.max_steps", "1") == 2
     assert "has vocab_size=257 but the tokenizer has 300 tokens" in capsys.readouterr().err
+
+
+def test_unwritable_output_directory_is_reported(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert train(blocker / "run", "--train.max_steps", "1") == 2
+    err = capsys.readouterr().err
+    assert "is not writable" in err and "pick another --out_dir" in err
