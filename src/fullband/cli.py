@@ -124,7 +124,7 @@ COMMANDS: dict[str, tuple[type, Callable, str]] = {
     "generate": (GenerateConfig, run_generate, "Decode from a checkpoint in standard, soft, fused or exact mode."),
     "check": (CheckConfig, run_check, "Verify that sequential, multi-pass, chunked and cached decoding agree."),
     "compare": (CompareConfig, run_compare, "Baselines at several token budgets vs the full-bandwidth model: report."),
-    "eval-lm": (LmEvalConfig, run_eval_lm, "Run lm-evaluation-harness tasks on a checkpoint in a decoding mode."),
+    "eval": (LmEvalConfig, run_eval_lm, "Run lm-evaluation-harness tasks on a checkpoint in a decoding mode."),
     "eval-reasoning": (ReasoningConfig, run_eval_reasoning, "Study: shorter reasoning traces at equal accuracy?"),
     "eval-state": (StateTrackingConfig, run_eval_state, "Study: linear probes of the state at every depth (Fig. 7)."),
 }

@@ -498,14 +498,14 @@ class TrainRunConfig:
                  "directory keeps the source it was built with)")
 
 
-# ---------------------------------------------------------------------------------------------- fullband eval-lm
+# ---------------------------------------------------------------------------------------------- fullband eval
 
 EVAL_DTYPES = ("float32", "float64", "bfloat16")
 
 
 @dataclass
 class LmEvalConfig:
-    """``fullband eval-lm``: lm-evaluation-harness tasks on a checkpoint, through the ``fullband`` lm-eval model."""
+    """``fullband eval``: lm-evaluation-harness tasks on a checkpoint, through the ``fullband`` lm-eval model."""
 
     checkpoint: str = doc("", "Model directory with its tokenizer (fullband train's out_dir/model); required.")
     tasks: tuple[str, ...] = doc((), "Comma-separated lm-eval task (or group) names; required.")
@@ -528,7 +528,7 @@ class LmEvalConfig:
     dtype: str = doc("float32", f"Model dtype: one of {EVAL_DTYPES}.")
     seed: int = doc(0, "Seed of the few-shot sampling and of every other random choice of lm-eval.")
     log_samples: bool = doc(False, "Also save every request and response (samples.json).")
-    out_dir: str = doc("runs/eval-lm", "Run directory: results.json (and samples.json).")
+    out_dir: str = doc("runs/eval", "Run directory: results.json (and samples.json).")
 
     def __post_init__(self) -> None:
         _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")

@@ -1,5 +1,5 @@
 """The lm-eval adapter: loglikelihood in every mode equals a direct computation with the model; rolling
-loglikelihood, generate_until, and a 5-shot local task end to end (offline) through ``fullband eval-lm``."""
+loglikelihood, generate_until, and a 5-shot local task end to end (offline) through ``fullband eval``."""
 
 import os
 
@@ -180,7 +180,7 @@ def task_dir(tmp_path_factory):
 
 def test_eval_lm_runs_a_local_5_shot_task_offline(checkpoint, task_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["eval-lm", "--checkpoint", str(checkpoint), "--tasks", "fb_add_mc,fb_add_gen", "--num-fewshot", "5",
+    assert main(["eval", "--checkpoint", str(checkpoint), "--tasks", "fb_add_mc,fb_add_gen", "--num-fewshot", "5",
                  "--include_path", str(task_dir), "--include_defaults", "false", "--mode", "soft",
                  "--log_samples", "true", "--out_dir", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -215,6 +215,6 @@ def test_simple_evaluate_finds_the_registered_model_by_name(checkpoint, task_dir
     ],
 )
 def test_eval_lm_errors_are_one_clear_line(checkpoint, capsys, argv, message):
-    assert main(["eval-lm", "--checkpoint", str(checkpoint), *argv]) == 2
+    assert main(["eval", "--checkpoint", str(checkpoint), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err

@@ -1,4 +1,4 @@
-"""``fullband eval-lm``: run lm-evaluation-harness tasks on a checkpoint and save the results.
+"""``fullband eval``: run lm-evaluation-harness tasks on a checkpoint and save the results.
 
     out_dir/
       results.json   lm-eval's results (metrics per task, config, versions, n-shot) and this run's options
