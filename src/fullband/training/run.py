@@ -18,6 +18,7 @@ such a directory continues training it. Retrofitted models train in one process 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import time
@@ -278,6 +279,12 @@ def _run_train(cfg: TrainRunConfig, progress: bool) -> TrainResult:
         save_model(model, model_dir, env.rank)  # under FSDP every process takes part in gathering the weights
         if env.is_main:
             tokenizer.save(model_dir)
+        # Free DDP's reducer while the process group is still alive and every process is here: destroyed after
+        # the group (or after a peer has exited) its gloo destructor can wait forever.
+        trainer.model = trainer.raw_model
+        del trainer
+        gc.collect()
+        barrier()
         return TrainResult(out_dir, model_dir, state.step, state.tokens, state.token_equiv_compute, state.loss,
                            validation, time.perf_counter() - start)
     finally:
