@@ -5,18 +5,77 @@ from fullband import FullBandwidthLM, ModelConfig
 
 
 def make_model(seed: int = 0, dtype: torch.dtype = torch.float64, **overrides) -> FullBandwidthLM:
-    """A tiny random model; the default init gives non-trivial fusion weights (W_U, W_G ~ N(0, 0.02))."""
+    """A tiny random model; the default init gives non-trivial fusion weights (W_U, W_G ~ N(0, 0.02)).
+
+    Every RMSNorm gain is drawn at random too, so a norm applied in the wrong place (or left out) changes the
+    numbers and a from-the-formula reference catches it.
+    """
     settings = dict(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64)
     settings.update(overrides)
     torch.manual_seed(seed)
-    return FullBandwidthLM(ModelConfig(**settings)).to(dtype).eval()
+    model = FullBandwidthLM(ModelConfig(**settings))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+    return model.to(dtype).eval()
 
 
-@pytest.fixture
-def model() -> FullBandwidthLM:
-    return make_model()
+@pytest.fixture(params=[True, False], ids=["input_norm", "legacy_inputs"])
+def model(request) -> FullBandwidthLM:
+    """The tiny model with the input norm of DESIGN.md §1 (the default) and without it (older checkpoints)."""
+    return make_model(input_norm=request.param)
 
 
 @pytest.fixture
 def tokens() -> torch.Tensor:
     return torch.randint(0, 61, (3, 13), generator=torch.Generator().manual_seed(1))
+
+
+# ---------------------------------------------------------------- DESIGN.md §1 written out from the formula
+
+
+def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain
+
+
+def formula_input(model: FullBandwidthLM, e: torch.Tensor, prev_state: torch.Tensor | None) -> torch.Tensor:
+    """The stack's input u_t from the formula, using only the model's weight tensors (never its modules):
+
+        plain:  u = RMSNorm_in(e)                    (raw e for a checkpoint without the input norm)
+        fused:  x = (W_U h_{t-1}) * sigmoid(W_G RMSNorm_e(e)),  u = RMSNorm_in(x)
+    """
+    eps = model.config.norm_eps
+    if prev_state is None:
+        return rms_norm(e, model.input_norm.weight, eps) if model.config.input_norm else e
+    f = model.fusion
+    gate = torch.sigmoid(rms_norm(e, f.token_norm.weight, eps) @ f.gate_proj.weight.T)
+    x = (prev_state @ f.state_proj.weight.T) * gate
+    gain = model.input_norm.weight if model.config.input_norm else f.out_norm.weight
+    return rms_norm(x, gain, eps)
+
+
+def stack_from_inputs(model: FullBandwidthLM, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The blocks over inputs u (B, T, D) that are already normalised -> (carried states, final-normed states)."""
+    B, T, _ = inputs.shape
+    if model.config.input_norm:  # run_stack normalises its inputs; undo nothing, just skip that layer here
+        norm, model.input_norm = model.input_norm, None
+        try:
+            return model.run_stack(inputs, torch.arange(T).expand(B, T))
+        finally:
+            model.input_norm = norm
+    return model.run_stack(inputs, torch.arange(T).expand(B, T))
+
+
+def sequential_reference(model: FullBandwidthLM, tokens: torch.Tensor, plain_prefix: int):
+    """The definition, with no cache and no multi-pass machinery: h_t = f(u_<=t), u_t from :func:`formula_input`.
+
+    Returns (carried states (B, T, D), logits (B, T, V)).
+    """
+    emb = model.embed.weight[tokens]
+    inputs: list[torch.Tensor] = []
+    states = normed = None
+    for t in range(tokens.shape[1]):
+        inputs.append(formula_input(model, emb[:, t], None if t < plain_prefix else states[:, t - 1]))
+        states, normed = stack_from_inputs(model, torch.stack(inputs, 1))
+    return states, normed @ model.lm_head.weight.T

@@ -23,6 +23,28 @@ def test_round_trip_gives_identical_logits(tmp_path, tokens, overrides):
         assert loaded.lm_head.weight is loaded.embed.weight
 
 
+@pytest.mark.parametrize("feedback", [True, False])
+def test_checkpoint_from_before_the_input_norm_decodes_as_trained(tmp_path, tokens, feedback):
+    # Such a checkpoint's config.json has no input_norm key and its fusion holds out_norm (RMSNorm_in).
+    model = make_model(dtype=torch.float32, input_norm=False, feedback=feedback)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["input_norm"], config["input_norm_init"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = FullBandwidthLM.from_pretrained(tmp_path)
+    assert loaded.config.input_norm is False and loaded.input_norm is None
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens, passes=3).logits, model(tokens, passes=3).logits, atol=0, rtol=0)
+        assert loaded.generate([1, 2, 3], max_new_tokens=5) == model.generate([1, 2, 3], max_new_tokens=5)
+
+
+def test_new_models_normalise_every_input_and_record_it(tmp_path):
+    model = make_model(dtype=torch.float32)
+    assert model.config.input_norm and model.fusion.out_norm is None  # the stack's input norm serves both
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["input_norm"] is True
+
+
 def test_load_casts_to_requested_dtype(tmp_path):
     make_model(dtype=torch.float32).save_pretrained(tmp_path)
     assert FullBandwidthLM.from_pretrained(tmp_path, dtype=torch.float64).embed.weight.dtype == torch.float64

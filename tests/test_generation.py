@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import make_model
+from conftest import formula_input, make_model, sequential_reference, stack_from_inputs
 
 from fullband import FullBandwidthLM
 
@@ -21,21 +21,21 @@ def greedy_from_definition(model: FullBandwidthLM, prompt: list[int], logits_of)
 
 def fused_prefill_definition(model: FullBandwidthLM, prompt: list[int], k: int):
     """Logits for fused(k) with no cache: the prompt's inputs are those of pass k+1 of Jacobi (p = 1);
-    generated positions then follow the exact recurrence on top of them."""
+    generated positions then follow the exact recurrence on top of them (inputs from the formula)."""
     ids = torch.tensor([prompt])
-    emb = model.embed(ids)
+    emb = model.embed.weight[ids]
     prev = model(ids, passes=k, plain_prefix=1).hidden  # the states pass k+1 fuses
-    prompt_inputs = torch.cat((emb[:, :1], model.fusion(emb[:, 1:], prev[:, :-1])), 1)
+    prompt_inputs = [formula_input(model, emb[:, 0], None)]
+    prompt_inputs += [formula_input(model, emb[:, t], prev[:, t - 1]) for t in range(1, len(prompt))]
 
     def logits_of(seq: torch.Tensor) -> torch.Tensor:
-        inputs = [prompt_inputs[:, t] for t in range(len(prompt))]
-        emb_all = model.embed(seq)
+        inputs = list(prompt_inputs)
+        emb_all = model.embed.weight[seq]
         for t in range(len(prompt), seq.shape[1] + 1):
-            positions = torch.arange(t).expand(1, t)
-            states, normed = model.run_stack(torch.stack(inputs, 1), positions)
+            states, normed = stack_from_inputs(model, torch.stack(inputs, 1))
             if t < seq.shape[1]:
-                inputs.append(model.fusion(emb_all[:, t], states[:, t - 1]))
-        return model.lm_head(normed)
+                inputs.append(formula_input(model, emb_all[:, t], states[:, t - 1]))
+        return normed @ model.lm_head.weight.T
 
     return logits_of
 
@@ -46,9 +46,9 @@ def test_greedy_generate_equals_definition(model, mode):
     if mode == "standard":
         logits_of = lambda seq: model(seq).logits  # noqa: E731
     elif mode == "soft":
-        logits_of = lambda seq: model.forward_exact(seq, plain_prefix=len(PROMPT)).logits  # noqa: E731
+        logits_of = lambda seq: sequential_reference(model, seq, len(PROMPT))[1]  # noqa: E731
     elif mode == "exact":
-        logits_of = lambda seq: model.forward_exact(seq, plain_prefix=1).logits  # noqa: E731
+        logits_of = lambda seq: sequential_reference(model, seq, 1)[1]  # noqa: E731
     else:
         logits_of = fused_prefill_definition(model, PROMPT, k=2)
     expected = greedy_from_definition(model, PROMPT, logits_of)

@@ -46,6 +46,17 @@ class ModelConfig:
     fusion: str = doc(
         "glu_cross", "Fusion of carried state and token: glu_cross = RMSNorm((W_U h) * sigmoid(W_G RMSNorm(e)))."
     )
+    input_norm: bool = doc(
+        True,
+        "Run every input of the stack, plain embedding or fused state, through one input RMSNorm (the paper's "
+        "App. C; DESIGN.md section 1). False = plain positions take the raw embedding and only fused inputs are "
+        "normalised (checkpoints from before this option load with False).",
+    )
+    input_norm_init: float = doc(
+        0.02,
+        "Initial gain of the input RMSNorm (input_norm=true). 0.02 starts plain and fused inputs at the scale of "
+        "the embeddings' init (init_std); 1 starts them at unit RMS.",
+    )
     feedback_source: str = doc(
         "residual",
         "Carried state: 'residual' = top block output before the final norm, 'normed' = after it, "
@@ -94,6 +105,9 @@ class ModelConfig:
             raise ConfigError(f"no model config at {path}") from None
         except json.JSONDecodeError as err:
             raise ConfigError(f"{path} is not valid JSON: {err}") from None
+        if isinstance(data, dict):
+            # Checkpoints saved before the input norm existed were trained without it: decode them as trained.
+            data.setdefault("input_norm", False)
         return cls.from_dict(data)
 
 
@@ -121,7 +135,9 @@ def validate_model_config(c: ModelConfig) -> None:
     _require(isinstance(c.rope_theta, (int, float)) and c.rope_theta > 0, "rope_theta", c.rope_theta, "must be > 0")
     _require(isinstance(c.norm_eps, (int, float)) and 0 < c.norm_eps < 1, "norm_eps", c.norm_eps, "must be in (0, 1)")
     _require(isinstance(c.init_std, (int, float)) and c.init_std > 0, "init_std", c.init_std, "must be > 0")
-    for name in ("tie_embeddings", "feedback"):
+    _require(_is_number(c.input_norm_init) and c.input_norm_init > 0, "input_norm_init", c.input_norm_init,
+             "must be > 0")
+    for name in ("tie_embeddings", "feedback", "input_norm"):
         _require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
     _require(c.fusion in FUSIONS, "fusion", c.fusion, f"must be one of {FUSIONS}")
     source = c.feedback_source
@@ -237,17 +253,39 @@ class ScheduleConfig:
         "Steps over which the multi-pass share ramps linearly from 0 to 1 after feedback_start (the rest of "
         "the batches stay single-pass during the ramp); 0 = switch at once.",
     )
+    two_pass_until: float = doc(
+        0.0,
+        "Progressive introduction (paper section 3.3): until this fraction of the run every multi-pass batch runs "
+        "2 passes; deeper passes from pass_mix start here. 0 = pass_mix from feedback_start on.",
+    )
 
     def __post_init__(self) -> None:
         validate_schedule_config(self)
         self.pass_mix = tuple(float(x) for x in self.pass_mix)  # a list from a file or caller -> hashable tuple
 
 
+OPTIMIZERS = ("adamw", "muon")
+
+
 @dataclass
 class OptimConfig:
-    """AdamW and the learning-rate schedule."""
+    """The optimiser (AdamW, or Muon + AdamW) and the learning-rate schedule."""
 
-    lr: float = doc(3e-4, "Peak learning rate (reached at the end of warmup).")
+    optimizer: str = doc(
+        "adamw",
+        "adamw = AdamW on every parameter; muon = torch.optim.Muon on the 2-D weights of muon_params (the paper's "
+        "NorMuon split, section 4) and AdamW at lr on the rest (embedding/head, norms).",
+    )
+    lr: float = doc(3e-4, "Peak learning rate of AdamW (reached at the end of warmup).")
+    muon_lr: float = doc(0.02, "optimizer=muon: peak learning rate of Muon (follows the same schedule).")
+    muon_weight_decay: float = doc(0.01, "optimizer=muon: Muon's decoupled weight decay (scaled by its LR).")
+    muon_momentum: float = doc(0.95, "optimizer=muon: Muon's (Nesterov) momentum, in [0, 1).")
+    muon_params: tuple[str, ...] = doc(
+        ("blocks", "fusion"),
+        "optimizer=muon: modules whose 2-D weights Muon updates (names as in the model's state dict); their "
+        "1-D gains stay with AdamW.",
+    )
+    fusion_lr_mult: float = doc(1.0, "Learning-rate multiplier of the fusion's parameters (W_U, W_G, its norms), > 0.")
     min_lr_ratio: float = doc(0.1, "Final learning rate as a fraction of lr, in [0, 1].")
     betas: tuple[float, float] = doc((0.9, 0.95), "AdamW beta1,beta2, each in [0, 1).")
     eps: float = doc(1e-8, "AdamW epsilon, > 0.")
@@ -273,6 +311,9 @@ class OptimConfig:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.muon_params, str):
+            self.muon_params = (self.muon_params,)
+        self.muon_params = tuple(self.muon_params)
         validate_optim_config(self)
         self.betas = (float(self.betas[0]), float(self.betas[1]))
 
@@ -317,6 +358,11 @@ class TrainConfig:
         "Give each row a random plain prefix p ~ Uniform{1..seq_len-1} (prompt-then-generate, DESIGN.md §3); "
         "false = p = 1 (every position after the first fused).",
     )
+    prefix_per_pass: bool = doc(
+        False,
+        "With prefix_mixin: draw a new plain prefix for every pass after the first (as the paper's training code "
+        "applies the mixin inside its pass loop); false = one prefix per row for all its passes.",
+    )
 
     def __post_init__(self) -> None:
         validate_train_config(self)
@@ -344,10 +390,23 @@ def validate_schedule_config(c: ScheduleConfig) -> None:
              "pass_mix", mix, "must be a non-empty list of probabilities in [0, 1] for 2, 3, ... passes")
     _require(abs(sum(mix) - 1) <= 1e-6, "pass_mix", mix, f"must sum to 1 (sums to {sum(mix):.6g})")
     _require(_is_int(c.ramp_steps) and c.ramp_steps >= 0, "ramp_steps", c.ramp_steps, "must be an integer >= 0")
+    _require(_is_number(c.two_pass_until) and 0 <= c.two_pass_until <= 1, "two_pass_until", c.two_pass_until,
+             "must be a fraction of the run in [0, 1]")
+    _require(c.two_pass_until == 0 or c.two_pass_until >= c.feedback_start, "two_pass_until", c.two_pass_until,
+             f"must be 0 or at least feedback_start={c.feedback_start}: 2-pass batches come first, after it")
 
 
 def validate_optim_config(c: OptimConfig) -> None:
+    _require(c.optimizer in OPTIMIZERS, "optimizer", c.optimizer, f"must be one of {OPTIMIZERS}")
     _require(_is_number(c.lr) and c.lr > 0, "lr", c.lr, "must be > 0")
+    _require(_is_number(c.muon_lr) and c.muon_lr > 0, "muon_lr", c.muon_lr, "must be > 0")
+    _require(_is_number(c.muon_weight_decay) and c.muon_weight_decay >= 0, "muon_weight_decay", c.muon_weight_decay,
+             "must be >= 0")
+    _require(_is_number(c.muon_momentum) and 0 <= c.muon_momentum < 1, "muon_momentum", c.muon_momentum,
+             "must be in [0, 1)")
+    _require(len(c.muon_params) > 0 and all(isinstance(x, str) and x for x in c.muon_params), "muon_params",
+             c.muon_params, "must be a non-empty list of module names, e.g. blocks,fusion")
+    _require(_is_number(c.fusion_lr_mult) and c.fusion_lr_mult > 0, "fusion_lr_mult", c.fusion_lr_mult, "must be > 0")
     _require(_is_number(c.min_lr_ratio) and 0 <= c.min_lr_ratio <= 1, "min_lr_ratio", c.min_lr_ratio,
              "must be in [0, 1]")
     betas = c.betas
@@ -374,7 +433,7 @@ def validate_train_config(c: TrainConfig) -> None:
     if c.token_budget is not None:
         _require(_is_int(c.token_budget) and c.token_budget >= 1, "token_budget", c.token_budget,
                  "must be an integer >= 1 (or None)")
-    for name in ("compile", "detach_passes", "prefix_mixin"):
+    for name in ("compile", "detach_passes", "prefix_mixin", "prefix_per_pass"):
         _require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
     _require(c.autocast in AUTOCAST, "autocast", c.autocast, f"must be one of {AUTOCAST}")
     _require(c.parallel in PARALLEL, "parallel", c.parallel, f"must be one of {PARALLEL}")

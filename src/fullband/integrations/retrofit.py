@@ -76,10 +76,12 @@ class RetrofittedLM(nn.Module):
             init_std=init_std if init_std is not None else (getattr(cfg, "initializer_range", None) or 0.02),
         )
         _check_feedback_source(feedback_source, self.config.n_layers)
-        self.fusion = LatentFusion(d_model=self.config.d_model, norm_eps=self.config.norm_eps)
+        p = self.embed.weight
+        # The pretrained network keeps its own plain inputs, so fused inputs start at its embeddings' scale.
+        embed_rms = float(p.detach().float().pow(2).mean().sqrt())
+        self.fusion = LatentFusion(d_model=self.config.d_model, norm_eps=self.config.norm_eps, out_gain=embed_rms)
         for proj in (self.fusion.gate_proj, self.fusion.state_proj):
             nn.init.normal_(proj.weight, mean=0.0, std=self.config.init_std)
-        p = self.embed.weight
         self.fusion.to(device=p.device, dtype=p.dtype)
         self._cache_arg = cache_argument(base.base_model.forward)  # "cache" from transformers 5.24 on
 

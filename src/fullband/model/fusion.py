@@ -1,9 +1,12 @@
 """Latent-feedback fusion: the previous position's carried state enters the next input.
 
-    u_t = RMSNorm_in( (W_U h_{t-1}) * sigmoid(W_G RMSNorm_e(e_t)) )        ("glu_cross", DESIGN.md §1)
+    x_t = (W_U h_{t-1}) * sigmoid(W_G RMSNorm_e(e_t))                      ("glu_cross", DESIGN.md §1)
 
 The state is on the value path and the token only gates it: an additive ``e + W h`` would let the model
-learn to ignore the state, the gate cannot.
+learn to ignore the state, the gate cannot. What normalises ``x_t`` into the stack's input ``u_t`` depends on
+the network: a native model with ``input_norm`` runs *every* input, plain or fused, through its one input
+RMSNorm (so the fusion has no norm of its own); older native checkpoints and retrofits normalise the fused
+input here (``out_norm``), and their plain positions take the raw embedding.
 """
 
 from __future__ import annotations
@@ -16,19 +19,32 @@ from fullband.model.layers import RMSNorm
 
 
 class LatentFusion(nn.Module):
-    def __init__(self, cfg: ModelConfig | None = None, *, d_model: int | None = None, norm_eps: float = 1e-5) -> None:
-        """From a ModelConfig, or from ``d_model``/``norm_eps`` alone for a network without one (a retrofit)."""
+    def __init__(
+        self,
+        cfg: ModelConfig | None = None,
+        *,
+        d_model: int | None = None,
+        norm_eps: float = 1e-5,
+        out_norm: bool = True,
+        out_gain: float = 1.0,
+    ) -> None:
+        """From a ModelConfig, or from ``d_model``/``norm_eps`` alone for a network without one (a retrofit).
+
+        ``out_norm`` adds RMSNorm_in on the fused input with its gain initialised at ``out_gain`` (a retrofit
+        starts it at its embeddings' RMS, so fused inputs begin at the scale its plain inputs have).
+        """
         super().__init__()
         if cfg is not None:
-            d_model, norm_eps = cfg.d_model, cfg.norm_eps
+            d_model, norm_eps, out_norm = cfg.d_model, cfg.norm_eps, not cfg.input_norm
         if d_model is None:
             raise ValueError("LatentFusion needs a ModelConfig or d_model")
         self.token_norm = RMSNorm(d_model, norm_eps)  # RMSNorm_e
         self.gate_proj = nn.Linear(d_model, d_model, bias=False)  # W_G
         self.state_proj = nn.Linear(d_model, d_model, bias=False)  # W_U
-        self.out_norm = RMSNorm(d_model, norm_eps)  # RMSNorm_in
+        self.out_norm = RMSNorm(d_model, norm_eps, init=out_gain) if out_norm else None  # RMSNorm_in
 
     def forward(self, token_emb: torch.Tensor, prev_state: torch.Tensor) -> torch.Tensor:
-        """token_emb e_t and prev_state h_{t-1}, both (..., D) -> fused input u_t (..., D)."""
+        """token_emb e_t and prev_state h_{t-1}, both (..., D) -> fused input (..., D)."""
         gate = torch.sigmoid(self.gate_proj(self.token_norm(token_emb)))
-        return self.out_norm(self.state_proj(prev_state) * gate)
+        fused = self.state_proj(prev_state) * gate
+        return self.out_norm(fused) if self.out_norm is not None else fused

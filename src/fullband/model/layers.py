@@ -11,10 +11,11 @@ from fullband.model.kv_cache import KVCache
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, init: float = 1.0) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.init = init  # the gain's initial value (reset_parameters restores it)
+        self.weight = nn.Parameter(torch.full((dim,), float(init)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in at least float32 so bf16 activations keep their precision here.

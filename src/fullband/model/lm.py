@@ -32,6 +32,9 @@ class FullBandwidthLM(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        # RMSNorm_in on every input of the stack, plain or fused (the paper's `model(input_rmsnorm(x))`).
+        self.input_norm = RMSNorm(config.d_model, config.norm_eps, init=config.input_norm_init) \
+            if config.input_norm else None
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -52,7 +55,7 @@ class FullBandwidthLM(nn.Module):
                 is_residual_out = name.endswith(("o_proj", "down_proj"))
                 nn.init.normal_(module.weight, mean=0.0, std=residual_std if is_residual_out else std)
             elif isinstance(module, RMSNorm):
-                nn.init.ones_(module.weight)
+                nn.init.constant_(module.weight, module.init)
 
     def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
         """An empty preallocated KV cache for ``batch_size`` rows of at most ``max_len`` tokens."""
@@ -76,9 +79,13 @@ class FullBandwidthLM(nn.Module):
         mask: torch.Tensor | None = None,  # (B, 1, T, S) bool; None = plain causal without cache
         cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass through all blocks -> (carried states h (B, T, D), final-normed states (B, T, D))."""
+        """One pass through all blocks -> (carried states h (B, T, D), final-normed states (B, T, D)).
+
+        ``inputs`` are embeddings or fused states; with ``input_norm`` the stack normalises them first.
+        """
         rope = rope_angles(positions, self.inv_freq, inputs.dtype)
-        x, carried = inputs, None
+        x = self.input_norm(inputs) if self.input_norm is not None else inputs
+        carried = None
         for i, block in enumerate(self.blocks, start=1):
             x = block(x, rope, mask, cache)
             if i == self.config.feedback_layer:

@@ -18,7 +18,7 @@ from torch import nn
 
 IGNORE_INDEX = -100
 
-PlainPrefix = int | torch.Tensor  # int, or one value per row (B,)
+PlainPrefix = int | torch.Tensor  # int, one value per row (B,), or per pass and row (K, B) (training only)
 Stack = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # inputs u -> (carried h, head input)
 
 
@@ -37,7 +37,7 @@ def run_passes(
     head: Callable[[torch.Tensor], torch.Tensor],
     fusion: nn.Module | None,
     emb: torch.Tensor,  # (B, T, D) token embeddings e_t
-    fused: torch.Tensor,  # (B, T) bool: positions at or past plain_prefix
+    fused: torch.Tensor,  # (B, T) bool: positions at or past plain_prefix; (K, B, T) for one per pass
     passes: int,
     *,
     labels: torch.Tensor | None = None,
@@ -59,7 +59,8 @@ def run_passes(
     logits = None
     k = 0
     for k in range(1, passes + 1):
-        inputs = pass_inputs(fusion, emb, fused, carried, carried_state, jitter, detach_passes)
+        fused_k = fused[min(k, fused.shape[0]) - 1] if fused.dim() == 3 else fused  # (B, T): per-pass prefixes
+        inputs = pass_inputs(fusion, emb, fused_k, carried, carried_state, jitter, detach_passes)
         new_carried, head_input = stack(inputs)
         last = k == passes
         if carried is not None:
@@ -122,11 +123,15 @@ def ntp_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def fused_positions(plain_prefix: PlainPrefix, B: int, T: int, offset: int, device: torch.device) -> torch.Tensor:
-    """(B, T) bool: which positions of a chunk starting at absolute position ``offset`` are past the prefix."""
+    """(B, T) bool: which positions of a chunk starting at absolute position ``offset`` are past the prefix
+    ((K, B, T) for a (K, B) prefix per pass)."""
     absolute = torch.arange(offset, offset + T, device=device)
     if isinstance(plain_prefix, torch.Tensor):
+        if plain_prefix.dim() == 2 and plain_prefix.shape[1] == B:  # (K, B): a prefix per pass -> (K, B, T)
+            return torch.stack([fused_positions(row, B, T, offset, device) for row in plain_prefix])
         if plain_prefix.shape != (B,):
-            raise ValueError(f"plain_prefix tensor must have shape ({B},), got {tuple(plain_prefix.shape)}")
+            raise ValueError(f"plain_prefix tensor must have shape ({B},) or (passes, {B}), got "
+                             f"{tuple(plain_prefix.shape)}")
         if bool((plain_prefix < 1).any()):
             raise ValueError("plain_prefix must be >= 1 in every row (position 1 is always plain)")
         return absolute[None, :] >= plain_prefix.to(device)[:, None]

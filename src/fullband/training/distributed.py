@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from fullband.config import ConfigError
 from fullband.training.optim import build_optimizer
 from fullband.training.trainer import Trainer
 
@@ -78,6 +79,9 @@ def wrap_fsdp(trainer: Trainer) -> None:
     then leaves its gradients None, as one process does, so AdamW skips it alike. Call before training.
     """
     _check_process_group(trainer, "wrap_fsdp")
+    if trainer.optim_cfg.optimizer != "adamw":
+        raise ConfigError(f"optim.optimizer={trainer.optim_cfg.optimizer!r} is invalid with train.parallel='fsdp': "
+                          "Muon orthogonalises whole matrices and FSDP holds shards; use parallel='ddp' or adamw")
     if trainer.optimizer.state:
         raise RuntimeError("wrap_fsdp must come before training: the optimizer already holds state for the "
                            "unsharded parameters")

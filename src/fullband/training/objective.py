@@ -46,7 +46,7 @@ def multipass_loss(
     generator: torch.Generator | None,
     *,
     z_loss_weight: float = 0.0,
-    plain_prefix: torch.Tensor | None = None,  # (B,) to use instead of drawing from ``generator``
+    plain_prefix: torch.Tensor | None = None,  # (B,) or (passes, B) to use instead of drawing from ``generator``
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Loss to backpropagate and its metrics (detached tensors and ints; no host sync here).
 

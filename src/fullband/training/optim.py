@@ -1,39 +1,135 @@
-"""AdamW with decoupled weight decay on weight matrices, and the learning-rate schedules.
+"""Optimisers (AdamW, or Muon on hidden matrices with AdamW on the rest) and the learning-rate schedules.
 
-Weight decay follows nanoGPT: every parameter with >= 2 dimensions decays (attention/MLP matrices, the
-fusion's W_U/W_G, and the token embedding, which is also the output head when tied); 1-D parameters
-(RMSNorm gains, biases) do not, since shrinking a gain towards 0 changes the function rather than
-regularising it.
+AdamW's weight decay follows nanoGPT: every parameter with >= 2 dimensions decays (attention/MLP matrices, the
+fusion's W_U/W_G, and the token embedding, which is also the output head when tied); 1-D parameters (RMSNorm
+gains, biases) do not, since shrinking a gain towards 0 changes the function rather than regularising it.
+
+``optimizer="muon"`` is the paper's split (§4): ``torch.optim.Muon`` (orthogonalised momentum, scale-free
+updates) on the 2-D weights of the modules named in ``muon_params`` (the blocks and the fusion by default), at
+``muon_lr`` with ``muon_weight_decay``; AdamW at ``lr`` on everything else (embedding/head, norms). Every group
+carries an ``lr_scale`` (its peak LR over ``lr``, times ``fusion_lr_mult`` for the fusion), so one schedule
+drives them all.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
-from fullband.config import OptimConfig
+from fullband.config import ConfigError, OptimConfig
+
+FUSION_PREFIX = "fusion."
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW groups: ``decay`` (>= 2-D weights) and ``no_decay`` (1-D); tied weights appear once."""
-    decay, no_decay = [], []
-    for _, param in model.named_parameters():  # named_parameters() yields a shared (tied) tensor once
-        if param.requires_grad:
-            (decay if param.dim() >= 2 else no_decay).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay, "name": "decay"},
-        {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
-    ]
+def param_groups(named_params: Iterable[tuple[str, nn.Parameter]], weight_decay: float,
+                 fusion_lr_mult: float = 1.0) -> list[dict]:
+    """AdamW groups: ``decay`` (>= 2-D weights) and ``no_decay`` (1-D), the fusion's apart when its LR differs.
+
+    Pass ``model.named_parameters()``, which yields a shared (tied) tensor once. Empty groups are dropped.
+    """
+    groups: dict[str, dict[str, Any]] = {}
+    for name, param in named_params:
+        if not param.requires_grad:
+            continue
+        decays = param.dim() >= 2
+        fusion = fusion_lr_mult != 1.0 and name.startswith(FUSION_PREFIX)
+        key = ("decay" if decays else "no_decay") + ("_fusion" if fusion else "")
+        group = groups.setdefault(key, {"params": [], "weight_decay": weight_decay if decays else 0.0, "name": key,
+                                        "lr_scale": fusion_lr_mult if fusion else 1.0})
+        group["params"].append(param)
+    return [groups[k] for k in ("decay", "no_decay", "decay_fusion", "no_decay_fusion") if k in groups]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW over :func:`param_groups`; the fused kernel when every parameter is on CUDA, else foreach."""
-    groups = param_groups(model, cfg.weight_decay)
-    on_cuda = all(p.is_cuda for g in groups for p in g["params"])
+def muon_split(model: nn.Module, prefixes: tuple[str, ...]) -> tuple[list[tuple[str, nn.Parameter]], set[int]]:
+    """The (name, parameter) pairs Muon updates: 2-D weights under the module prefixes in ``prefixes``.
+
+    A prefix that names a parameter directly must name a 2-D one, and every prefix must match something:
+    otherwise a ConfigError says what to change.
+    """
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    chosen: list[tuple[str, nn.Parameter]] = []
+    for prefix in prefixes:
+        matches = [(n, p) for n, p in named if n == prefix or n.startswith(prefix.rstrip(".") + ".")]
+        if not matches:
+            raise ConfigError(f"optim.muon_params entry {prefix!r} matches no parameter; use module names such as "
+                              "'blocks' or 'fusion'")
+        flat = [n for n, p in matches if p.dim() != 2]
+        if len(flat) == len(matches):
+            shape = tuple(matches[0][1].shape)
+            raise ConfigError(f"optim.muon_params entry {prefix!r} names only {len(flat)} non-matrix tensor(s) "
+                              f"({flat[0]}, shape {shape}): Muon updates 2-D matrices only; leave 1-D gains to AdamW")
+        chosen += [(n, p) for n, p in matches if p.dim() == 2]
+    ids: set[int] = set()
+    unique = []
+    for n, p in chosen:
+        if id(p) not in ids:
+            ids.add(id(p))
+            unique.append((n, p))
+    return unique, ids
+
+
+class CombinedOptimizer:
+    """Several torch optimisers stepped as one: shared ``param_groups`` view, one state dict."""
+
+    def __init__(self, **optimizers: torch.optim.Optimizer) -> None:
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for opt in self.optimizers.values() for g in opt.param_groups]
+
+    @property
+    def state(self) -> dict:
+        return {k: v for opt in self.optimizers.values() for k, v in opt.state.items()}
+
+    def step(self) -> None:
+        for opt in self.optimizers.values():
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers.values():
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if set(state) != set(self.optimizers):
+            raise ValueError(f"optimizer state holds {sorted(state)}, expected {sorted(self.optimizers)}: the "
+                             "checkpoint was written with another optim.optimizer")
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(state[name])
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer | CombinedOptimizer:
+    """AdamW over :func:`param_groups`, or Muon + AdamW (see the module doc).
+
+    AdamW uses the fused kernel when every parameter is on CUDA, else foreach.
+    """
+    on_cuda = all(p.is_cuda for p in model.parameters())
     kernel = {"fused": True} if on_cuda else {"foreach": True}
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **kernel)
+    if cfg.optimizer == "adamw":
+        groups = param_groups(model.named_parameters(), cfg.weight_decay, cfg.fusion_lr_mult)
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **kernel)
+    muon_named, muon_ids = muon_split(model, cfg.muon_params)
+    rest = [(n, p) for n, p in model.named_parameters() if id(p) not in muon_ids]
+    adam = torch.optim.AdamW(param_groups(rest, cfg.weight_decay, cfg.fusion_lr_mult), lr=cfg.lr, betas=cfg.betas,
+                             eps=cfg.eps, **kernel)
+    scale = cfg.muon_lr / cfg.lr
+    muon_groups = []
+    for fusion in (False, True):
+        params = [p for n, p in muon_named if n.startswith(FUSION_PREFIX) == fusion]
+        if params:
+            mult = cfg.fusion_lr_mult if fusion else 1.0
+            name = "muon_fusion" if fusion else "muon"
+            muon_groups.append({"params": params, "name": name, "lr_scale": scale * mult})
+    muon = torch.optim.Muon(muon_groups, lr=cfg.muon_lr, weight_decay=cfg.muon_weight_decay,
+                            momentum=cfg.muon_momentum)
+    return CombinedOptimizer(adamw=adam, muon=muon)
 
 
 def decay_start(cfg: OptimConfig, total_steps: int) -> int:
@@ -64,6 +160,7 @@ def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
     return peak + progress * (floor - peak)
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+def set_lr(optimizer: torch.optim.Optimizer | CombinedOptimizer, lr: float) -> None:
+    """Set every group to ``lr`` times its ``lr_scale`` (Muon's and the fusion's own peaks)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)

@@ -1,7 +1,8 @@
 """The feedback schedule: how many passes the batch of each training step runs (DESIGN.md §3).
 
 Single-pass batches until ``feedback_start``; after it each step draws its pass count from ``pass_mix``
-(2, 3, ... passes), optionally ramping the multi-pass share in linearly. The draw depends only on
+(2, 3, ... passes), optionally ramping the multi-pass share in linearly, and optionally introducing the passes
+progressively: until ``two_pass_until`` every multi-pass batch runs 2 passes. The draw depends only on
 ``(seed, step)``, so a resumed run or another process sees the same pass count for a step without any
 state to carry.
 """
@@ -25,6 +26,7 @@ class FeedbackSchedule:
         self.seed = seed
         self.feedback = feedback
         self.start_step = round(cfg.feedback_start * total_steps)  # first step that may run several passes
+        self.deep_step = round(cfg.two_pass_until * total_steps)  # first step that may run more than 2
 
     @property
     def max_passes(self) -> int:
@@ -42,10 +44,16 @@ class FeedbackSchedule:
             return 1.0
         return min(1.0, (step - self.start_step + 1) / self.cfg.ramp_steps)
 
+    def pass_mix(self, step: int) -> tuple[float, ...]:
+        """P(2 passes), P(3 passes), ... of a multi-pass batch at ``step`` (all 2-pass before ``deep_step``)."""
+        if step < self.deep_step:
+            return (1.0,) + (0.0,) * (len(self.cfg.pass_mix) - 1)
+        return self.cfg.pass_mix
+
     def probabilities(self, step: int) -> list[float]:
         """P(passes = 1), P(passes = 2), ... at ``step``."""
         share = self.multipass_share(step)
-        return [1.0 - share] + [share * prob for prob in self.cfg.pass_mix]
+        return [1.0 - share] + [share * prob for prob in self.pass_mix(step)]
 
     def passes_at(self, step: int) -> int:
         """The pass count of ``step``: a draw from :meth:`probabilities` seeded by (seed, step) alone."""
@@ -56,6 +64,8 @@ class FeedbackSchedule:
         u = random.Random(f"fullband-feedback:{self.seed}:{step}").random()
         if u >= share:
             return 1
+        if step < self.deep_step:
+            return 2
         u = u / share  # uniform in [0, 1) again, given that this step is multi-pass
         cumulative = 0.0
         for k, prob in enumerate(self.cfg.pass_mix, start=2):
@@ -77,8 +87,9 @@ class FeedbackSchedule:
         if stop <= start:
             raise ValueError(f"empty step range [{start}, {stop})")
         mix_mean = sum(k * prob for k, prob in enumerate(self.cfg.pass_mix, start=2))
-        shares = self._share_sum(start, stop)
-        return 1.0 + (mix_mean - 1.0) * shares / (stop - start)
+        split = min(max(self.deep_step, start), stop)  # 2-pass batches before it, pass_mix from it on
+        extra = (2.0 - 1.0) * self._share_sum(start, split) + (mix_mean - 1.0) * self._share_sum(split, stop)
+        return 1.0 + extra / (stop - start)
 
     def _share_sum(self, start: int, stop: int) -> float:
         """Sum of multipass_share over [start, stop) in closed form (runs may have millions of steps)."""
@@ -101,4 +112,4 @@ class FeedbackSchedule:
         """What determines the schedule (it keeps no state between steps); stored in checkpoints."""
         return {"seed": self.seed, "total_steps": self.total_steps, "feedback": self.feedback,
                 "feedback_start": self.cfg.feedback_start, "pass_mix": list(self.cfg.pass_mix),
-                "ramp_steps": self.cfg.ramp_steps}
+                "ramp_steps": self.cfg.ramp_steps, "two_pass_until": self.cfg.two_pass_until}

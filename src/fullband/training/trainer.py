@@ -114,7 +114,7 @@ class Trainer:
     # ------------------------------------------------------------------ one step
 
     def train_step(self, step: int) -> dict[str, Any]:
-        """Run optimizer step ``step`` (gradient accumulation, clipping, AdamW); return its metrics."""
+        """Run optimizer step ``step`` (gradient accumulation, clipping, optimiser step); return its metrics."""
         t0 = time.perf_counter()
         self.model.train()
         cfg = self.cfg
@@ -132,7 +132,7 @@ class Trainer:
             )
         inputs = inputs.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
-        prefixes = self._plain_prefixes(rows, seq_len)
+        prefixes = self._plain_prefixes(rows, seq_len, passes)  # (rows,), or (passes, rows) per pass
 
         totals: dict[str, Any] = {}
         for micro in range(cfg.grad_accum):
@@ -140,7 +140,7 @@ class Trainer:
             with self._grad_sync(micro == cfg.grad_accum - 1):
                 with self._autocast():
                     loss, metrics = multipass_loss(self.model, inputs[rows_here], labels[rows_here], passes, cfg,
-                                                   None, z_loss_weight=z_weight, plain_prefix=prefixes[rows_here])
+                                                   None, z_loss_weight=z_weight, plain_prefix=prefixes[..., rows_here])
                 (loss / cfg.grad_accum).backward()
             _accumulate(totals, metrics, cfg.grad_accum)
 
@@ -176,10 +176,14 @@ class Trainer:
             record["mfu"] = self._flops_per_token * step_compute / seconds / self._peak_flops
         return record
 
-    def _plain_prefixes(self, rows: int, seq_len: int) -> torch.Tensor:
-        """(rows,) prefix lengths of this rank: its slice of one draw for the global batch."""
+    def _plain_prefixes(self, rows: int, seq_len: int, passes: int) -> torch.Tensor:
+        """Prefix lengths of this rank, its slice of one draw for the global batch: (rows,), or with
+        ``prefix_per_pass`` (passes, rows), a fresh draw for every pass."""
         if not self.cfg.prefix_mixin:
             return torch.ones(rows, dtype=torch.long)
+        if self.cfg.prefix_per_pass:
+            everyone = sample_plain_prefix(passes * rows * self.world_size, seq_len, self.generator)
+            return everyone.view(passes, -1)[:, self.rank * rows : (self.rank + 1) * rows]
         # Drawn even for single-pass steps, so the prefixes of a step do not depend on the pass schedule.
         everyone = sample_plain_prefix(rows * self.world_size, seq_len, self.generator)
         return everyone[self.rank * rows : (self.rank + 1) * rows]
