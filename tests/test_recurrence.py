@@ -190,3 +190,14 @@ def test_jitter_perturbs_only_fused_inputs(model, tokens):
     assert not torch.allclose(clean.logits, noisy.logits)
     torch.testing.assert_close(clean.logits[:, 0], noisy.logits[:, 0], atol=TOL, rtol=0)  # position 1 is plain
     torch.testing.assert_close(single_noisy.logits, model(tokens).logits, atol=0, rtol=0)
+
+
+@torch.no_grad()
+def test_a_prefix_per_pass_applies_each_row_of_prefixes_to_its_own_pass(model, tokens):
+    # Pass 1 is plain whatever the prefix, so a 2-pass forward depends only on the second row.
+    first, second = torch.tensor([1, 5, 9]), torch.tensor([3, 2, 7])
+    per_pass = model(tokens, passes=2, plain_prefix=torch.stack([first, second]))
+    torch.testing.assert_close(per_pass.hidden, model(tokens, passes=2, plain_prefix=second).hidden, atol=0, rtol=0)
+    three = model(tokens, passes=3, plain_prefix=torch.stack([first, second, first]))
+    assert not torch.allclose(three.hidden, model(tokens, passes=3, plain_prefix=first).hidden)
+    assert not torch.allclose(three.hidden, model(tokens, passes=3, plain_prefix=second).hidden)

@@ -14,6 +14,7 @@ from fullband.config import (
     GenerateConfig,
     LmEvalConfig,
     ReasoningConfig,
+    RecipeConfig,
     StateTrackingConfig,
     TrainRunConfig,
 )
@@ -119,11 +120,19 @@ def run_compare(cfg: CompareConfig) -> None:
     compare(cfg)  # prints the summary table and where report.md is
 
 
+def run_recipe(cfg: RecipeConfig) -> None:
+    from fullband.evaluation.recipe import run_recipe as recipe
+
+    results = recipe(cfg)
+    print("\n".join(["", *results["verdict_lines"], f"report: {cfg.out_dir}/report.md"]))
+
+
 COMMANDS: dict[str, tuple[type, Callable, str]] = {
     "train": (TrainRunConfig, run_train, "Train a full-bandwidth transformer (or the feedback=False baseline)."),
     "generate": (GenerateConfig, run_generate, "Decode from a checkpoint in standard, soft, fused or exact mode."),
     "check": (CheckConfig, run_check, "Verify that sequential, multi-pass, chunked and cached decoding agree."),
     "compare": (CompareConfig, run_compare, "Baselines at several token budgets vs the full-bandwidth model: report."),
+    "recipe": (RecipeConfig, run_recipe, "Study: each recipe ingredient toggled, widths, gap vs steps: report."),
     "eval": (LmEvalConfig, run_eval_lm, "Run lm-evaluation-harness tasks on a checkpoint in a decoding mode."),
     "eval-reasoning": (ReasoningConfig, run_eval_reasoning, "Study: shorter reasoning traces at equal accuracy?"),
     "eval-state": (StateTrackingConfig, run_eval_state, "Study: linear probes of the state at every depth (Fig. 7)."),

@@ -673,6 +673,12 @@ class CompareConfig:
         "passes, so passes beyond T show nothing new; at most model.max_seq_len.")
     stability_ablation: bool = doc(
         True, "Also train the 1-/2-pass-only model (schedule.pass_mix = 1.0) for the stability diagnostic.")
+    train_eval_points: int = doc(
+        0, "Validate the feedback runs this many times during training (1, 2 and 3 passes), for the gap between "
+        "fused and plain passes against training steps; 0 = only at the end.")
+    workers: int = doc(
+        1, "Training runs at a time, each in its own process with the torch threads shared out (2 on 2 cores: "
+        "small models use one core poorly). The numbers do not depend on it.")
     out_dir: str = doc("runs/compare", "Run directory: one sub-directory per training run, report.md, "
                        "results.json and the plots.")
     device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
@@ -705,7 +711,8 @@ def validate_compare_config(c: CompareConfig) -> None:
     _require(c.exact_method in EXACT_METHODS, "exact_method", c.exact_method, f"must be one of {EXACT_METHODS}")
     _require(_is_number(c.exact_tol) and c.exact_tol >= 0, "exact_tol", c.exact_tol, "must be >= 0 (0 = until exact)")
     for name, low in (("seeds", 1), ("exact_chunk_size", 1), ("exact_check_windows", 0), ("eval_windows", 1),
-                      ("eval_batch_size", 1), ("stability_passes", 1), ("stability_windows", 1)):
+                      ("eval_batch_size", 1), ("stability_passes", 1), ("stability_windows", 1),
+                      ("train_eval_points", 0), ("workers", 1)):
         value = getattr(c, name)
         _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
     if c.stability_seq_len is not None:
@@ -714,6 +721,61 @@ def validate_compare_config(c: CompareConfig) -> None:
     _require(isinstance(c.stability_ablation, bool), "stability_ablation", c.stability_ablation,
              "must be true or false")
     _require(isinstance(c.out_dir, str) and bool(c.out_dir), "out_dir", c.out_dir, "give a directory")
+
+
+# ---------------------------------------------------------------------------------------------- fullband recipe
+
+# Each ingredient of the recipe, toggled away from the compare default (the best recipe found) one at a time:
+# name -> (overrides of the compare config, whether the baseline changes too, what it tests).
+RECIPE_VARIANTS: dict[str, tuple[dict[str, Any], bool, str]] = {
+    "best": ({}, False, "the compare default: the best recipe found"),
+    "no-input-norm": ({"model.input_norm": False}, True,
+                      "plain positions take raw embeddings, only fused inputs are normalised (the old model)"),
+    "input-gain-1": ({"model.input_norm_init": 1.0}, True, "input RMSNorm gain starts at 1 instead of 0.02"),
+    "adamw": ({"optim.optimizer": "adamw", "optim.weight_decay": 0.1}, True,
+              "one AdamW (wd 0.1) instead of Muon on the hidden matrices"),
+    "late-feedback": ({"schedule.feedback_start": 0.75}, False, "feedback only in the last quarter (the paper's "
+                      "75% single-pass start)"),
+    "no-progressive": ({"schedule.two_pass_until": 0.0}, False, "3-pass batches from the first feedback step"),
+    "prefix-per-pass": ({"train.prefix_per_pass": True}, False, "a new plain prefix for every pass"),
+    "fusion-lr-x3": ({"optim.fusion_lr_mult": 3.0}, False, "3x the learning rate on the fusion"),
+    "2-pass-only": ({"schedule.pass_mix": (1.0,), "schedule.two_pass_until": 0.0}, False,
+                    "only 1- and 2-pass batches (the paper's divergent schedule)"),
+}
+RECIPE_PRESETS: dict[str, dict[str, Any]] = {
+    "default": dict(compare_preset="default", widths=(64, 256)),
+    "smoke": dict(compare_preset="smoke", widths=(16,)),
+}
+
+
+@dataclass
+class RecipeConfig:
+    """``fullband recipe``: which ingredient of the recipe moves the fused-vs-plain gap, by how much, and how the
+    gap moves with width and with feedback steps. Every run is a ``fullband compare`` run of the preset."""
+
+    preset: str = doc("default", f"One of {tuple(RECIPE_PRESETS)}: default = the compare default preset and widths "
+                      "64,256 (about an hour on 2 CPU cores); smoke = seconds (tests).")
+    compare_preset: str | None = doc(None, "The fullband compare preset every run starts from (none = the preset's).")
+    variants: tuple[str, ...] = doc(tuple(RECIPE_VARIANTS), f"Rows of the ablation, from {tuple(RECIPE_VARIANTS)}.")
+    widths: tuple[int, ...] | None = doc(
+        None, "d_model of the extra best-recipe runs (baseline and feedback at 1x) next to the preset's own width.")
+    seeds: int = doc(2, "Seeds per run: every number is a mean over them.")
+    train_eval_points: int = doc(8, "Validations during each feedback run (the gap against feedback steps).")
+    workers: int = doc(2, "Training runs at a time (see fullband compare --workers).")
+    out_dir: str = doc("runs/recipe", "Run directory: runs, report.md, results.json, plots.")
+    device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
+
+    def __post_init__(self) -> None:
+        _fill_from_preset(self, RECIPE_PRESETS)
+        self.variants, self.widths = tuple(self.variants), tuple(self.widths)
+        _require(self.compare_preset in COMPARE_PRESETS, "compare_preset", self.compare_preset,
+                 f"must be one of {tuple(COMPARE_PRESETS)}")
+        _require(len(self.variants) > 0 and all(v in RECIPE_VARIANTS for v in self.variants), "variants",
+                 self.variants, f"must be a non-empty list from {tuple(RECIPE_VARIANTS)}")
+        _require(all(_is_int(w) and w >= 8 and w % 8 == 0 for w in self.widths), "widths", self.widths,
+                 "must be integers >= 8 and divisible by 8 (4 heads of an even size)")
+        _require_ints(self, {"seeds": 1, "train_eval_points": 0, "workers": 1})
+        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
 
 
 # ---------------------------------------------------------------------------------------------- fullband eval-reasoning

@@ -72,3 +72,14 @@ def test_mean_passes_closed_form_matches_the_step_average(ramp_steps, start, sto
     steps = range(start, stop if stop is not None else 400)
     brute = sum(schedule.expected_passes(s) for s in steps) / len(steps)
     assert schedule.mean_passes(start, stop) == pytest.approx(brute, abs=1e-12)
+
+
+def test_progressive_introduction_runs_two_passes_before_deeper_ones():
+    cfg = ScheduleConfig(feedback_start=0.25, pass_mix=(0.5, 0.3, 0.2), two_pass_until=0.5)
+    schedule = FeedbackSchedule(cfg, 400, seed=2)
+    early, late = [schedule.passes_at(s) for s in range(100, 200)], [schedule.passes_at(s) for s in range(200, 400)]
+    assert set(early) == {2} and {3, 4} <= set(late)
+    assert schedule.probabilities(150) == [0.0, 1.0, 0.0, 0.0]
+    expected = (100 * 1 + 100 * 2 + 200 * (2 * 0.5 + 3 * 0.3 + 4 * 0.2)) / 400
+    assert schedule.mean_passes() == pytest.approx(expected)
+    assert schedule.mean_passes() == pytest.approx(sum(schedule.expected_passes(s) for s in range(400)) / 400)

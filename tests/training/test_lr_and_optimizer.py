@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import make_model
 
-from fullband.config import OptimConfig
+from fullband.config import ConfigError, OptimConfig
 from fullband.training import build_optimizer, lr_at
-from fullband.training.optim import decay_start, in_cooldown
+from fullband.training.optim import decay_start, in_cooldown, set_lr
 
 
 def curve(cfg: OptimConfig, total: int) -> list[float]:
@@ -61,3 +61,36 @@ def test_weight_decay_only_on_matrices_including_the_tied_embedding():
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
     assert optimizer.defaults["foreach"] is True  # CPU parameters: foreach kernel, not fused
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
+    model = make_model(dtype=torch.float32)
+    cfg = OptimConfig(optimizer="muon", lr=1e-3, muon_lr=0.02, weight_decay=0.0, fusion_lr_mult=3.0)
+    optimizer = build_optimizer(model, cfg)
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = {g["name"]: {names[id(p)] for p in g["params"]} for g in optimizer.param_groups}
+    muon = groups["muon"] | groups["muon_fusion"]
+    assert all(n.startswith(("blocks.", "fusion.")) and "norm" not in n for n in muon)
+    assert "blocks.0.attn.q_proj.weight" in groups["muon"] and "fusion.state_proj.weight" in groups["muon_fusion"]
+    assert "embed.weight" in groups["decay"]  # the embedding / head stays with AdamW
+    assert "blocks.0.attn_norm.weight" in groups["no_decay"] and "fusion.token_norm.weight" in groups["no_decay_fusion"]
+    assert sum(map(len, groups.values())) == len(list(model.parameters()))
+    set_lr(optimizer, 5e-4)  # half the peak: every group at half its own peak
+    lr = {g["name"]: g["lr"] for g in optimizer.param_groups}
+    assert lr["decay"] == pytest.approx(5e-4) and lr["no_decay_fusion"] == pytest.approx(1.5e-3)
+    assert lr["muon"] == pytest.approx(0.01) and lr["muon_fusion"] == pytest.approx(0.03)
+
+
+def test_muon_on_a_baseline_skips_the_missing_fusion():
+    optimizer = build_optimizer(make_model(feedback=False), OptimConfig(optimizer="muon"))
+    assert {g["name"] for g in optimizer.param_groups} == {"decay", "no_decay", "muon"}
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    (("input_norm",), r"'input_norm' names only 1 non-matrix tensor.*2-D matrices only"),
+    (("blocks.0.attn_norm.weight",), r"non-matrix tensor.*leave 1-D gains to AdamW"),
+    (("decoder",), r"'decoder' matches no parameter"),
+])
+def test_muon_refuses_non_matrices_and_unknown_modules(params, message):
+    with pytest.raises(ConfigError, match=message):
+        build_optimizer(make_model(), OptimConfig(optimizer="muon", muon_params=params))

@@ -44,14 +44,20 @@ def records(out: Path, kind: str = "train") -> list[dict]:
     return [{k: r[k] for k in EXACT_KEYS if k in r} for r in map(json.loads, lines) if r["kind"] == kind]
 
 
-def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path):
-    straight = make_trainer(tmp_path / "straight")
+MUON = OptimConfig(optimizer="muon", lr=3e-3, muon_lr=0.02, warmup_steps=2, schedule="cosine", fusion_lr_mult=2.0)
+
+
+@pytest.mark.parametrize("optim", [None, MUON], ids=["adamw", "muon"])
+@pytest.mark.parametrize("prefix_per_pass", [False, True])
+def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, optim, prefix_per_pass):
+    straight = make_trainer(tmp_path / "straight", optim=optim, prefix_per_pass=prefix_per_pass)
     straight.fit()
 
-    first = make_trainer(tmp_path / "resumed")
+    first = make_trainer(tmp_path / "resumed", optim=optim, prefix_per_pass=prefix_per_pass)
     first.fit(until=4)  # "interrupted" after 4 steps, with a checkpoint
     assert [s for s, _ in list_checkpoints(tmp_path / "resumed")] == [4]
-    second = make_trainer(tmp_path / "resumed", seed=123)  # different init: everything must come from the checkpoint
+    # A different init: everything must come from the checkpoint.
+    second = make_trainer(tmp_path / "resumed", seed=123, optim=optim, prefix_per_pass=prefix_per_pass)
     second.fit(resume=True)
 
     expected, got = records(tmp_path / "straight"), records(tmp_path / "resumed")

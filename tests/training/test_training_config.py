@@ -41,6 +41,13 @@ def test_default_mix_is_the_papers_overall_split():
         (TrainConfig, {"token_budget": 0}, r"token_budget=0 .*>= 1"),
         (TrainConfig, {"autocast": "fp16"}, r"autocast='fp16' .*auto"),
         (TrainConfig, {"jitter": float("nan")}, r"jitter=nan .*>= 0"),
+        (OptimConfig, {"optimizer": "sgd"}, r"optimizer='sgd' .*adamw.*muon"),
+        (OptimConfig, {"muon_lr": -1.0}, r"muon_lr=-1.0 .*> 0"),
+        (OptimConfig, {"muon_momentum": 1.0}, r"muon_momentum=1.0 .*\[0, 1\)"),
+        (OptimConfig, {"fusion_lr_mult": 0.0}, r"fusion_lr_mult=0.0 .*> 0"),
+        (OptimConfig, {"muon_params": ()}, r"muon_params=.*non-empty"),
+        (ScheduleConfig, {"two_pass_until": 1.5}, r"two_pass_until=1.5 .*\[0, 1\]"),
+        (ScheduleConfig, {"feedback_start": 0.5, "two_pass_until": 0.25}, r"two_pass_until=0.25 .*feedback_start"),
     ],
 )
 def test_bad_values_name_field_and_range(cls, kwargs, message):

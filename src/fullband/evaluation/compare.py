@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import math
+import multiprocessing
 import os
 import platform
 import shlex
 import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,7 @@ from fullband.evaluation.report import print_summary, write_report
 from fullband.evaluation.stability import stability_curve
 from fullband.model import FullBandwidthLM
 from fullband.training.run import resolve_device, run_train
+from fullband.training.trainer import METRICS_FILE
 
 FEEDBACK = "feedback"  # the full-bandwidth model with the configured (paper) schedule
 TWO_PASS = "feedback-2pass"  # the stability ablation: only 1- and 2-pass batches
@@ -44,9 +49,12 @@ class RunSpec:
     kind: str  # "baseline", FEEDBACK or TWO_PASS
     budget: float  # multiple of train.token_budget
     seed: int
+    label: str = ""  # a study's name for the run (its directory and report row); "" = from kind and budget
 
     @property
     def name(self) -> str:
+        if self.label:
+            return self.label
         return f"baseline-{self.budget:g}x" if self.kind == "baseline" else self.kind
 
 
@@ -70,16 +78,19 @@ def train_config(cfg: CompareConfig, spec: RunSpec, out_dir: Path) -> TrainRunCo
     if spec.kind == TWO_PASS:  # same start and ramp, but every multi-pass batch runs 2 passes
         schedule = ScheduleConfig(feedback_start=schedule.feedback_start, pass_mix=(1.0,),
                                   ramp_steps=schedule.ramp_steps)
+    train = dataclasses.replace(cfg.train, token_budget=round(spec.budget * cfg.train.token_budget),
+                                seed=spec.seed, eval_every=0)
+    if cfg.train_eval_points and spec.kind != "baseline":  # validation during training: the gap against steps
+        train.eval_every = max(1, math.ceil(train.total_steps() / cfg.train_eval_points))
     return TrainRunConfig(
         model=dataclasses.replace(cfg.model, feedback=spec.kind != "baseline"),
         data=cfg.data,
-        train=dataclasses.replace(cfg.train, token_budget=round(spec.budget * cfg.train.token_budget),
-                                  seed=spec.seed, eval_every=0),
+        train=train,
         optim=cfg.optim,
         schedule=schedule,
         out_dir=str(out_dir / f"seed{spec.seed}" / spec.name),
         device=cfg.device,
-        eval_passes=(1,) if spec.kind == "baseline" else (1, 2),
+        eval_passes=(1,) if spec.kind == "baseline" else (1, 2, 3),
     )
 
 
@@ -95,26 +106,67 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     save_resolved_config(cfg, out_dir / "config.toml")
     device = resolve_device(cfg.device)
-    results: dict[str, Any] = {"config": config_to_dict(cfg), "machine": machine_info(device),
+    results: dict[str, Any] = {"config": config_to_dict(cfg), "machine": machine_info(device, cfg.workers),
                                "commands": commands(cfg, out_dir), "runs": [], "stability": []}
-    specs = plan_runs(cfg)
-    for i, spec in enumerate(specs, start=1):
-        run_cfg = train_config(cfg, spec, out_dir)
-        steps = run_cfg.train.total_steps()
-        _say(progress, f"[{i}/{len(specs)}] seed {spec.seed} {spec.name}: {steps} steps, "
-             f"{steps * run_cfg.train.tokens_per_step():,} tokens -> {run_cfg.out_dir}")
-        trained = run_train(run_cfg, progress=progress)
-        record = {"name": spec.name, "kind": spec.kind, "budget": spec.budget, "seed": spec.seed,
-                  "out_dir": str(trained.out_dir), "steps": trained.steps, "tokens": trained.tokens,
-                  "token_equiv_compute": trained.token_equiv_compute, "train_seconds": trained.seconds,
-                  "final_train_loss": trained.final_loss, "validation": trained.validation}
-        evaluate_run(cfg, record, trained.model_dir, device, results["stability"], progress)
+    jobs = [(cfg, spec, out_dir) for spec in plan_runs(cfg)]
+    for record, stability in run_jobs(jobs, cfg.workers, progress):
         results["runs"].append(record)
+        results["stability"] += stability
     results["multipliers"] = multipliers(results["runs"])
     results["seconds"] = time.perf_counter() - start
     write_report(results, out_dir)
     print_summary(results)
     return results
+
+
+Job = tuple[CompareConfig, RunSpec, Path]  # the compare settings of the run, the run, the study's out_dir
+
+
+def run_jobs(jobs: list[Job], workers: int, progress: bool) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Train and evaluate every job -> (record, stability curves) in the order of ``jobs``.
+
+    ``workers > 1`` runs that many jobs at a time in fresh processes, each with the machine's threads shared out
+    (runs are deterministic functions of their configs, so the numbers do not depend on ``workers``).
+    """
+    if workers <= 1:
+        return [train_and_evaluate(job, i, len(jobs), progress) for i, job in enumerate(jobs, start=1)]
+    threads = max(1, torch.get_num_threads() // workers)
+    context = multiprocessing.get_context("spawn")  # no fork of a process whose OpenMP pool is running
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=torch.set_num_threads,
+                             initargs=(threads,)) as pool:
+        futures = [pool.submit(train_and_evaluate, job, i, len(jobs), False) for i, job in enumerate(jobs, start=1)]
+        results = []
+        for future in futures:
+            results.append(future.result())
+            _say(progress, f"finished {results[-1][0]['name']} (seed {results[-1][0]['seed']}): "
+                 f"{results[-1][0]['train_seconds']:.0f} s training")
+        return results
+
+
+def train_and_evaluate(job: Job, index: int, count: int,
+                       progress: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``fullband train`` one run of a study, then score it on the test split (and its stability curve)."""
+    cfg, spec, out_dir = job
+    run_cfg = train_config(cfg, spec, out_dir)
+    steps = run_cfg.train.total_steps()
+    print(f"[{index}/{count}] seed {spec.seed} {spec.name}: {steps} steps, "
+          f"{steps * run_cfg.train.tokens_per_step():,} tokens -> {run_cfg.out_dir}", flush=True)
+    trained = run_train(run_cfg, progress=progress)
+    record = {"name": spec.name, "kind": spec.kind, "budget": spec.budget, "seed": spec.seed,
+              "out_dir": str(trained.out_dir), "steps": trained.steps, "tokens": trained.tokens,
+              "token_equiv_compute": trained.token_equiv_compute, "train_seconds": trained.seconds,
+              "final_train_loss": trained.final_loss, "validation": trained.validation}
+    if run_cfg.train.eval_every:
+        record["validation_history"] = validation_history(trained.out_dir)
+    stability: list[dict[str, Any]] = []
+    evaluate_run(cfg, record, trained.model_dir, resolve_device(cfg.device), stability, progress)
+    return record, stability
+
+
+def validation_history(run_dir: Path) -> list[dict[str, Any]]:
+    """The validation records a run logged during training (metrics.jsonl), oldest first."""
+    lines = (run_dir / METRICS_FILE).read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") == "eval"]
 
 
 def evaluate_run(cfg: CompareConfig, record: dict[str, Any], model_dir: Path, device: torch.device,
@@ -169,13 +221,14 @@ def multipliers(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def machine_info(device: torch.device) -> dict[str, Any]:
+def machine_info(device: torch.device, workers: int = 1) -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError, StopIteration):  # Linux names the CPU model; elsewhere keep the above
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                    if line.startswith("model name"))
     info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": str(device)}
+            "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": max(1, torch.get_num_threads() // workers),
+            "workers": workers, "device": str(device)}
     if hasattr(os, "sched_getaffinity"):
         info["usable_cores"] = len(os.sched_getaffinity(0))
     threads = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ}

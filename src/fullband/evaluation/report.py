@@ -108,9 +108,10 @@ def render_markdown(results: dict[str, Any], plots: bool = True) -> str:
         "",
         f"- Model: d_model {m['d_model']}, {m['n_layers']} layers, {m['n_heads']} heads, "
         f"{_params(results)}; tokenizer `{cfg['data']['tokenizer']}`, corpus `{cfg['data']['source']}`.",
-        f"- Training: batch {t['batch_size']} x {t['seq_len']} tokens, AdamW lr {cfg['optim']['lr']:g} "
+        f"- Training: batch {t['batch_size']} x {t['seq_len']} tokens, {optimizer_text(cfg['optim'])} "
         f"({cfg['optim']['schedule']}, warmup {cfg['optim']['warmup_steps']}), {_seeds(cfg)}; the same data order, "
-        f"initialisation and optimizer for every run of a seed. Unit budget 1x = {unit:,} tokens.",
+        f"initialisation and optimizer for every run of a seed. Unit budget 1x = {unit:,} tokens. Inputs: "
+        f"{input_text(m)}.",
         f"- Baselines (`model.feedback=false`): {', '.join(f'{b:g}x' for b in cfg['budgets'])}.",
         f"- `feedback`: the full-bandwidth model at 1x with feedback_start {cfg['schedule']['feedback_start']:g} and "
         f"pass_mix {list(cfg['schedule']['pass_mix'])} for 2, 3, ... passes ({_split(cfg['schedule'])} of all "
@@ -156,6 +157,20 @@ def render_markdown(results: dict[str, Any], plots: bool = True) -> str:
     lines += ["## Commands", "", "```", cmds["command"], f"# rerun exactly: {cmds['reproduce']}",
               f"# one training run on its own: {cmds['one_run']}", "```", ""]
     return "\n".join(lines)
+
+
+def optimizer_text(optim: dict[str, Any]) -> str:
+    if optim["optimizer"] == "muon":
+        return (f"Muon lr {optim['muon_lr']:g} (wd {optim['muon_weight_decay']:g}) on the hidden matrices and AdamW "
+                f"lr {optim['lr']:g} (wd {optim['weight_decay']:g}) on the rest")
+    return f"AdamW lr {optim['lr']:g} (wd {optim['weight_decay']:g})"
+
+
+def input_text(model: dict[str, Any]) -> str:
+    if model.get("input_norm"):
+        gain = model["input_norm_init"]
+        return f"every input, plain or fused, through one input RMSNorm (gain initialised at {gain:g})"
+    return "raw embeddings at plain positions, RMS-normalised fused inputs"
 
 
 def table(results: dict[str, Any], names: Sequence[str], modes: Sequence[str], key: str) -> list[str]:

@@ -54,6 +54,8 @@ def muon_split(model: nn.Module, prefixes: tuple[str, ...]) -> tuple[list[tuple[
     chosen: list[tuple[str, nn.Parameter]] = []
     for prefix in prefixes:
         matches = [(n, p) for n, p in named if n == prefix or n.startswith(prefix.rstrip(".") + ".")]
+        if not matches and hasattr(model, prefix) and getattr(model, prefix) is None:
+            continue  # a module this model leaves out (the baseline's fusion)
         if not matches:
             raise ConfigError(f"optim.muon_params entry {prefix!r} matches no parameter; use module names such as "
                               "'blocks' or 'fusion'")
