@@ -102,3 +102,17 @@ def test_every_run_shares_everything_but_feedback_budget_and_schedule(tmp_path):
 def test_bad_values_are_rejected_by_name(overrides, message):
     with pytest.raises(ConfigError, match=message):
         build_config(CompareConfig, None, overrides)
+
+
+def test_parallel_workers_give_the_numbers_of_one_process(tmp_path):
+    from fullband.evaluation.compare import run_compare
+
+    overrides = {"budgets": (1.0, 2.0), "stability_ablation": False, "stability_passes": 3,
+                 "train_eval_points": 2}
+    results = [run_compare(preset_config("smoke", {**overrides, "workers": w, "out_dir": str(tmp_path / f"w{w}")}),
+                           progress=False) for w in (1, 2)]
+    serial, parallel = ([(r["name"], r["test"], r["validation"], r.get("validation_history")) for r in res["runs"]]
+                        for res in results)
+    assert serial == parallel  # == on floats: the same runs, bit for bit
+    assert [r["step"] for r in results[0]["runs"][-1]["validation_history"]] == [4, 9]
+    assert results[1]["machine"]["workers"] == 2

@@ -1,0 +1,56 @@
+"""``fullband recipe`` end to end at the smoke preset: every row, width and step curve, from real runs."""
+
+import json
+
+import pytest
+
+from fullband.cli import main
+from fullband.config import RECIPE_VARIANTS, ConfigError, RecipeConfig
+
+
+def test_smoke_study_writes_every_row_width_and_curve(tmp_path, capsys):
+    out = tmp_path / "recipe"
+    argv = ["recipe", "--preset", "smoke", "--out_dir", str(out), "--seeds", "1", "--workers", "1",
+            "--variants", "best,no-input-norm,2-pass-only", "--widths", "16", "--train_eval_points", "2"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "fused(1)-vs-standard gap" in printed and "report:" in printed
+    results = json.loads((out / "results.json").read_text())
+    names = {r["name"] for r in results["runs"]}
+    assert names == {"baseline-1x", "baseline-1.5x", "baseline-2x", "best", "no-input-norm", "baseline-no-input-norm",
+                     "2-pass-only", "baseline-d16", "best-d16"}
+    runs = {r["name"]: r for r in results["runs"]}
+    # The toggled ingredient really changed the run, and only the paired variant got its own baseline.
+    assert runs["no-input-norm"]["test"]["standard"]["loss"] != runs["best"]["test"]["standard"]["loss"]
+    variants = results["variants"]
+    assert variants["no-input-norm"]["reference"] == "baseline-no-input-norm"
+    assert variants["2-pass-only"]["reference"] == "baseline-1x"
+    gap = variants["best"]["modes"]["fused1"]["gap_to_baseline"][0]
+    expected = runs["best"]["test"]["fused1"]["loss"] - runs["baseline-1x"]["test"]["standard"]["loss"]
+    assert gap == pytest.approx(expected, abs=1e-12)
+    assert variants["best"]["loss_after_passes"]["passes"] == 20
+    assert set(results["widths"]) == {"16", "32"}
+    assert results["widths"]["16"]["parameters"] < results["widths"]["32"]["parameters"]
+    assert [s["step"] for s in results["steps"]] == [5, 10]
+    for name in ("report.md", "gap_by_variant.png", "gap_vs_width.png", "gap_vs_steps.png", "config.toml"):
+        assert (out / name).stat().st_size > 0, name
+    report = (out / "report.md").read_text()
+    assert "## Verdict" in report and "`2-pass-only`" in report and "| 16 |" in report
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"variants": ("best", "bigger")}, r"variants=.*must be a non-empty list from"),
+    ({"widths": (60,)}, r"widths=.*divisible by 8"),
+    ({"compare_preset": "huge"}, r"compare_preset='huge'"),
+    ({"seeds": 0}, r"seeds=0 .*>= 1"),
+])
+def test_bad_settings_name_the_field(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        RecipeConfig(**kwargs)
+
+
+def test_every_variant_is_a_valid_compare_config():
+    from fullband.evaluation.compare import preset_config
+
+    for overrides, _, _ in RECIPE_VARIANTS.values():
+        preset_config("default", dict(overrides))  # raises on a key or value compare does not accept
