@@ -21,10 +21,13 @@ def make_model(seed: int = 0, dtype: torch.dtype = torch.float64, **overrides) -
     return model.to(dtype).eval()
 
 
-@pytest.fixture(params=[True, False], ids=["input_norm", "legacy_inputs"])
+@pytest.fixture(params=[(True, "own"), (True, "shared"), (False, "own")],
+                ids=["input_norm", "shared_gate_norm", "legacy_inputs"])
 def model(request) -> FullBandwidthLM:
-    """The tiny model with the input norm of DESIGN.md §1 (the default) and without it (older checkpoints)."""
-    return make_model(input_norm=request.param)
+    """The tiny model with the input norm of DESIGN.md §1 (the default; the gate with its own norm or the input
+    norm) and without it (older checkpoints)."""
+    input_norm, gate_norm = request.param
+    return make_model(input_norm=input_norm, gate_norm=gate_norm)
 
 
 @pytest.fixture
@@ -44,12 +47,14 @@ def formula_input(model: FullBandwidthLM, e: torch.Tensor, prev_state: torch.Ten
 
         plain:  u = RMSNorm_in(e)                    (raw e for a checkpoint without the input norm)
         fused:  x = (W_U h_{t-1}) * sigmoid(W_G RMSNorm_e(e)),  u = RMSNorm_in(x)
+                (RMSNorm_e = RMSNorm_in with gate_norm="shared")
     """
     eps = model.config.norm_eps
     if prev_state is None:
         return rms_norm(e, model.input_norm.weight, eps) if model.config.input_norm else e
     f = model.fusion
-    gate = torch.sigmoid(rms_norm(e, f.token_norm.weight, eps) @ f.gate_proj.weight.T)
+    gate_gain = model.input_norm.weight if model.config.gate_norm == "shared" else f.token_norm.weight
+    gate = torch.sigmoid(rms_norm(e, gate_gain, eps) @ f.gate_proj.weight.T)
     x = (prev_state @ f.state_proj.weight.T) * gate
     gain = model.input_norm.weight if model.config.input_norm else f.out_norm.weight
     return rms_norm(x, gain, eps)

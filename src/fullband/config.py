@@ -25,6 +25,7 @@ def doc(default: Any, help: str, **kwargs: Any) -> Any:
 
 FEEDBACK_SOURCES = ("residual", "normed")
 FUSIONS = ("glu_cross",)
+GATE_NORMS = ("own", "shared")
 
 
 @dataclass
@@ -56,6 +57,11 @@ class ModelConfig:
         0.02,
         "Initial gain of the input RMSNorm (input_norm=true). 0.02 starts plain and fused inputs at the scale of "
         "the embeddings' init (init_std); 1 starts them at unit RMS.",
+    )
+    gate_norm: str = doc(
+        "own",
+        "Norm of the token embedding the fusion's gate reads: 'own' = its own RMSNorm (gain init 1), 'shared' = the "
+        "input RMSNorm (the paper's `glu_cross(h, input_rmsnorm(e))`; needs input_norm=true).",
     )
     feedback_source: str = doc(
         "residual",
@@ -140,6 +146,9 @@ def validate_model_config(c: ModelConfig) -> None:
     for name in ("tie_embeddings", "feedback", "input_norm"):
         _require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
     _require(c.fusion in FUSIONS, "fusion", c.fusion, f"must be one of {FUSIONS}")
+    _require(c.gate_norm in GATE_NORMS, "gate_norm", c.gate_norm, f"must be one of {GATE_NORMS}")
+    _require(c.gate_norm == "own" or c.input_norm, "gate_norm", c.gate_norm,
+             "'shared' reads the input RMSNorm, so it needs input_norm=true")
     source = c.feedback_source
     if isinstance(source, str) and source.startswith("layer:"):
         n = source.split(":", 1)[1]

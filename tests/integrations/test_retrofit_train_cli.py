@@ -107,11 +107,15 @@ def test_train_retrofitted_gpt2_then_generate(hf_dir, text_file, tmp_path, capsy
     assert isinstance(model, RetrofittedLM) and model.config.feedback_source == 1
     assert not model.training and model.config.base_architecture == "GPT2LMHeadModel"
     capsys.readouterr()
+    tokenizer = load_tokenizer(model_dir)
     for mode in ("soft", "exact"):
         assert main(["generate", "--checkpoint", str(model_dir), "--prompt", "The king", "--max_new_tokens", "6",
                      "--mode", mode]) == 0
         printed = capsys.readouterr().out
-        assert printed.startswith("The king") and len(printed.strip()) > len("The king")
+        ids = model.generate(tokenizer.encode("The king"), max_new_tokens=6, mode=mode,
+                             stop_token_ids=[tokenizer.eos_id])
+        assert len(ids) > len(tokenizer.encode("The king"))
+        assert printed == tokenizer.decode(ids) + "\n"  # the command prints exactly the model's decoding
 
 
 def test_sft_fine_tune_with_three_passes(hf_dir, tmp_path):

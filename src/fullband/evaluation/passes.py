@@ -42,7 +42,7 @@ def iterate_passes(model: FullBandwidthLM, tokens: torch.Tensor, max_passes: int
     emb = model.embed(tokens)  # (B, T, D)
     carried: torch.Tensor | None = None
     for k in range(1, max_passes + 1):
-        inputs = pass_inputs(model.fusion, emb, fused, carried, None)
+        inputs = pass_inputs(model.fuse, emb, fused, carried, None)
         hidden, normed = model.run_stack(inputs, positions)
         yield PassStep(k, hidden, carried, model.lm_head(normed))
         if model.fusion is None:

@@ -30,7 +30,9 @@ def residual_stream(model: FullBandwidthLM, tokens: torch.Tensor, passes: int | 
         # The exact states are a fixed point: one more pass from them reproduces them.
         carried = previous.hidden
     fused = fused_positions(1, B, T, 0, tokens.device)
-    x = pass_inputs(model.fusion, model.embed(tokens), fused, carried, None)  # (B, T, D)
+    x = pass_inputs(model.fuse, model.embed(tokens), fused, carried, None)  # (B, T, D)
+    if getattr(model, "input_norm", None) is not None:  # depth 0 is what the first block sees
+        x = model.input_norm(x)
     positions = torch.arange(T, device=tokens.device).expand(B, T)
     rope = rope_angles(positions, model.inv_freq, x.dtype)
     states = [x]

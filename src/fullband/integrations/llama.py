@@ -1,13 +1,16 @@
 """Conversion between a baseline fullband model (``feedback=False``) and ``LlamaForCausalLM``, both ways.
 
 The baseline is a Llama: pre-norm RMSNorm, rotate-half RoPE, grouped-query attention without biases, SwiGLU
-MLP. The tensors map one to one (same shapes, same layout); only the names and the config keys differ.
+MLP. The tensors map one to one (same shapes, same layout); only the names and the config keys differ. The
+input RMSNorm of a native model (``input_norm``) is a function of the token id alone, so ``to_llama`` folds it
+into the embedding table (the head then keeps the unnormalised table, untied); a Llama comes back without it.
 """
 
 from __future__ import annotations
 
 import re
 
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fullband.config import ModelConfig
@@ -47,7 +50,7 @@ def llama_config(config: ModelConfig) -> LlamaConfig:
         max_position_embeddings=config.max_seq_len,
         rope_theta=config.rope_theta,
         rms_norm_eps=config.norm_eps,
-        tie_word_embeddings=config.tie_embeddings,
+        tie_word_embeddings=config.tie_embeddings and not config.input_norm,  # folded norm: untied
         initializer_range=config.init_std,
         hidden_act="silu",
         attention_bias=False,
@@ -84,13 +87,18 @@ def model_config(llama: LlamaConfig) -> ModelConfig:
         tie_embeddings=bool(llama.tie_word_embeddings),
         init_std=llama.initializer_range,
         feedback=False,
+        input_norm=False,  # a Llama feeds its raw embeddings
     )
 
 
 def to_llama(model: FullBandwidthLM) -> LlamaForCausalLM:
     """A ``LlamaForCausalLM`` computing the same logits as the baseline ``model`` (same dtype and device)."""
     llama = LlamaForCausalLM(llama_config(model.config))
-    state = {llama_name(name): tensor for name, tensor in model.state_dict().items()}
+    state = {llama_name(name): tensor for name, tensor in model.state_dict().items() if name != "input_norm.weight"}
+    if model.input_norm is not None:
+        with torch.no_grad():  # every row of the table normalised as the stack would normalise that token's input
+            state["model.embed_tokens.weight"] = model.input_norm(model.embed.weight).clone()
+        state["lm_head.weight"] = model.lm_head.weight
     llama.load_state_dict(state, strict=True)
     p = model.embed.weight
     return llama.to(device=p.device, dtype=p.dtype).train(model.training)

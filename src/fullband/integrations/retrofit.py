@@ -88,6 +88,11 @@ class RetrofittedLM(nn.Module):
     # ------------------------------------------------------------------ the pretrained network
 
     @property
+    def fuse(self) -> LatentFusion:
+        """The fusion as the pass loop calls it (its own gate norm and RMSNorm_in)."""
+        return self.fusion
+
+    @property
     def embed(self) -> nn.Embedding:
         return self.base.get_input_embeddings()
 

@@ -34,17 +34,21 @@ class LatentFusion(nn.Module):
         starts it at its embeddings' RMS, so fused inputs begin at the scale its plain inputs have).
         """
         super().__init__()
+        own_gate_norm = True
         if cfg is not None:
             d_model, norm_eps, out_norm = cfg.d_model, cfg.norm_eps, not cfg.input_norm
+            own_gate_norm = cfg.gate_norm == "own"
         if d_model is None:
             raise ValueError("LatentFusion needs a ModelConfig or d_model")
-        self.token_norm = RMSNorm(d_model, norm_eps)  # RMSNorm_e
+        # RMSNorm_e; None when the gate shares the model's input norm (the caller passes normalised embeddings).
+        self.token_norm = RMSNorm(d_model, norm_eps) if own_gate_norm else None
         self.gate_proj = nn.Linear(d_model, d_model, bias=False)  # W_G
         self.state_proj = nn.Linear(d_model, d_model, bias=False)  # W_U
         self.out_norm = RMSNorm(d_model, norm_eps, init=out_gain) if out_norm else None  # RMSNorm_in
 
     def forward(self, token_emb: torch.Tensor, prev_state: torch.Tensor) -> torch.Tensor:
         """token_emb e_t and prev_state h_{t-1}, both (..., D) -> fused input (..., D)."""
-        gate = torch.sigmoid(self.gate_proj(self.token_norm(token_emb)))
+        gate_input = self.token_norm(token_emb) if self.token_norm is not None else token_emb
+        gate = torch.sigmoid(self.gate_proj(gate_input))
         fused = self.state_proj(prev_state) * gate
         return self.out_norm(fused) if self.out_norm is not None else fused

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,16 @@ class FullBandwidthLM(nn.Module):
             carried = normed
         return carried, normed
 
+    @property
+    def fuse(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+        """(e_t, h_{t-1}) -> the fused input x_t (the stack normalises it), as the pass loop calls it; None for
+        the baseline."""
+        if self.fusion is None:
+            return None
+        if self.fusion.token_norm is None:  # gate_norm="shared": the gate reads RMSNorm_in(e_t)
+            return lambda token_emb, prev_state: self.fusion(self.input_norm(token_emb), prev_state)
+        return self.fusion
+
     # ------------------------------------------------------------------ forward
 
     def forward(
@@ -132,7 +142,7 @@ class FullBandwidthLM(nn.Module):
                 f"carried_state must have shape {(B, self.config.d_model)}, got {tuple(carried_state.shape)}"
             )
         out = run_passes(
-            lambda inputs: self.run_stack(inputs, positions, mask, cache), self.lm_head, self.fusion,
+            lambda inputs: self.run_stack(inputs, positions, mask, cache), self.lm_head, self.fuse,
             self.embed(tokens), fused, passes, labels=labels, carried_state=carried_state, tol=tol, jitter=jitter,
             detach_passes=detach_passes, feedback_weight=feedback_weight, logits_to_keep=logits_to_keep,
         )

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 IGNORE_INDEX = -100
 
 PlainPrefix = int | torch.Tensor  # int, one value per row (B,), or per pass and row (K, B) (training only)
 Stack = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # inputs u -> (carried h, head input)
+Fuse = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (e_t, h_{t-1}) -> fused input
 
 
 @dataclass
@@ -35,7 +35,7 @@ class LMOutput:
 def run_passes(
     stack: Stack,
     head: Callable[[torch.Tensor], torch.Tensor],
-    fusion: nn.Module | None,
+    fusion: Fuse | None,
     emb: torch.Tensor,  # (B, T, D) token embeddings e_t
     fused: torch.Tensor,  # (B, T) bool: positions at or past plain_prefix; (K, B, T) for one per pass
     passes: int,
@@ -84,7 +84,7 @@ def run_passes(
 
 
 def pass_inputs(
-    fusion: nn.Module | None,
+    fusion: Fuse | None,
     emb: torch.Tensor,  # (B, T, D)
     fused: torch.Tensor,  # (B, T)
     carried: torch.Tensor | None,  # (B, T, D) previous pass's states; None in pass 1
