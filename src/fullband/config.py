@@ -251,6 +251,11 @@ class ScheduleConfig:
         "Fraction of all training steps after which multi-pass batches start; before it every batch is "
         "single-pass. 0 = feedback from the first step (fine-tuning), 1 = never.",
     )
+    feedback_end: float = doc(
+        1.0,
+        "Fraction of all training steps at which multi-pass batches stop (1 = at the end of the run): a value "
+        "below 1 places the feedback phase before a single-pass finish, independently of the LR cool-down.",
+    )
     pass_mix: tuple[float, ...] = doc(
         (0.88, 0.12),
         "Probabilities of 2, 3, ... passes per batch after feedback_start (must sum to 1). The default "
@@ -394,6 +399,10 @@ def _is_number(value: Any) -> bool:
 def validate_schedule_config(c: ScheduleConfig) -> None:
     _require(_is_number(c.feedback_start) and 0 <= c.feedback_start <= 1, "feedback_start", c.feedback_start,
              "must be a fraction of the run in [0, 1]")
+    _require(_is_number(c.feedback_end) and 0 <= c.feedback_end <= 1, "feedback_end", c.feedback_end,
+             "must be a fraction of the run in [0, 1]: the feedback phase cannot outlast the run")
+    _require(c.feedback_start == 1 or c.feedback_end > c.feedback_start, "feedback_end", c.feedback_end,
+             f"must be after feedback_start={c.feedback_start}: the feedback phase needs at least one step")
     mix = c.pass_mix
     _require(isinstance(mix, (list, tuple)) and len(mix) >= 1 and all(_is_number(x) and 0 <= x <= 1 for x in mix),
              "pass_mix", mix, "must be a non-empty list of probabilities in [0, 1] for 2, 3, ... passes")

@@ -83,3 +83,13 @@ def test_progressive_introduction_runs_two_passes_before_deeper_ones():
     expected = (100 * 1 + 100 * 2 + 200 * (2 * 0.5 + 3 * 0.3 + 4 * 0.2)) / 400
     assert schedule.mean_passes() == pytest.approx(expected)
     assert schedule.mean_passes() == pytest.approx(sum(schedule.expected_passes(s) for s in range(400)) / 400)
+
+
+def test_feedback_phase_can_end_before_the_run_does():
+    cfg = ScheduleConfig(feedback_start=0.25, feedback_end=0.75, pass_mix=(1.0,))
+    schedule = FeedbackSchedule(cfg, 400, seed=0)
+    passes = [schedule.passes_at(s) for s in range(400)]
+    assert set(passes[:100]) == {1} and set(passes[100:300]) == {2} and set(passes[300:]) == {1}
+    assert schedule.mean_passes() == pytest.approx(1.5)
+    assert schedule.mean_passes(250, 350) == pytest.approx(sum(schedule.expected_passes(s) for s in range(250, 350))
+                                                           / 100)

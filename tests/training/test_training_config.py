@@ -47,6 +47,8 @@ def test_default_mix_is_the_papers_overall_split():
         (OptimConfig, {"fusion_lr_mult": 0.0}, r"fusion_lr_mult=0.0 .*> 0"),
         (OptimConfig, {"muon_params": ()}, r"muon_params=.*non-empty"),
         (ScheduleConfig, {"two_pass_until": 1.5}, r"two_pass_until=1.5 .*\[0, 1\]"),
+        (ScheduleConfig, {"feedback_end": 1.2}, r"feedback_end=1.2 .*cannot outlast the run"),
+        (ScheduleConfig, {"feedback_start": 0.5, "feedback_end": 0.5}, r"feedback_end=0.5 .*after feedback_start"),
         (ScheduleConfig, {"feedback_start": 0.5, "two_pass_until": 0.25}, r"two_pass_until=0.25 .*feedback_start"),
     ],
 )

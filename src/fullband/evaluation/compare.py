@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from fullband.config import CompareConfig, ConfigError, ScheduleConfig, TrainRunConfig
+from fullband.config import CompareConfig, ConfigError, TrainRunConfig
 from fullband.configio import build_config, config_to_dict, save_resolved_config
 from fullband.data import eval_windows, load_tokenizer, load_tokens
 from fullband.evaluation.multiplier import tokens_to_match
@@ -75,9 +75,8 @@ def plan_runs(cfg: CompareConfig) -> list[RunSpec]:
 def train_config(cfg: CompareConfig, spec: RunSpec, out_dir: Path) -> TrainRunConfig:
     """The ``fullband train`` configuration of one run: only feedback, budget, seed and schedule differ."""
     schedule = cfg.schedule
-    if spec.kind == TWO_PASS:  # same start and ramp, but every multi-pass batch runs 2 passes
-        schedule = ScheduleConfig(feedback_start=schedule.feedback_start, pass_mix=(1.0,),
-                                  ramp_steps=schedule.ramp_steps)
+    if spec.kind == TWO_PASS:  # the same phase and ramp, but every multi-pass batch runs 2 passes
+        schedule = dataclasses.replace(schedule, pass_mix=(1.0,), two_pass_until=0.0)
     train = dataclasses.replace(cfg.train, token_budget=round(spec.budget * cfg.train.token_budget),
                                 seed=spec.seed, eval_every=0)
     if cfg.train_eval_points and spec.kind != "baseline":  # validation during training: the gap against steps

@@ -1,9 +1,9 @@
 """The feedback schedule: how many passes the batch of each training step runs (DESIGN.md §3).
 
-Single-pass batches until ``feedback_start``; after it each step draws its pass count from ``pass_mix``
-(2, 3, ... passes), optionally ramping the multi-pass share in linearly, and optionally introducing the passes
-progressively: until ``two_pass_until`` every multi-pass batch runs 2 passes. The draw depends only on
-``(seed, step)``, so a resumed run or another process sees the same pass count for a step without any
+Single-pass batches until ``feedback_start`` and from ``feedback_end`` on; in between each step draws its pass
+count from ``pass_mix`` (2, 3, ... passes), optionally ramping the multi-pass share in linearly, and optionally
+introducing the passes progressively: until ``two_pass_until`` every multi-pass batch runs 2 passes. The draw
+depends only on ``(seed, step)``, so a resumed run or another process sees the same pass count for a step without any
 state to carry.
 """
 
@@ -26,19 +26,20 @@ class FeedbackSchedule:
         self.seed = seed
         self.feedback = feedback
         self.start_step = round(cfg.feedback_start * total_steps)  # first step that may run several passes
+        self.end_step = round(cfg.feedback_end * total_steps)  # first single-pass step after the feedback phase
         self.deep_step = round(cfg.two_pass_until * total_steps)  # first step that may run more than 2
 
     @property
     def max_passes(self) -> int:
         """Largest pass count the schedule can draw."""
-        if not self.feedback or self.start_step >= self.total_steps:
+        if not self.feedback or self.start_step >= min(self.end_step, self.total_steps):
             return 1
         nonzero = [k for k, prob in enumerate(self.cfg.pass_mix, start=2) if prob > 0]
         return max(nonzero, default=1)
 
     def multipass_share(self, step: int) -> float:
         """Probability that ``step`` runs more than one pass (0 before the start, ramping to 1)."""
-        if not self.feedback or step < self.start_step:
+        if not self.feedback or step < self.start_step or step >= self.end_step:
             return 0.0
         if self.cfg.ramp_steps == 0:
             return 1.0
@@ -95,7 +96,7 @@ class FeedbackSchedule:
         """Sum of multipass_share over [start, stop) in closed form (runs may have millions of steps)."""
         if not self.feedback:
             return 0.0
-        lo = max(start, self.start_step)
+        lo, stop = max(start, self.start_step), min(stop, self.end_step)
         if stop <= lo:
             return 0.0
         ramp = self.cfg.ramp_steps
@@ -112,4 +113,5 @@ class FeedbackSchedule:
         """What determines the schedule (it keeps no state between steps); stored in checkpoints."""
         return {"seed": self.seed, "total_steps": self.total_steps, "feedback": self.feedback,
                 "feedback_start": self.cfg.feedback_start, "pass_mix": list(self.cfg.pass_mix),
-                "ramp_steps": self.cfg.ramp_steps, "two_pass_until": self.cfg.two_pass_until}
+                "ramp_steps": self.cfg.ramp_steps, "two_pass_until": self.cfg.two_pass_until,
+                "feedback_end": self.cfg.feedback_end}
