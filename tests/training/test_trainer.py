@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_model
+from test_training_metrics import tensorboard_scalars
 
 from fullband.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training import CheckpointWarning, NonFiniteLossError, Trainer, TrainingError, loss_eval
@@ -133,6 +134,10 @@ def test_metrics_log_and_validation(tmp_path):
     evals = [r for r in lines if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [1, 3]
     assert set(evals[0]) == {"kind", "step", "val_loss_1pass", "val_loss_3pass"}
+    # TensorBoard (a dev extra) mirrors the log.
+    shown = tensorboard_scalars(tmp_path / "tensorboard")
+    assert shown["train/loss"] == [(r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in train]
+    assert shown["eval/val_loss_3pass"] == [(r["step"], pytest.approx(r["val_loss_3pass"], rel=1e-6)) for r in evals]
 
 
 def test_a_tiny_model_learns_a_repeating_sequence(tmp_path):
