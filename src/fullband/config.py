@@ -638,6 +638,7 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
         "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 64},
         "train": {"token_budget": 1280, "batch_size": 4, "seq_len": 32, "eval_batches": 1},
         "optim": {"lr": 3e-3, "warmup_steps": 2},
+        "budgets": [1.0, 1.5, 2.0], "seeds": 1, "workers": 1, "stability_ablation": True,
         "eval_windows": 8, "eval_batch_size": 8, "stability_windows": 4, "stability_passes": 20,
     },
     "gpu": {  # one GPU, minutes; about one epoch of the Shakespeare train split at the largest budget
@@ -665,13 +666,16 @@ class CompareConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
         token_budget=512_000, batch_size=16, seq_len=128, eval_batches=4, checkpoint_every=0))  # 250 steps at 1x
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=25))
-    schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig())
+    # The best recipe found by `fullband recipe` (docs/results/recipe): Muon on the hidden matrices with a 3x
+    # learning rate on the fusion, the input norm (ModelConfig's default), feedback from the first step.
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(
+        optimizer="muon", lr=1e-3, muon_lr=0.02, muon_weight_decay=0.01, fusion_lr_mult=3.0, warmup_steps=25))
+    schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(feedback_start=0.0))
     budgets: tuple[float, ...] = doc(
-        (1.0, 1.5, 2.0), "Baseline token budgets as multiples of train.token_budget (the unit, 1x); the "
+        (0.5, 1.0, 1.5), "Baseline token budgets as multiples of train.token_budget (the unit, 1x); the "
         "full-bandwidth models train to 1x. At least two, so the baseline's loss-vs-tokens curve can be fitted. "
         "(Each run sets model.feedback and its own budget itself; train.max_steps and train.eval_every are unused.)")
-    seeds: int = doc(1, "Repeat every run with seeds train.seed, train.seed+1, ...; >1 reports mean ± sd.")
+    seeds: int = doc(2, "Repeat every run with seeds train.seed, train.seed+1, ...; >1 reports mean ± sd.")
     fused_passes: tuple[int, ...] = doc(
         (1, 2, 4), "Fused prefill modes to evaluate: k extra fused passes over each window (standard = 0).")
     exact_method: str = doc(
@@ -690,12 +694,12 @@ class CompareConfig:
         None, "Stability diagnostic window length; none = train.seq_len. A window of T tokens is exact after T "
         "passes, so passes beyond T show nothing new; at most model.max_seq_len.")
     stability_ablation: bool = doc(
-        True, "Also train the 1-/2-pass-only model (schedule.pass_mix = 1.0) for the stability diagnostic.")
+        False, "Also train the 1-/2-pass-only model (schedule.pass_mix = 1.0) for the stability diagnostic.")
     train_eval_points: int = doc(
         0, "Validate the feedback runs this many times during training (1, 2 and 3 passes), for the gap between "
         "fused and plain passes against training steps; 0 = only at the end.")
     workers: int = doc(
-        1, "Training runs at a time, each in its own process with the torch threads shared out (2 on 2 cores: "
+        2, "Training runs at a time, each in its own process with the torch threads shared out (2 on 2 cores: "
         "small models use one core poorly). The numbers do not depend on it.")
     out_dir: str = doc("runs/compare", "Run directory: one sub-directory per training run, report.md, "
                        "results.json and the plots.")
@@ -749,19 +753,21 @@ RECIPE_VARIANTS: dict[str, tuple[dict[str, Any], bool, str]] = {
     "best": ({}, False, "the compare default: the best recipe found"),
     "no-input-norm": ({"model.input_norm": False}, True,
                       "plain positions take raw embeddings, only fused inputs are normalised (the old model)"),
-    "input-gain-1": ({"model.input_norm_init": 1.0}, True, "input RMSNorm gain starts at 1 instead of 0.02"),
-    "adamw": ({"optim.optimizer": "adamw", "optim.weight_decay": 0.1}, True,
-              "one AdamW (wd 0.1) instead of Muon on the hidden matrices"),
-    "late-feedback": ({"schedule.feedback_start": 0.75}, False, "feedback only in the last quarter (the paper's "
-                      "75% single-pass start)"),
-    "no-progressive": ({"schedule.two_pass_until": 0.0}, False, "3-pass batches from the first feedback step"),
+    "input-gain-1": ({"model.input_norm_init": 1.0}, True, "the input norm's gain starts at 1 instead of 0.02"),
+    "shared-gate-norm": ({"model.gate_norm": "shared"}, False, "the gate reads the input norm (the paper's "
+                         "glu_cross(h, input_rmsnorm(e))) instead of its own RMSNorm"),
+    "adamw": ({"optim.optimizer": "adamw"}, True, "AdamW (wd 0.1) on the hidden matrices too, instead of Muon"),
+    "fusion-lr-x1": ({"optim.fusion_lr_mult": 1.0}, False, "the fusion at the learning rate of the rest"),
+    "late-feedback": ({"schedule.feedback_start": 0.75}, False,
+                      "feedback only in the last quarter (the paper's 75% single-pass start)"),
+    "progressive": ({"schedule.two_pass_until": 0.5}, False, "only 2-pass batches in the first half"),
     "prefix-per-pass": ({"train.prefix_per_pass": True}, False, "a new plain prefix for every pass"),
-    "fusion-lr-x3": ({"optim.fusion_lr_mult": 3.0}, False, "3x the learning rate on the fusion"),
-    "2-pass-only": ({"schedule.pass_mix": (1.0,), "schedule.two_pass_until": 0.0}, False,
+    "single-pass-finish": ({"schedule.feedback_end": 0.8}, False, "the last 20% of the steps single-pass"),
+    "2-pass-only": ({"schedule.pass_mix": (1.0,)}, False,
                     "only 1- and 2-pass batches (the paper's divergent schedule)"),
 }
 RECIPE_PRESETS: dict[str, dict[str, Any]] = {
-    "default": dict(compare_preset="default", widths=(64, 256)),
+    "default": dict(compare_preset="default", widths=(64, 256), eval_windows=128),
     "smoke": dict(compare_preset="smoke", widths=(16,)),
 }
 
@@ -778,6 +784,7 @@ class RecipeConfig:
     widths: tuple[int, ...] | None = doc(
         None, "d_model of the extra best-recipe runs (baseline and feedback at 1x) next to the preset's own width.")
     seeds: int = doc(2, "Seeds per run: every number is a mean over them.")
+    eval_windows: int | None = doc(None, "Test windows per model (none = the compare preset's).")
     train_eval_points: int = doc(8, "Validations during each feedback run (the gap against feedback steps).")
     workers: int = doc(2, "Training runs at a time (see fullband compare --workers).")
     out_dir: str = doc("runs/recipe", "Run directory: runs, report.md, results.json, plots.")
@@ -793,6 +800,8 @@ class RecipeConfig:
         _require(all(_is_int(w) and w >= 8 and w % 8 == 0 for w in self.widths), "widths", self.widths,
                  "must be integers >= 8 and divisible by 8 (4 heads of an even size)")
         _require_ints(self, {"seeds": 1, "train_eval_points": 0, "workers": 1})
+        if self.eval_windows is not None:
+            _require_ints(self, {"eval_windows": 1})
         _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
 
 

@@ -7,13 +7,13 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"  # set before datasets is imported: it r
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import json
-import math
 
 import pytest
 import torch
 from conftest import make_model
 from lm_eval.api.instance import Instance
 
+from fullband import FullBandwidthLM
 from fullband.cli import main
 from fullband.data import ByteTokenizer
 from fullband.evaluation.continuation import score_continuations
@@ -53,24 +53,27 @@ def requests(kind, args):
 
 
 def direct(model, mode, context, continuation):
-    """log p(continuation | context) from the model's own forwards (no adapter code)."""
-    seq = torch.tensor([context + continuation])
+    """log p(continuation | context) from the model's own forwards (no adapter code).
+
+    The model reads context + continuation[:-1] (the last token is only scored), as the adapter does."""
+    inputs = torch.tensor([context + continuation[:-1]])
     n = len(context)
     if mode == "standard":
-        logits = model(seq).logits
+        logits = model(inputs).logits
     elif mode == "soft":  # context plain, everything after it fully recurrent
-        logits = model.forward_exact(seq, plain_prefix=n).logits
+        logits = model.forward_exact(inputs, plain_prefix=n).logits
     elif mode == "exact":
-        logits = model.forward_exact(seq, plain_prefix=1).logits
+        logits = model.forward_exact(inputs, plain_prefix=1).logits
     else:  # fused: teacher-forced fused decoding, one token at a time
         ids, mask = left_pad([context])
-        state = prefill(model, ids, mask, "fused", len(seq[0]), prefill_passes=2)
+        state = prefill(model, ids, mask, "fused", inputs.shape[1], prefill_passes=2)
         total = 0.0
-        for token in continuation:
+        for i, token in enumerate(continuation):
             total += torch.log_softmax(state.next_logits[0], -1)[token].item()
-            decode_step(model, state, torch.tensor([token]))
+            if i < len(continuation) - 1:
+                decode_step(model, state, torch.tensor([token]))
         return total
-    logprobs = torch.log_softmax(logits[0, n - 1 : -1], -1)
+    logprobs = torch.log_softmax(logits[0, n - 1 :], -1)
     return logprobs.gather(1, torch.tensor(continuation)[:, None]).sum().item()
 
 
@@ -113,16 +116,22 @@ def test_batched_scores_equal_one_by_one_and_keep_the_request_order(checkpoint):
     assert [b[0] for b in batched] == pytest.approx([s[0] for s in single], abs=1e-9)
 
 
-@pytest.mark.parametrize("mode", ["standard", "soft"])
+@pytest.mark.parametrize("mode", MODES)
 def test_loglikelihood_rolling_scores_every_token_once(checkpoint, mode):
     lm = adapter(checkpoint, mode)
-    short, long = "Hello world", "abcdefghij" * 10  # the long one spans several 48-token windows
-    rolled = lm.loglikelihood_rolling(requests("loglikelihood_rolling", [(short,), (long,)]))
-    eos = ByteTokenizer.eos_id
-    # One window: context = end-of-text, continuation = the document; soft then makes all of it recurrent.
-    expected = direct(lm.model, "standard" if mode == "standard" else "exact", [eos], list(short.encode()))
-    assert rolled[0] == pytest.approx(expected, abs=1e-9)
-    assert math.isfinite(rolled[1]) and rolled[1] < 0
+    short = "Hello world"
+    doc = "".join(chr(33 + (7 * i) % 94) for i in range(100))  # 100 byte tokens, no repeating period < 94
+    rolled = lm.loglikelihood_rolling(requests("loglikelihood_rolling", [(short,), (doc,)]))
+    eos, ids = ByteTokenizer.eos_id, ByteTokenizer().encode(doc)
+    assert len(ids) == 100
+    # One window: context = end-of-text, continuation = the document.
+    assert rolled[0] == pytest.approx(direct(lm.model, mode, [eos], list(short.encode())), abs=1e-9)
+    # max_seq_len = 48: lm-eval's disjoint windows predict tokens 0..47 (after end-of-text), 48..95 (after token
+    # 47) and 96..99 (after as many earlier tokens as fit), each token exactly once.
+    windows = [([eos], ids[:48]), (ids[47:48], ids[48:96]), (ids[51:96], ids[96:])]
+    assert [t for _, continuation in windows for t in continuation] == ids
+    expected = sum(direct(lm.model, mode, context, continuation) for context, continuation in windows)
+    assert rolled[1] == pytest.approx(expected, abs=1e-9)
 
 
 @pytest.mark.parametrize("mode", ["soft", "exact"])
@@ -191,11 +200,18 @@ def test_eval_lm_runs_a_local_5_shot_task_offline(checkpoint, task_dir, tmp_path
     assert "fb_add_mc" in printed and "exact_match" in printed and "|acc" in printed
     results = json.loads((out / "results.json").read_text())
     assert results["n-shot"] == {"fb_add_mc": 5, "fb_add_gen": 5}
-    assert 0 <= results["results"]["fb_add_mc"]["acc,none"] <= 1
     assert results["fullband"]["mode"] == "soft"
     samples = json.loads((out / "samples.json").read_text())
     context = samples["fb_add_mc"][0]["arguments"][0][0]
     assert context.count("=") == 6  # five solved examples, then the question
+    # acc from scratch: each choice's log-likelihood computed directly (soft mode), the best one against the label.
+    model, tok = FullBandwidthLM.from_pretrained(checkpoint), ByteTokenizer()
+    correct = []
+    for sample in samples["fb_add_mc"]:
+        scores = [direct(model, "soft", tok.encode(c), tok.encode(x)) for c, x in sample["arguments"]]
+        assert [r[0] for r in sample["filtered_resps"]] == pytest.approx(scores, abs=1e-4)  # run in float32
+        correct.append(max(range(len(scores)), key=scores.__getitem__) == sample["target"])
+    assert len(correct) == 4 and results["results"]["fb_add_mc"]["acc,none"] == sum(correct) / len(correct)
 
 
 def test_simple_evaluate_finds_the_registered_model_by_name(checkpoint, task_dir):

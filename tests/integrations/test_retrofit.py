@@ -7,7 +7,6 @@ import os
 import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
-pytest.importorskip("transformers")
 
 import torch
 from transformers import (
@@ -126,6 +125,46 @@ def test_greedy_soft_decoding_is_argmax_of_the_exact_forward(arch):
     standard = base.generate(torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False)[0].tolist()
     assert model.generate(PROMPT, NEW, mode="standard") == standard
     assert seq != standard  # the carried state changes what is generated
+
+
+def recurrent_logits(model: RetrofittedLM, seq: torch.Tensor, prompt_inputs: list[torch.Tensor]) -> torch.Tensor:
+    """Logits of ``seq`` (1, T) with no cache and no pass loop: the given inputs for the first positions, then
+    u_t = fusion(e_t, h_{t-1}) one position at a time, the whole prefix re-run through the network each time."""
+    emb = model.embed(seq)
+    inputs = list(prompt_inputs)
+    while True:
+        t = len(inputs)
+        states, head_input = model.run_stack(torch.stack(inputs, 1), torch.arange(t)[None])
+        if t == seq.shape[1]:
+            return model.lm_head(head_input)
+        inputs.append(model.fusion(emb[:, t], states[:, t - 1]))
+
+
+def greedy(logits_of, prompt: list[int]) -> list[int]:
+    seq = list(prompt)
+    for _ in range(NEW):
+        seq.append(int(logits_of(torch.tensor([seq]))[0, -1].argmax()))
+    return seq
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_greedy_exact_and_fused_decoding_equal_their_definitions(arch):
+    _, model = make(arch)
+    ids = torch.tensor([PROMPT])
+    emb = model.embed(ids)
+    # exact: every position after the first is fused, fully recurrent.
+    exact = greedy(lambda seq: recurrent_logits(model, seq, [emb[:, 0]]), PROMPT)
+    assert model.generate(PROMPT, NEW, mode="exact") == exact
+    assert model.generate(PROMPT, NEW, mode="exact", exact_chunk_size=4) == exact
+    # fused(k): the prompt's inputs are those of pass k + 1 of the Jacobi iteration (p = 1), the generated
+    # positions then follow the exact recurrence on top of them.
+    k = 2
+    prev = model(ids, passes=k, plain_prefix=1).hidden  # the states pass k + 1 fuses
+    prompt_inputs = [emb[:, 0]] + [model.fusion(emb[:, t], prev[:, t - 1]) for t in range(1, len(PROMPT))]
+    fused = greedy(lambda seq: recurrent_logits(model, seq, prompt_inputs), PROMPT)
+    assert model.generate(PROMPT, NEW, mode="fused", prefill_passes=k) == fused
+    assert fused != exact  # k + 1 passes do not make this 6-token prompt exact
 
 
 @torch.no_grad()

@@ -87,6 +87,7 @@ def runs(tmp_path_factory) -> Path:
     single = make_trainer(root / "single", rank=0, world_size=1)  # parallel='fsdp' alone changes nothing
     single.fit()
     torch.save([p.detach().clone() for p in single.raw_model.parameters()], root / "single_params.pt")
+    torch.save(single.optimizer.state_dict()["state"], root / "single_optimizer_state.pt")
     mp.spawn(_worker, args=(str(root / "init"), str(root)), nprocs=2, join=True)
     return root
 
@@ -132,7 +133,15 @@ def test_checkpoint_full_model_loads_and_matches_the_sharded_model(runs):
     assert state.step == STEPS
     for a, b in zip(model.parameters(), plain.parameters(), strict=True):
         assert torch.equal(a, b)
-    assert len(optimizer.state) == len(list(plain.parameters()))  # the fusion too: it trained from step 3
+    # The AdamW state read from the shards is the run's own: that of one process trained on the same batches.
+    expected = torch.load(runs / "single_optimizer_state.pt")
+    loaded = optimizer.state_dict()["state"]
+    assert sorted(loaded) == sorted(expected) == list(range(len(list(plain.parameters()))))  # the fusion too
+    for index, state in expected.items():
+        assert sorted(loaded[index]) == sorted(state)
+        for key, value in state.items():  # float32 on different reduction orders: within 0.1% of the largest entry
+            scale = 1e-3 * float(value.abs().max())
+            torch.testing.assert_close(loaded[index][key], value, rtol=0, atol=scale, msg=f"state[{index}][{key}]")
 
 
 def test_fsdp_refuses_a_plain_checkpoint_and_wrapping_after_training(tmp_path):

@@ -4,9 +4,11 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from fullband import FullBandwidthLM
 from fullband.cli import main
+from fullband.data import ByteTokenizer
 
 TINY = ["--model.d_model", "32", "--model.n_layers", "2", "--model.n_heads", "2", "--train.batch_size", "2",
         "--train.seq_len", "32", "--train.eval_batches", "2", "--optim.warmup_steps", "2", "--optim.lr", "3e-3"]
@@ -27,7 +29,7 @@ def test_train_on_shakespeare_writes_a_usable_run(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "trained 8 steps" in printed and "val_bpb_1pass" in printed
     assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.toml", "metrics.jsonl", "model",
-                                                     "tokenizer"]
+                                                     "tensorboard", "tokenizer"]  # tensorboard: a dev extra
     train_records = records(out)
     assert [r["step"] for r in train_records] == list(range(8))
     # The default schedule turns feedback on for the last quarter of the steps.
@@ -39,7 +41,9 @@ def test_train_on_shakespeare_writes_a_usable_run(tmp_path, capsys):
     model = FullBandwidthLM.from_pretrained(out / "model")
     assert model.config.vocab_size == 320  # 257 byte tokens rounded up to a multiple of 64
     assert main(["generate", "--checkpoint", str(out / "model"), "--prompt", "KING:", "--max_new_tokens", "5"]) == 0
-    assert capsys.readouterr().out.startswith("KING:")
+    tok = ByteTokenizer()
+    new = model.generate(tok.encode("KING:"), 5, mode="soft", stop_token_ids=[tok.eos_id])[len("KING:") :]
+    assert capsys.readouterr().out == "KING:" + tok.decode([t for t in new if t != tok.eos_id]) + "\n"
 
 
 def test_resumed_run_reproduces_the_uninterrupted_metrics(tmp_path):
@@ -72,6 +76,23 @@ def test_fine_tune_sft_from_a_baseline_with_three_passes(tmp_path):
     assert [r["passes"] for r in records(out)] == [3, 3, 3]
     tuned = FullBandwidthLM.from_pretrained(out / "model")
     assert tuned.fusion is not None and tuned.config.d_model == 32
+
+    # The prompt is kept out of the loss all the way through the CLI and the Trainer: with one example, every
+    # row of the first batch is that example, and pass 1 (plain, so the new fusion plays no part) of step 0 must
+    # score exactly the completion and end-of-text tokens under the initial (baseline) weights.
+    prompt, completion = "Q: 2+3=", " 5"
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
+    assert main(["train", "--out_dir", str(tmp_path / "one"), "--init_from", str(base / "model"), "--data.format",
+                 "sft", "--data.source", str(one), "--schedule.feedback_start", "0", "--schedule.pass_mix", "0,1",
+                 "--train.max_steps", "1", "--train.batch_size", "2", "--train.seq_len", "32"]) == 0
+    ids = [*prompt.encode(), *completion.encode(), ByteTokenizer.eos_id]
+    with torch.no_grad():
+        logits = FullBandwidthLM.from_pretrained(base / "model")(torch.tensor([ids[:-1]])).logits[0]
+    logprobs = torch.log_softmax(logits.double(), -1)
+    trained = range(len(prompt), len(ids))  # the targets: completion tokens and end-of-text
+    expected = -sum(float(logprobs[t - 1, ids[t]]) for t in trained) / len(trained)
+    assert records(tmp_path / "one")[0]["pass_losses"][0] == pytest.approx(expected, abs=1e-5)
 
 
 @pytest.mark.parametrize(

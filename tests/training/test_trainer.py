@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_model
+from test_training_metrics import tensorboard_scalars
 
 from fullband.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training import CheckpointWarning, NonFiniteLossError, Trainer, TrainingError, loss_eval
@@ -117,6 +118,8 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     for a, b in zip(records(tmp_path / "big"), records(tmp_path / "small"), strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert a["tokens"] == b["tokens"]
+        # The parameters alone cannot tell: clipping and Adam's scale invariance hide a gradient off by a factor.
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
     for a, b in zip(big.raw_model.parameters(), small.raw_model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)  # Adam amplifies rounding in tiny grads
 
@@ -131,11 +134,16 @@ def test_metrics_log_and_validation(tmp_path):
     for r in train:
         assert len(r["pass_losses"]) == r["passes"]
         assert r["token_equiv_compute"] >= r["tokens"] == (r["step"] + 1) * 4 * T
-        assert r["tokens_per_s"] > 0 and r["grad_norm"] > 0
+        assert r["tokens_per_s"] == pytest.approx(4 * T / r["step_time_s"], rel=1e-9)  # this step's tokens only
+        assert r["grad_norm"] > 0
         assert "mfu" not in r  # no known peak FLOPs on CPU
     evals = [r for r in lines if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [1, 3]
     assert set(evals[0]) == {"kind", "step", "val_loss_1pass", "val_loss_3pass"}
+    # TensorBoard (a dev extra) mirrors the log.
+    shown = tensorboard_scalars(tmp_path / "tensorboard")
+    assert shown["train/loss"] == [(r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in train]
+    assert shown["eval/val_loss_3pass"] == [(r["step"], pytest.approx(r["val_loss_3pass"], rel=1e-6)) for r in evals]
 
 
 def test_a_tiny_model_learns_a_repeating_sequence(tmp_path):

@@ -40,8 +40,11 @@ BEST = "best"
 
 def variant_config(cfg: RecipeConfig, out_dir: Path, overrides: dict[str, Any]) -> CompareConfig:
     """The compare preset with ``overrides``, evaluated and validated as ``fullband compare`` would."""
-    return preset_config(cfg.compare_preset, {**overrides, "seeds": cfg.seeds, "workers": 1, "device": cfg.device,
-                                              "train_eval_points": cfg.train_eval_points, "out_dir": str(out_dir)})
+    study = {"seeds": cfg.seeds, "workers": 1, "device": cfg.device, "train_eval_points": cfg.train_eval_points,
+             "out_dir": str(out_dir)}
+    if cfg.eval_windows is not None:
+        study["eval_windows"] = cfg.eval_windows
+    return preset_config(cfg.compare_preset, {**overrides, **study})
 
 
 def plan(cfg: RecipeConfig, out_dir: Path) -> list[Job]:

@@ -1,0 +1,66 @@
+"""Sampling from logits: which tokens survive top-k and top-p, and what temperature does to the distribution.
+
+Each test draws many tokens from one row of logits (repeated, one multinomial call) and compares the
+frequencies with the distribution written out from the definition.
+"""
+
+import pytest
+import torch
+from conftest import make_model
+
+from fullband.generation.sampling import sample_next
+
+PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
+DRAWS = 200_000  # frequency standard error <= 0.0012; the tolerance below is 5 of those
+
+
+def frequencies(probs: torch.Tensor, **options) -> torch.Tensor:
+    logits = probs.log().expand(DRAWS, -1)
+    tokens = sample_next(logits, generator=torch.Generator().manual_seed(0), **options)
+    return torch.bincount(tokens, minlength=len(probs)).double() / DRAWS
+
+
+def assert_distribution(got: torch.Tensor, expected: torch.Tensor) -> None:
+    assert got[expected == 0].sum() == 0  # a filtered-out token is never drawn
+    torch.testing.assert_close(got, expected, atol=6e-3, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("top_p", "kept"),
+    # A token survives while the tokens ranked above it hold less than top_p: the token that crosses top_p
+    # stays, the rest go; the top token always stays.
+    [(0.3, [0]), (0.6, [0, 1]), (0.85, [0, 1, 2]), (0.97, [0, 1, 2, 3]), (1e-9, [0])],
+)
+def test_top_p_keeps_the_smallest_head_reaching_p_and_renormalises(top_p, kept):
+    expected = torch.zeros_like(PROBS)
+    expected[kept] = PROBS[kept] / PROBS[kept].sum()
+    assert_distribution(frequencies(PROBS, temperature=1.0, top_p=top_p), expected)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_temperature_raises_the_probabilities_to_one_over_t(temperature):
+    expected = PROBS ** (1 / temperature)  # softmax(logits / T)
+    assert_distribution(frequencies(PROBS, temperature=temperature), expected / expected.sum())
+
+
+def test_top_k_then_top_p_after_temperature():
+    # T = 0.5 squares the probabilities; top_k = 3 drops the last token, leaving (0.690, 0.248, 0.062) once
+    # renormalised; top_p = 0.9 then keeps the first two (the third has 0.938 >= 0.9 ranked above it).
+    sharp = PROBS[:3] ** 2
+    sharp = sharp / sharp.sum()
+    expected = torch.zeros_like(PROBS)
+    expected[:2] = sharp[:2] / sharp[:2].sum()
+    assert sharp[0] < 0.9 <= sharp[:2].sum()
+    assert_distribution(frequencies(PROBS, temperature=0.5, top_k=3, top_p=0.9), expected)
+
+
+@torch.no_grad()
+def test_generate_passes_top_p_through():
+    model = make_model()
+    prompt, new = [5, 17, 3, 44, 8, 21], 8
+    greedy = model.generate(prompt, new, mode="soft")
+    # A tiny nucleus keeps only the most likely token at every step, whatever the temperature or the seed.
+    for seed in range(3):
+        assert model.generate(prompt, new, mode="soft", temperature=5.0, top_p=1e-9, seed=seed) == greedy
+    hot = [model.generate(prompt, new, mode="soft", temperature=5.0, seed=seed) for seed in range(3)]
+    assert any(h != greedy for h in hot)  # ... which plain sampling at that temperature is not
