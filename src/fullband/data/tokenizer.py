@@ -10,6 +10,11 @@ On disk a tokenizer is a directory with fullband's ``tokenizer_config.json`` (``
   "hf_tokenizer"}``). transformers writes a ``tokenizer_config.json`` of its own, with other contents, so the two
   never share a directory.
 
+The byte and BPE tokenizers also write what transformers' ``AutoTokenizer`` reads from the same directory: a
+``tokenizer.json`` (for the byte tokenizer, a byte-level model whose ids are the bytes) and transformers' keys in
+``tokenizer_config.json`` (``tokenizer_class``, ``eos_token``, ``split_special_tokens``), which fullband ignores,
+so a checkpoint's tokenizer opens in HF tools (lm-eval's ``--model hf``) and encodes to the same ids.
+
 ``load_tokenizer(dir)`` reads each back. Two foreign layouts load too: a bare ``tokenizer.json`` if it has a
 recognisable end-of-text token, and a directory written by a transformers tokenizer's ``save_pretrained`` (its
 ``tokenizer_config.json`` has no ``type`` but transformers' keys), read with ``AutoTokenizer``.
@@ -72,6 +77,44 @@ class Tokenizer(ABC):
         return sha256_bytes(json.dumps(self.config(), sort_keys=True).encode())
 
 
+def _hf_keys(eos_token: str) -> dict[str, Any]:
+    """transformers' keys of a tokenizer_config.json that describe fullband's own encoding rules."""
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": eos_token,
+        "split_special_tokens": True,  # as in fullband: text spelling a special token encodes as text
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+    }
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map, the alphabet of a ``ByteLevel`` pre-tokenizer."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def _byte_tokenizer_json(eos_id: int) -> dict[str, Any]:
+    """A ``tokenizers`` definition whose ids are the UTF-8 bytes (no merges) plus the end-of-text token."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": eos_id, "content": EOS_TOKEN, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}],
+        "normalizer": None, "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": {char: b for b, char in _bytes_to_unicode().items()}, "merges": []},
+    }
+
+
 class ByteTokenizer(Tokenizer):
     """UTF-8 bytes as ids 0..255, then ``<|endoftext|>`` = 256: vocabulary 257, nothing to train."""
 
@@ -88,7 +131,9 @@ class ByteTokenizer(Tokenizer):
         return {"type": "byte", "vocab_size": self.vocab_size, "eos_id": self.eos_id, "bos_id": None}
 
     def save(self, directory: str | Path) -> None:
-        atomic_write_json(Path(directory) / CONFIG_FILE, self.config())
+        directory = Path(directory)
+        atomic_write_json(directory / BPE_FILE, _byte_tokenizer_json(self.eos_id))  # for AutoTokenizer
+        atomic_write_json(directory / CONFIG_FILE, {**_hf_keys(EOS_TOKEN), **self.config()})
 
     def __repr__(self) -> str:
         return "ByteTokenizer()"
@@ -132,7 +177,8 @@ class BPETokenizer(Tokenizer):
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
         atomic_write_bytes(directory / BPE_FILE, self._json.encode("utf-8"))
-        atomic_write_json(directory / CONFIG_FILE, self.config())  # written last: marks a complete save
+        # written last: marks a complete save
+        atomic_write_json(directory / CONFIG_FILE, {**_hf_keys(self.eos_token), **self.config()})
 
     @classmethod
     def from_file(cls, path: str | Path, eos_token: str | None = None) -> BPETokenizer:
