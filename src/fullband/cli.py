@@ -4,6 +4,7 @@ dataclass (help from its field docs), set by ``--config FILE`` (TOML/YAML) and `
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -34,13 +35,19 @@ def run_generate(cfg: GenerateConfig) -> None:
     import torch
 
     from fullband.data import load_tokenizer
-    from fullband.model_io import load_any
+    from fullband.model_io import checkpoint_dir, load_any
 
-    model = load_any(cfg.checkpoint, device=cfg.device)  # native, or retrofitted (retrofit.json)
-    tokenizer = load_tokenizer(cfg.checkpoint)
+    model = load_any(cfg.checkpoint, device=cfg.device)  # native, retrofitted (retrofit.json) or hf:PATH
+    tokenizer = load_tokenizer(checkpoint_dir(cfg.checkpoint))
     prompt = tokenizer.encode(cfg.prompt) if tokenizer is not None else _parse_ids(cfg.prompt)
     if not prompt:
         raise ConfigError("--prompt is empty: give some text (or token ids) to continue")
+    vocab, context = model.config.vocab_size, model.config.max_seq_len
+    if bad := [t for t in prompt if not 0 <= t < vocab]:
+        raise ConfigError(f"--prompt token id {bad[0]} is out of range: this model's ids are 0..{vocab - 1}")
+    if len(prompt) + cfg.max_new_tokens > context:
+        raise ConfigError(f"--max_new_tokens {cfg.max_new_tokens} is too many: the prompt has {len(prompt)} tokens "
+                          f"and the model's context is {context}; use at most {max(context - len(prompt), 0)}")
     stops = [tokenizer.eos_id] if tokenizer is not None and cfg.stop_at_eos and tokenizer.eos_id is not None else []
     steps = model.stream(
         prompt, cfg.max_new_tokens, cfg.mode, prefill_passes=cfg.prefill_passes, temperature=cfg.temperature,
@@ -150,18 +157,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     config_cls, handler, _ = COMMANDS[args.command]
-    from fullband.data import DataError
+    try:  # options first: a bad one is answered before torch is even imported
+        cfg = config_from_args(config_cls, args)
+    except ConfigError as err:
+        return _fail(args.command, err)
+    from fullband.data.errors import DataError
+    from fullband.devices import resolve_device
     from fullband.model.serialization import CheckpointError
     from fullband.training.errors import TrainingError
 
     try:
-        handler(config_from_args(config_cls, args))
+        if hasattr(cfg, "device"):  # one check for every command, before anything is loaded
+            device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
+            if args.command not in ("train", "compare"):  # those resolve "auto" per process themselves
+                cfg.device = str(device)
+        handler(cfg)
     except (ConfigError, CheckpointError, DataError, TrainingError) as err:
-        print(f"fullband {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return _fail(args.command, err)
+    except (ValueError, OSError) as err:  # bad input that reached a library call; FULLBAND_TRACEBACK=1 shows where
+        if os.environ.get("FULLBAND_TRACEBACK"):
+            raise
+        return _fail(args.command, err)
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _fail(command: str, err: Exception) -> int:
+    """One line on stderr (the first line of the message), exit status 2."""
+    text = str(err).strip()
+    print(f"fullband {command}: error: {text.splitlines()[0] if text else type(err).__name__}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

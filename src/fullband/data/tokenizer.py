@@ -232,8 +232,10 @@ class TransformersTokenizer(Tokenizer):
     tokenizer's ``eos_token`` (or, when that is unset, the first of the usual end-of-text tokens in its
     vocabulary). ``vocab_size`` counts added tokens (``len(tokenizer)``).
 
-    Saved as ``hf_tokenizer/`` (the tokenizer's own ``save_pretrained``) plus fullband's ``tokenizer_config.json``
-    marker ``{"type": "hf", "path": "hf_tokenizer", ...}`` beside it, written last.
+    Saved with the tokenizer's own ``save_pretrained`` into the directory itself, so ``AutoTokenizer`` reads it
+    there, and fullband's keys (``{"type": "hf", "path": ".", ...}``) then added to its ``tokenizer_config.json``
+    (transformers keeps unknown keys as init arguments and ignores them). Older saves, with the files in
+    ``hf_tokenizer/`` and the marker alone in ``tokenizer_config.json``, still load.
     """
 
     def __init__(self, tk: Any, source: str = "") -> None:
@@ -259,8 +261,13 @@ class TransformersTokenizer(Tokenizer):
         except ImportError:
             raise DataError(f"{directory} holds a transformers tokenizer; loading it needs transformers "
                             "(pip install 'fullband[hf]')") from None
+        # A fullband checkpoint's config.json names remote code (auto_map): with fullband's model types registered
+        # AutoTokenizer reads that config locally, and it never asks whether to run remote code.
+        import fullband.integrations.hf
+        import fullband.integrations.hf_retrofit  # noqa: F401
+
         try:
-            tk = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+            tk = AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise DataError(f"cannot load a transformers tokenizer from {directory}: {first}") from None
@@ -294,7 +301,7 @@ class TransformersTokenizer(Tokenizer):
     def config(self) -> dict[str, Any]:
         return {
             "type": "hf",
-            "path": HF_TOKENIZER_DIR,
+            "path": ".",
             "tokenizer_class": type(self._tk).__name__,
             "vocab_size": self.vocab_size,
             "eos_id": self.eos_id,
@@ -304,12 +311,14 @@ class TransformersTokenizer(Tokenizer):
 
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
-        target, tmp = directory / HF_TOKENIZER_DIR, directory / f".{HF_TOKENIZER_DIR}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        self._tk.save_pretrained(str(tmp))
-        shutil.rmtree(target, ignore_errors=True)  # no stale file of an earlier save stays beside the new ones
-        tmp.rename(target)
-        atomic_write_json(directory / CONFIG_FILE, self.config())  # written last: marks a complete save
+        shutil.rmtree(directory / HF_TOKENIZER_DIR, ignore_errors=True)  # an older layout's copy
+        self._tk.save_pretrained(str(directory))
+        saved = json.loads((directory / CONFIG_FILE).read_text())
+        # fullband's keys, last: they mark a complete save. Not those transformers reads itself (the class, and
+        # vocab_size, which it would take as an argument).
+        ours = {k: v for k, v in self.config().items() if k not in ("tokenizer_class", "vocab_size")}
+        # split_special_tokens: HF tools then encode text as fullband trained on it (special tokens only by id).
+        atomic_write_json(directory / CONFIG_FILE, {**saved, "split_special_tokens": True, **ours})
 
     def __repr__(self) -> str:
         return f"TransformersTokenizer({type(self._tk).__name__}, vocab_size={self.vocab_size})"

@@ -74,7 +74,91 @@ class FullBandwidthConfig(PretrainedConfig):
         return cls(**config.to_dict(), **kwargs)
 
 
-class FullBandwidthForCausalLM(PreTrainedModel, GenerationMixin):
+class FeedbackForwardMixin:
+    """The transformers ``forward`` of a fullband model (native or retrofitted): scoring, and ``generate``'s
+    prefill and steps on fullband's own decoding state. A class using it provides ``fullband_model`` and the
+    decoding cache's sizing (``_prefill_cache_len``, ``_make_room``)."""
+
+    fullband_model: Any
+    config: Any
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the decoding state is fullband's own (DecodeState), created by the first forward
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        cache: DecodeState | None = None,
+        past_key_values: DecodeState | None = None,  # the name of ``cache`` before transformers 5.24
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        passes: int | None = None,
+        plain_prefix: int | torch.Tensor = 1,
+        decoding_mode: str | None = None,
+        prefill_passes: int | None = None,
+        exact_chunk_size: int | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,  # generate's extras (position_ids, output_attentions, ...): positions come from the mask
+    ) -> CausalLMOutputWithPast | tuple:
+        """Three uses, told apart by the decoding state:
+
+        - no state and ``use_cache`` not True: the native multi-pass forward (training, scoring): ``passes``,
+          ``plain_prefix``, ``labels`` (loss = NTP(pass 1) + mean NTP of later passes) as in FullBandwidthLM.
+          Without ``passes``, ``config.score_mode`` decides: standard = one plain pass; soft, fused, exact = the
+          exact recurrence after a plain prefix of ``plain_prefix`` (1: what the mode's decoding gives after a
+          one-token prompt; lm-eval's ``--model hf`` scores this way, for it gives no prompt boundary);
+        - ``use_cache=True`` and no state (generate's prefill): prefill the prompt in ``decoding_mode`` (default
+          ``config.decoding_mode``) and return the next-token logits (B, 1, V) with the new state;
+        - a state (generate's later steps): feed ``input_ids[:, -1]`` and advance it (KV cache + carried state).
+        """
+        lm = self.fullband_model
+        if input_ids is None:
+            raise ValueError(f"{type(self).__name__} needs input_ids: the fusion gates on the token embeddings, "
+                             "so inputs_embeds cannot replace them")
+        state = cache if cache is not None else past_key_values
+        if state is not None and not isinstance(state, DecodeState):
+            if state.get_seq_length() > 0:
+                raise TypeError(f"{type(self).__name__} decodes with its own state (DecodeState), not a "
+                                f"transformers {type(state).__name__}; do not pass one to generate()")
+            state = None  # an empty cache made by a caller: ignore it
+        loss = None
+        if isinstance(state, DecodeState):
+            self._make_room(state)
+            decode_step(lm, state, input_ids[:, -1])
+            logits = state.next_logits[:, None]
+        elif use_cache:
+            mode = decoding_mode or self.config.decoding_mode
+            passes_k = self.config.prefill_passes if prefill_passes is None else prefill_passes
+            chunk = exact_chunk_size or self.config.exact_chunk_size
+            _check_decoding(mode, passes_k, chunk)
+            mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+            max_len = self._prefill_cache_len(input_ids.shape[1])
+            state = prefill(lm, input_ids, mask.long(), mode, max_len, passes_k, chunk)
+            logits = state.next_logits[:, None]
+        else:
+            if decoding_mode is not None:
+                raise ValueError("decoding_mode needs a decoding state: generate with use_cache=True (the default)")
+            score_mode = self.config.score_mode
+            if passes is None and score_mode != "standard" and lm.config.feedback:
+                _check_decoding(score_mode, self.config.prefill_passes, self.config.exact_chunk_size, score_mode)
+                chunk = self.config.exact_chunk_size
+                out = lm.forward_exact(input_ids, plain_prefix=plain_prefix, attention_mask=attention_mask,
+                                                 method="sequential" if chunk == 1 else "chunked", chunk_size=chunk)
+                logits = out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
+                loss = None if labels is None else _next_token_loss(out.logits, labels)
+            else:
+                out = lm(input_ids, passes=passes or 1, plain_prefix=plain_prefix, labels=labels,
+                                   attention_mask=attention_mask, logits_to_keep=logits_to_keep)
+                logits, loss = out.logits, out.loss
+        output = CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_CACHE_FIELD: state})
+        return output if return_dict is not False else output.to_tuple()
+
+
+
+class FullBandwidthForCausalLM(FeedbackForwardMixin, PreTrainedModel, GenerationMixin):
     config_class = FullBandwidthConfig
     base_model_prefix = ""  # no backbone/head split: the parameter names are the native ones
     main_input_name = "input_ids"
@@ -137,78 +221,15 @@ class FullBandwidthForCausalLM(PreTrainedModel, GenerationMixin):
             inv_freq = rope_inv_freq(self.config.d_model // self.config.n_heads, self.config.rope_theta)
             init.copy_(self._native.inv_freq, inv_freq.to(self._native.inv_freq.device))
 
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # the decoding state is fullband's own (DecodeState), created by the first forward
+    @property
+    def fullband_model(self) -> FullBandwidthLM:
+        return self._native
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        cache: DecodeState | None = None,
-        past_key_values: DecodeState | None = None,  # the name of ``cache`` before transformers 5.24
-        use_cache: bool | None = None,
-        logits_to_keep: int = 0,
-        passes: int | None = None,
-        plain_prefix: int | torch.Tensor = 1,
-        decoding_mode: str | None = None,
-        prefill_passes: int | None = None,
-        exact_chunk_size: int | None = None,
-        return_dict: bool | None = None,
-        **kwargs: Any,  # generate's extras (position_ids, output_attentions, ...): positions come from the mask
-    ) -> CausalLMOutputWithPast | tuple:
-        """Three uses, told apart by the decoding state:
+    def _prefill_cache_len(self, prompt_len: int) -> int:
+        return min(self.config.max_seq_len, prompt_len + CACHE_GROWTH)  # grown by _make_room as generate goes on
 
-        - no state and ``use_cache`` not True: the native multi-pass forward (training, scoring): ``passes``,
-          ``plain_prefix``, ``labels`` (loss = NTP(pass 1) + mean NTP of later passes) as in FullBandwidthLM.
-          Without ``passes``, ``config.score_mode`` decides: standard = one plain pass; soft, fused, exact = the
-          exact recurrence after a plain prefix of ``plain_prefix`` (1: what the mode's decoding gives after a
-          one-token prompt; lm-eval's ``--model hf`` scores this way, for it gives no prompt boundary);
-        - ``use_cache=True`` and no state (generate's prefill): prefill the prompt in ``decoding_mode`` (default
-          ``config.decoding_mode``) and return the next-token logits (B, 1, V) with the new state;
-        - a state (generate's later steps): feed ``input_ids[:, -1]`` and advance it (KV cache + carried state).
-        """
-        if input_ids is None:
-            raise ValueError("FullBandwidthForCausalLM needs input_ids: the fusion gates on the token embeddings, "
-                             "so inputs_embeds cannot replace them")
-        state = cache if cache is not None else past_key_values
-        if state is not None and not isinstance(state, DecodeState):
-            if state.get_seq_length() > 0:
-                raise TypeError("FullBandwidthForCausalLM decodes with its own state (DecodeState), not a "
-                                f"transformers {type(state).__name__}; do not pass one to generate()")
-            state = None  # an empty cache made by a caller: ignore it
-        loss = None
-        if isinstance(state, DecodeState):
-            _ensure_room(self._native, state)
-            decode_step(self._native, state, input_ids[:, -1])
-            logits = state.next_logits[:, None]
-        elif use_cache:
-            mode = decoding_mode or self.config.decoding_mode
-            passes_k = self.config.prefill_passes if prefill_passes is None else prefill_passes
-            chunk = exact_chunk_size or self.config.exact_chunk_size
-            _check_decoding(mode, passes_k, chunk)
-            mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-            max_len = min(self.config.max_seq_len, input_ids.shape[1] + CACHE_GROWTH)
-            state = prefill(self._native, input_ids, mask.long(), mode, max_len, passes_k, chunk)
-            logits = state.next_logits[:, None]
-        else:
-            if decoding_mode is not None:
-                raise ValueError("decoding_mode needs a decoding state: generate with use_cache=True (the default)")
-            score_mode = self.config.score_mode
-            if passes is None and score_mode != "standard" and self.config.feedback:
-                _check_decoding(score_mode, self.config.prefill_passes, self.config.exact_chunk_size, score_mode)
-                chunk = self.config.exact_chunk_size
-                out = self._native.forward_exact(input_ids, plain_prefix=plain_prefix, attention_mask=attention_mask,
-                                                 method="sequential" if chunk == 1 else "chunked", chunk_size=chunk)
-                logits = out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
-                loss = None if labels is None else _next_token_loss(out.logits, labels)
-            else:
-                out = self._native(input_ids, passes=passes or 1, plain_prefix=plain_prefix, labels=labels,
-                                   attention_mask=attention_mask, logits_to_keep=logits_to_keep)
-                logits, loss = out.logits, out.loss
-        output = CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_CACHE_FIELD: state})
-        return output if return_dict is not False else output.to_tuple()
+    def _make_room(self, state: DecodeState) -> None:
+        _ensure_room(self._native, state)
 
 
 def _check_decoding(mode: str, prefill_passes: int, exact_chunk_size: int, score_mode: str = "standard") -> None:

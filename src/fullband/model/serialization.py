@@ -70,6 +70,9 @@ def load_config(directory: str | Path) -> ModelConfig:
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a JSON object, got {type(data).__name__}")
     model_type = data.get("model_type")
+    if model_type == hub.RETROFIT_MODEL_TYPE:
+        raise CheckpointError(f"{directory} holds a retrofitted transformers model, not a native fullband one; "
+                              "load it with fullband.model_io.load_any")
     if model_type is not None and model_type != hub.MODEL_TYPE:
         raise CheckpointError(f"{directory} holds a transformers {model_type!r} model, not a native fullband one; "
                               f"give hf:{directory} to load it retrofitted with latent feedback")

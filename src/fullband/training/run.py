@@ -44,6 +44,7 @@ from fullband.data import (
     load_tokens,
     train_bpe,
 )
+from fullband.devices import resolve_device
 from fullband.model import FullBandwidthLM
 from fullband.model_io import AnyLM, is_retrofit_checkpoint, load_any
 from fullband.training.checkpoint import save_model
@@ -64,17 +65,6 @@ class TrainResult:
     final_loss: float | None
     validation: dict[str, float]
     seconds: float
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} is invalid: CUDA is not available here; use --device cpu")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"device={name!r} is invalid: use auto, cpu, cuda or cuda:N") from None
 
 
 def check_writable(directory: Path) -> None:
