@@ -307,6 +307,10 @@ class TrainConfig:
     checkpoint_every: int = doc(500, "Write a checkpoint every N steps; 0 = only at the end.")
     keep_last: int = doc(3, "Complete checkpoints to keep; older ones are deleted.")
     log_every: int = doc(10, "Write a metrics.jsonl record (and TensorBoard scalars) every N steps.")
+    wandb_project: str | None = doc(
+        None, "Also log every metrics record to this Weights & Biases project (pip install 'fullband[wandb]'); "
+        "none = off. WANDB_MODE=offline keeps the run on disk (out_dir/wandb) for a later `wandb sync`.",
+    )
     compile: bool = doc(False, "torch.compile each transformer block (the Python loop over passes stays eager).")
     autocast: str = doc(
         "auto", "Mixed precision: 'auto' = bf16 autocast on CUDA, none elsewhere; 'bf16' = require it; 'off'."
@@ -392,6 +396,10 @@ def validate_train_config(c: TrainConfig) -> None:
     _require(_is_number(c.feedback_weight) and c.feedback_weight >= 0, "feedback_weight", c.feedback_weight,
              "must be >= 0")
     _require(_is_number(c.jitter) and c.jitter >= 0, "jitter", c.jitter, "must be >= 0")
+    if c.wandb_project is not None:
+        ok = isinstance(c.wandb_project, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", c.wandb_project)
+        _require(bool(ok), "wandb_project", c.wandb_project,
+                 "must be a W&B project name: letters, digits, '_', '-', '.' (at most 128), or none")
 
 
 # ---------------------------------------------------------------------------------------------- fullband train

@@ -98,7 +98,8 @@ def test_unknown_option_is_rejected_by_name(tmp_path, capsys):
 def test_init_from_rejects_a_tokenizer_larger_than_the_model_vocabulary(tmp_path, capsys):
     base = tmp_path / "base"
     assert train(base, "--train.max_steps", "1", "--model.vocab_size", "257") == 0
-    (base / "model" / "tokenizer_config.json").unlink()  # no tokenizer of its own: a new BPE one is trained
+    for name in ("tokenizer_config.json", "tokenizer.json"):  # no tokenizer of its own: a new BPE one is trained
+        (base / "model" / name).unlink()
     assert train(tmp_path / "bpe", "--init_from", str(base / "model"), "--data.tokenizer", "bpe",
                  "--data.bpe_vocab_size", "300", "--train.max_steps", "1") == 2
     assert "has vocab_size=257 but the tokenizer has 300 tokens" in capsys.readouterr().err

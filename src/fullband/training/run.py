@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import json
 import os
 import time
@@ -45,7 +46,7 @@ from fullband.data import (
     train_bpe,
 )
 from fullband.devices import resolve_device
-from fullband.model import FullBandwidthLM
+from fullband.model import FullBandwidthLM, hub
 from fullband.model_io import AnyLM, is_retrofit_checkpoint, load_any
 from fullband.training.checkpoint import save_model
 from fullband.training.distributed import cleanup_distributed, init_distributed, wrap_ddp, wrap_fsdp
@@ -232,6 +233,9 @@ def _run_train(cfg: TrainRunConfig, progress: bool) -> TrainResult:
         out_dir = Path(cfg.out_dir)
         if env.is_main:
             check_writable(out_dir)
+        if cfg.train.wandb_project and importlib.util.find_spec("wandb") is None:
+            raise ConfigError(f"train.wandb_project={cfg.train.wandb_project!r} needs the wandb package: pip install "
+                              "'fullband[wandb]' (or leave train.wandb_project unset)")
 
         def barrier() -> None:
             if env.world_size > 1:
@@ -269,6 +273,7 @@ def _run_train(cfg: TrainRunConfig, progress: bool) -> TrainResult:
         save_model(model, model_dir, env.rank)  # under FSDP every process takes part in gathering the weights
         if env.is_main:
             tokenizer.save(model_dir)
+            _record_training(model_dir, cfg, state)
         # Free DDP's reducer while the process group is still alive and every process is here: destroyed after
         # the group (or after a peer has exited) its gloo destructor can wait forever.
         trainer.model = trainer.raw_model
@@ -279,6 +284,15 @@ def _run_train(cfg: TrainRunConfig, progress: bool) -> TrainResult:
                            validation, time.perf_counter() - start)
     finally:
         cleanup_distributed()
+
+
+def _record_training(model_dir: Path, cfg: TrainRunConfig, state: Any) -> None:
+    """The model card states what this run trained on (tokens, steps, data, starting point)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    hub.write_model_card(model_dir, config, {
+        "tokens": state.tokens, "token_equiv_compute": state.token_equiv_compute, "steps": state.step,
+        "data": cfg.data.source, "data_format": cfg.data.format, "init_from": cfg.init_from,
+    })
 
 
 def _run_config(cfg: TrainRunConfig, tokenizer: Tokenizer) -> dict[str, Any]:
