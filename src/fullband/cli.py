@@ -4,9 +4,11 @@ dataclass (help from its field docs), set by ``--config FILE`` (TOML/YAML) and `
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from fullband.config import (
     CheckConfig,
@@ -137,8 +139,15 @@ COMMANDS: dict[str, tuple[type, Callable, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: what is wrong and where the options are listed (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (options: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fullband",
         description="The full-bandwidth transformer: train, compare, decode, evaluate and serve.",
     )
@@ -150,9 +159,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """parse_args, but an unknown option is answered by the command's parser with the closest known option."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        command = commands.get(args.command, parser)
+        known = [s for action in command._actions for s in action.option_strings]
+        unknown = next((e for e in extra if e.startswith("-")), extra[0]).split("=", 1)[0]
+        spelled: dict[str, str] = {}  # normalised -> as --help shows it (the underscore spelling)
+        for option in sorted((k for k in known if k.startswith("--")), key=lambda k: "_" in k):
+            spelled["--" + option[2:].replace("-", "_")] = option
+        close = difflib.get_close_matches("--" + unknown.lstrip("-").replace("-", "_"), list(spelled), n=1)
+        hint = f"; did you mean {spelled[close[0]]}?" if close else ""
+        command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if args.command is None:
         parser.print_help()
         return 0

@@ -184,7 +184,10 @@ class BPETokenizer(Tokenizer):
     def from_file(cls, path: str | Path, eos_token: str | None = None) -> BPETokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
-        tk = HFTokenizer.from_file(str(path))
+        try:
+            tk = HFTokenizer.from_file(str(path))
+        except Exception as err:  # the tokenizers library raises a bare Exception for a damaged file
+            raise DataError(f"{path} is not a valid tokenizers file ({err}); save the tokenizer again") from None
         if eos_token is None:
             vocab = tk.get_vocab(with_added_tokens=True)
             eos_token = next((t for t in _KNOWN_EOS if t in vocab), None)

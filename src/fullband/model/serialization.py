@@ -102,6 +102,10 @@ def load_state_dict_into(model: torch.nn.Module, directory: str | Path, skip_pre
     if skip_prefix:
         state = {k: v for k, v in state.items() if not k.startswith(skip_prefix)}
         expected = {k: v for k, v in expected.items() if not k.startswith(skip_prefix)}
+    not_float = [f"{k}: {v.dtype}" for k, v in state.items() if not v.is_floating_point()]
+    if not_float:
+        raise CheckpointError(f"{path} holds non-floating-point weights ({', '.join(not_float[:3])}); it is not a "
+                              "model saved by fullband: save the model again with save_pretrained")
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     misshapen = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
@@ -114,5 +118,5 @@ def load_state_dict_into(model: torch.nn.Module, directory: str | Path, skip_pre
     if misshapen:
         problems.append(f"shape mismatches {misshapen[:8]}")
     if problems:
-        raise CheckpointError(f"{path} does not match {directory / CONFIG_NAME}: " + "; ".join(problems))
+        raise CheckpointError(f"{path} does not match {Path(directory) / CONFIG_NAME}: " + "; ".join(problems))
     model.load_state_dict(state, strict=False)  # strict would demand the tied lm_head.weight key
