@@ -38,6 +38,8 @@ def test_train_on_shakespeare_writes_a_usable_run(tmp_path, capsys):
     assert {"val_loss_1pass", "val_loss_2pass", "val_loss_3pass", "val_bpb_1pass"} <= set(evals[-1])
     model = FullBandwidthLM.from_pretrained(out / "model")
     assert model.config.vocab_size == 320  # 257 byte tokens rounded up to a multiple of 64
+    card = (out / "model" / "README.md").read_text()  # the model card records what the run trained on
+    assert "512 tokens" in card and "in 8 steps on `shakespeare`" in card
     assert main(["generate", "--checkpoint", str(out / "model"), "--prompt", "KING:", "--max_new_tokens", "5"]) == 0
     assert capsys.readouterr().out.startswith("KING:")
 
