@@ -40,7 +40,7 @@ def one_thread():
 def dirs(tmp_path_factory):
     """(plain GPT-2 directory, its retrofitted checkpoint with a strong fusion, the retrofitted model)."""
     root = tmp_path_factory.mktemp("retrofit")
-    base = save_tiny_gpt2(root / "gpt2")
+    base = save_tiny_gpt2(root / "gpt2", n_positions=256)  # every lm-eval test document fits one window
     torch.manual_seed(1)
     model = retrofit(base, feedback_source="last_hidden")
     with torch.no_grad():
@@ -136,3 +136,27 @@ def test_transformers_opens_the_retrofitted_checkpoint_with_remote_code(dirs, tm
         base_logits = model.base(ids).logits  # standard scoring = the pretrained network
     torch.testing.assert_close(torch.tensor(got["logits"]), base_logits, atol=1e-5, rtol=1e-5)
     assert got["soft"] == model.generate(ids, max_new_tokens=6, mode="soft").tolist()
+
+
+def test_lm_eval_cli_hf_model_scores_a_retrofitted_checkpoint_as_fullband_eval(dirs, tmp_path):
+    """``lm_eval --model hf`` (remote code) in soft mode == ``fullband eval --mode soft`` on a retrofitted model."""
+    _, retro_dir, _ = dirs
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1"}
+    lm_eval_out = tmp_path / "lm_eval"
+    run = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+                          f"pretrained={retro_dir},trust_remote_code=True,decoding_mode=soft,score_mode=soft",
+                          "--tasks", "fb_tiny_ppl", "--include_path", ".", "--device", "cpu", "--batch_size", "4",
+                          "--output_path", str(lm_eval_out)], capture_output=True, text=True, env=env,
+                         cwd=LM_EVAL_TASKS, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (result_file,) = lm_eval_out.rglob("results_*.json")
+    theirs = json.loads(result_file.read_text())["results"]["fb_tiny_ppl"]
+    ours_out = tmp_path / "fullband_eval"
+    run = subprocess.run([sys.executable, "-m", "fullband.cli", "eval", "--checkpoint", str(retro_dir), "--tasks",
+                          "fb_tiny_ppl", "--include_path", ".", "--include_defaults", "false", "--mode", "soft",
+                          "--out_dir", str(ours_out)], capture_output=True, text=True, env=env, cwd=LM_EVAL_TASKS,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ours = json.loads((ours_out / "results.json").read_text())["results"]["fb_tiny_ppl"]
+    assert theirs["bits_per_byte,none"] == pytest.approx(ours["bits_per_byte,none"], rel=1e-5)
