@@ -169,3 +169,16 @@ def test_model_card_keeps_a_users_readme_and_records_training(tmp_path):
     model.save_pretrained(other)  # saving again keeps what the trainer recorded
     card = (other / "README.md").read_text()
     assert "123,456 tokens (200,000 token-equivalent compute" in card and "`shakespeare`" in card
+
+
+def test_older_checkpoints_whose_config_has_only_the_model_fields_still_load(tmp_path):
+    from fullband import FullBandwidthLM
+
+    model = make_model()
+    model.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(model.config.to_dict()))  # as written before auto_map
+    loaded = FullBandwidthLM.from_pretrained(tmp_path)
+    assert loaded.config == model.config
+    tokens = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens, passes=2).logits, model(tokens, passes=2).logits, atol=0, rtol=0)

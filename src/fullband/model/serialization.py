@@ -76,10 +76,11 @@ def load_config(directory: str | Path) -> ModelConfig:
     if model_type is not None and model_type != hub.MODEL_TYPE:
         raise CheckpointError(f"{directory} holds a transformers {model_type!r} model, not a native fullband one; "
                               f"give hf:{directory} to load it retrofitted with latent feedback")
-    if model_type is not None:  # transformers' form: keep the ModelConfig fields
-        data = hub.model_config_fields(data, {f.name for f in dataclasses.fields(ModelConfig)})
     try:
-        return ModelConfig.from_dict(data)
+        if model_type is None:  # an older checkpoint: the ModelConfig fields alone, read as they always were
+            return ModelConfig.load(path)
+        # transformers' form: the ModelConfig fields, beside what HF tools read
+        return ModelConfig.from_dict(hub.model_config_fields(data, {f.name for f in dataclasses.fields(ModelConfig)}))
     except ConfigError as err:
         raise CheckpointError(f"{path}: {err}") from None
 
