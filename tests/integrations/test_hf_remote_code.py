@@ -174,7 +174,7 @@ def test_model_card_keeps_a_users_readme_and_records_training(tmp_path):
 def test_older_checkpoints_whose_config_has_only_the_model_fields_still_load(tmp_path):
     from fullband import FullBandwidthLM
 
-    model = make_model()
+    model = make_model(dtype=torch.float32)
     model.save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(model.config.to_dict()))  # as written before auto_map
     loaded = FullBandwidthLM.from_pretrained(tmp_path)
