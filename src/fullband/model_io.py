@@ -49,11 +49,13 @@ def is_retrofit_checkpoint(directory: str | Path) -> bool:
 
 
 def load_any(
-    directory: str | Path, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    directory: str | Path, device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
+    feedback: bool | None = None,
 ) -> AnyLM:
     """The model ``directory`` names (native, retrofitted, or ``hf:PATH``), in eval mode on ``device``.
 
-    ``dtype=None`` keeps the saved dtype. Problems (missing or corrupt files, transformers not installed)
+    ``dtype=None`` keeps the saved dtype. ``feedback`` (native models) adds or drops the fusion weights, as
+    :meth:`FullBandwidthLM.from_pretrained`. Problems (missing or corrupt files, transformers not installed)
     raise :class:`CheckpointError`.
     """
     if str(directory).startswith(HF_PREFIX):
@@ -66,7 +68,7 @@ def load_any(
         raise CheckpointError(f"checkpoint {str(directory)!r} is a file: give the directory that holds the model's "
                               "config.json and weights")
     if not is_retrofit_checkpoint(directory):
-        return FullBandwidthLM.from_pretrained(directory, device=device, dtype=dtype)
+        return FullBandwidthLM.from_pretrained(directory, device=device, dtype=dtype, feedback=feedback)
     try:
         from fullband.integrations._hf_compat import no_progress_bars
         from fullband.integrations.retrofit import RetrofittedLM
@@ -89,27 +91,40 @@ def _retrofit_transformers_model(spec: str, device: torch.device | str | None, d
     if not path.is_dir():
         raise CheckpointError(f"{spec!r}: {str(path)!r} is not a directory; hf:PATH names the local directory a "
                               "transformers causal LM was saved to (save_pretrained)")
+    with torch.random.fork_rng(devices=[]):  # the same fusion weights every time, the caller's RNG untouched
+        torch.manual_seed(0)
+        try:
+            model = retrofit_transformers(path, dtype=dtype, name=repr(spec))
+        except (ValueError, NotImplementedError) as err:
+            if isinstance(err, CheckpointError):
+                raise
+            raise CheckpointError(f"{spec!r} cannot be retrofitted: {_first_line(err)}") from None
+    return model.to(device=device).eval()
+
+
+def retrofit_transformers(
+    path: str | Path, feedback_source: str | int = "last_hidden", dtype: torch.dtype | None = None, name: str = ""
+) -> RetrofittedLM:
+    """``fullband.retrofit(AutoModelForCausalLM.from_pretrained(path))`` from local files, fusion weights drawn
+    from torch's global RNG. Loading problems raise :class:`CheckpointError` whose message starts with ``name``
+    (default: the quoted path); a bad ``feedback_source`` or an unsupported architecture raise retrofit's own
+    ValueError / NotImplementedError."""
+    name = name or repr(str(path))
     try:
         from transformers import AutoModelForCausalLM
 
         from fullband.integrations._hf_compat import no_progress_bars
         from fullband.integrations.retrofit import retrofit
     except ImportError as err:
-        raise CheckpointError(f"{spec!r} needs transformers (pip install 'fullband[hf]'): {err}") from None
+        raise CheckpointError(f"{name} needs transformers (pip install 'fullband[hf]'): {err}") from None
     kwargs = {"dtype": dtype} if dtype is not None else {}
     try:
         with no_progress_bars():
             base = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{spec!r} is not a transformers causal LM that AutoModelForCausalLM can load: "
+        raise CheckpointError(f"{name} is not a transformers causal LM that AutoModelForCausalLM can load: "
                               f"{_first_line(err)}") from None
-    with torch.random.fork_rng(devices=[]):  # the same fusion weights every time, the caller's RNG untouched
-        torch.manual_seed(0)
-        try:
-            model = retrofit(base)
-        except (ValueError, NotImplementedError) as err:
-            raise CheckpointError(f"{spec!r} cannot be retrofitted: {_first_line(err)}") from None
-    return model.to(device=device).eval()
+    return retrofit(base, feedback_source=feedback_source)
 
 
 def _first_line(err: BaseException) -> str:

@@ -47,7 +47,8 @@ from fullband.data import (
 )
 from fullband.devices import resolve_device
 from fullband.model import FullBandwidthLM, hub
-from fullband.model_io import AnyLM, is_retrofit_checkpoint, load_any
+from fullband.model.serialization import CheckpointError
+from fullband.model_io import AnyLM, is_retrofit_checkpoint, load_any, retrofit_transformers
 from fullband.training.checkpoint import save_model
 from fullband.training.distributed import cleanup_distributed, init_distributed, wrap_ddp, wrap_fsdp
 from fullband.training.trainer import Trainer
@@ -128,7 +129,7 @@ def build_model(cfg: TrainRunConfig, tokenizer: Tokenizer, device: torch.device)
         model = load_any(cfg.init_from, dtype=torch.float32).train()
     elif cfg.init_from:
         _refuse_transformers_dir(cfg.init_from)
-        model = FullBandwidthLM.from_pretrained(cfg.init_from, feedback=cfg.model.feedback).train()
+        model = load_any(cfg.init_from, feedback=cfg.model.feedback).train()
     else:
         model = FullBandwidthLM(cfg.model.resolve(tokenizer.vocab_size))
     if cfg.init_from and model.config.vocab_size < tokenizer.vocab_size:
@@ -153,20 +154,12 @@ def _refuse_transformers_dir(init_from: str) -> None:
 
 
 def retrofit_pretrained(cfg: TrainRunConfig, path: Path) -> AnyLM:
-    """``fullband.retrofit(AutoModelForCausalLM.from_pretrained(path))`` in float32, with clear errors."""
+    """:func:`fullband.model_io.retrofit_transformers` in float32, with the messages of ``init_from``."""
     try:
-        from transformers import AutoModelForCausalLM
-
-        from fullband.integrations.retrofit import retrofit
-    except ImportError:
-        raise ConfigError(f"init_from={cfg.init_from!r} needs transformers: pip install 'fullband[hf]'") from None
-    try:
-        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"init_from={cfg.init_from!r} is not a transformers causal LM that AutoModelForCausalLM "
-                          f"can load: {_first_line(err)}") from None
-    try:
-        return retrofit(base, feedback_source=cfg.retrofit.resolve()).train()
+        model = retrofit_transformers(path, cfg.retrofit.resolve(), torch.float32, f"init_from={cfg.init_from!r}")
+        return model.train()
+    except CheckpointError as err:
+        raise ConfigError(str(err)) from None
     except (ValueError, NotImplementedError) as err:
         message = _first_line(err)
         where = "retrofit." if message.startswith("feedback_source") else f"init_from={cfg.init_from!r}: "
