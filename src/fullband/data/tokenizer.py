@@ -6,9 +6,8 @@ On disk a tokenizer is a directory with fullband's ``tokenizer_config.json`` (``
 
 - for BPE, the ``tokenizers`` library's ``tokenizer.json`` beside it;
 - for ``hf`` (:class:`TransformersTokenizer`, the tokenizer of a retrofitted transformers model), the
-  tokenizer's own ``save_pretrained`` in the sub-directory the marker names (``{"type": "hf", "path":
-  "hf_tokenizer"}``). transformers writes a ``tokenizer_config.json`` of its own, with other contents, so the two
-  never share a directory.
+  tokenizer's own ``save_pretrained`` in the same directory, fullband's keys (``{"type": "hf", "path": "."}``)
+  added to transformers' ``tokenizer_config.json`` (older saves: in the sub-directory ``path`` names).
 
 The byte and BPE tokenizers also write what transformers' ``AutoTokenizer`` reads from the same directory: a
 ``tokenizer.json`` (for the byte tokenizer, a byte-level model whose ids are the bytes) and transformers' keys in

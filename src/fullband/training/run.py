@@ -11,7 +11,7 @@
 (``fullband.retrofit(AutoModelForCausalLM.from_pretrained(PATH))``, weights in float32, ``retrofit.feedback_source``)
 and tokenizes with its own tokenizer (``AutoTokenizer.from_pretrained(PATH)``, as a
 :class:`~fullband.data.TransformersTokenizer`). Checkpoints and ``model/`` then hold the retrofitted layout
-(``base/``, ``fusion.safetensors``, ``retrofit.json``) and the tokenizer's ``hf_tokenizer/``; ``init_from`` naming
+(``base/``, ``fusion.safetensors``, ``retrofit.json``) and the tokenizer's own files; ``init_from`` naming
 such a directory continues training it. Retrofitted models train in one process or under DDP, not FSDP.
 """
 
