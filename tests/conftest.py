@@ -128,3 +128,19 @@ def sequential_reference(model: FullBandwidthLM, tokens: torch.Tensor, plain_pre
         inputs.append(formula_input(model, emb[:, t], None if t < plain_prefix else states[:, t - 1]))
         states, normed = stack_from_inputs(model, torch.stack(inputs, 1))
     return states, normed @ model.lm_head.weight.T
+
+
+def save_tiny_gpt2(directory, vocab_size: int = 320, n_positions: int = 128, seed: int = 0):
+    """A tiny random GPT-2 saved as a pretrained transformers model, with fullband's byte tokenizer beside it
+    (ids 0..256, so any text fits its vocabulary). Returns the model."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from fullband.data import ByteTokenizer
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=n_positions,
+                        bos_token_id=256, eos_token_id=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(config).eval()
+    model.save_pretrained(directory)
+    ByteTokenizer().save(directory)
+    return model

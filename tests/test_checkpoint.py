@@ -18,7 +18,8 @@ def test_round_trip_gives_identical_logits(tmp_path, tokens, overrides):
     assert loaded.config == model.config
     with torch.no_grad():
         torch.testing.assert_close(loaded(tokens, passes=3).logits, model(tokens, passes=3).logits, atol=0, rtol=0)
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "README.md", "config.json", "configuration_fullband.py", "model.safetensors", "modeling_fullband.py"]
     if model.config.tie_embeddings:
         assert loaded.lm_head.weight is loaded.embed.weight
 

@@ -46,7 +46,7 @@ def test_generate_reads_a_config_file_and_flags_override_it(checkpoint, tmp_path
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--checkpoint", "/nonexistent", "--prompt", "1"], "checkpoint directory /nonexistent does not exist"),
+        (["--checkpoint", "/nonexistent", "--prompt", "1"], "checkpoint '/nonexistent' does not exist"),
         (["--prompt", "1"], "checkpoint='' is invalid: give the model directory"),
         (["--checkpoint", "CKPT", "--prompt", "hello"], "the prompt must be token ids"),
         (["--checkpoint", "CKPT", "--prompt", "1", "--mode", "fast"], "mode='fast' is invalid: must be one of"),

@@ -3,14 +3,20 @@
 from typing import Any
 
 from fullband.config import ConfigError, ModelConfig
-from fullband.model import FullBandwidthLM, KVCache, LMOutput
 
 __version__ = "0.1.0"
 __all__ = ["ConfigError", "FullBandwidthLM", "KVCache", "LMOutput", "ModelConfig", "__version__"]  # + retrofit, lazily
 
+_MODEL_NAMES = ("FullBandwidthLM", "KVCache", "LMOutput")
+
 
 def __getattr__(name: str) -> Any:
-    # fullband.retrofit needs transformers (the hf extra): import it on first use, not with fullband.
+    # torch is imported on first use of the model, not with fullband: the command line checks its options (and
+    # answers a bad one) before paying for it. fullband.retrofit needs transformers (the hf extra).
+    if name in _MODEL_NAMES:
+        import fullband.model
+
+        return getattr(fullband.model, name)
     if name == "retrofit":
         from fullband.integrations.retrofit import retrofit
 

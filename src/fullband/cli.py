@@ -4,8 +4,11 @@ dataclass (help from its field docs), set by ``--config FILE`` (TOML/YAML) and `
 from __future__ import annotations
 
 import argparse
+import difflib
+import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from fullband.config import (
     CheckConfig,
@@ -35,13 +38,19 @@ def run_generate(cfg: GenerateConfig) -> None:
     import torch
 
     from fullband.data import load_tokenizer
-    from fullband.model_io import load_any
+    from fullband.model_io import checkpoint_dir, load_any
 
-    model = load_any(cfg.checkpoint, device=cfg.device)  # native, or retrofitted (retrofit.json)
-    tokenizer = load_tokenizer(cfg.checkpoint)
+    model = load_any(cfg.checkpoint, device=cfg.device)  # native, retrofitted (retrofit.json) or hf:PATH
+    tokenizer = load_tokenizer(checkpoint_dir(cfg.checkpoint))
     prompt = tokenizer.encode(cfg.prompt) if tokenizer is not None else _parse_ids(cfg.prompt)
     if not prompt:
         raise ConfigError("--prompt is empty: give some text (or token ids) to continue")
+    vocab, context = model.config.vocab_size, model.config.max_seq_len
+    if bad := [t for t in prompt if not 0 <= t < vocab]:
+        raise ConfigError(f"--prompt token id {bad[0]} is out of range: this model's ids are 0..{vocab - 1}")
+    if len(prompt) + cfg.max_new_tokens > context:
+        raise ConfigError(f"--max_new_tokens {cfg.max_new_tokens} is too many: the prompt has {len(prompt)} tokens "
+                          f"and the model's context is {context}; use at most {max(context - len(prompt), 0)}")
     stops = [tokenizer.eos_id] if tokenizer is not None and cfg.stop_at_eos and tokenizer.eos_id is not None else []
     steps = model.stream(
         prompt, cfg.max_new_tokens, cfg.mode, prefill_passes=cfg.prefill_passes, temperature=cfg.temperature,
@@ -139,8 +148,15 @@ COMMANDS: dict[str, tuple[type, Callable, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: what is wrong and where the options are listed (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (options: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fullband",
         description="The full-bandwidth transformer: train, compare, decode, evaluate and serve.",
     )
@@ -152,25 +168,61 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """parse_args, but an unknown option is answered by the command's parser with the closest known option."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        command = commands.get(args.command, parser)
+        known = [s for action in command._actions for s in action.option_strings]
+        unknown = next((e for e in extra if e.startswith("-")), extra[0]).split("=", 1)[0]
+        spelled: dict[str, str] = {}  # normalised -> as --help shows it (the underscore spelling)
+        for option in sorted((k for k in known if k.startswith("--")), key=lambda k: "_" in k):
+            spelled["--" + option[2:].replace("-", "_")] = option
+        close = difflib.get_close_matches("--" + unknown.lstrip("-").replace("-", "_"), list(spelled), n=1)
+        hint = f"; did you mean {spelled[close[0]]}?" if close else ""
+        command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if args.command is None:
         parser.print_help()
         return 0
     config_cls, handler, _ = COMMANDS[args.command]
-    from fullband.data import DataError
+    try:  # options first: a bad one is answered before torch is even imported
+        cfg = config_from_args(config_cls, args)
+    except ConfigError as err:
+        return _fail(args.command, err)
+    from fullband.data.errors import DataError
+    from fullband.devices import resolve_device
     from fullband.model.serialization import CheckpointError
     from fullband.training.errors import TrainingError
 
     try:
-        handler(config_from_args(config_cls, args))
+        if hasattr(cfg, "device"):  # one check for every command, before anything is loaded
+            device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
+            if args.command not in ("train", "compare"):  # those resolve "auto" per process themselves
+                cfg.device = str(device)
+        handler(cfg)
     except (ConfigError, CheckpointError, DataError, TrainingError) as err:
-        print(f"fullband {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return _fail(args.command, err)
+    except (ValueError, OSError) as err:  # bad input that reached a library call; FULLBAND_TRACEBACK=1 shows where
+        if os.environ.get("FULLBAND_TRACEBACK"):
+            raise
+        return _fail(args.command, err)
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _fail(command: str, err: Exception) -> int:
+    """One line on stderr (the first line of the message), exit status 2."""
+    text = str(err).strip()
+    print(f"fullband {command}: error: {text.splitlines()[0] if text else type(err).__name__}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

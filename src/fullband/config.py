@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -117,6 +118,15 @@ class ModelConfig:
         return cls.from_dict(data)
 
 
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
+_DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def validate_device_name(name: Any, field: str = "device") -> None:
+    """The spelling of a device; whether this machine has it is :func:`fullband.devices.resolve_device`'s check."""
+    _require(isinstance(name, str) and bool(_DEVICE_NAME.fullmatch(name)), field, name, f"use {DEVICE_CHOICES}")
+
+
 def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"{name}={value!r} is invalid: {allowed}")
@@ -195,10 +205,11 @@ class GenerateConfig:
     top_p: float = doc(1.0, "Nucleus sampling mass (1 = off).")
     seed: int | None = doc(None, "Sampling seed for reproducible draws.")
     stop_at_eos: bool = doc(True, "Stop at the tokenizer's end-of-sequence token.")
-    device: str = doc("cpu", "Torch device, e.g. cpu or cuda.")
+    device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
 
     def __post_init__(self) -> None:
         _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
+        validate_device_name(self.device)
         validate_decoding_options(self.mode, self.prefill_passes, self.temperature, self.top_k, self.top_p,
                                   self.max_new_tokens, self.exact_chunk_size)
 
@@ -351,6 +362,10 @@ class TrainConfig:
     checkpoint_every: int = doc(500, "Write a checkpoint every N steps; 0 = only at the end.")
     keep_last: int = doc(3, "Complete checkpoints to keep; older ones are deleted.")
     log_every: int = doc(10, "Write a metrics.jsonl record (and TensorBoard scalars) every N steps.")
+    wandb_project: str | None = doc(
+        None, "Also log every metrics record to this Weights & Biases project (pip install 'fullband[wandb]'); "
+        "none = off. WANDB_MODE=offline keeps the run on disk (out_dir/wandb) for a later `wandb sync`.",
+    )
     compile: bool = doc(False, "torch.compile each transformer block (the Python loop over passes stays eager).")
     autocast: str = doc(
         "auto", "Mixed precision: 'auto' = bf16 autocast on CUDA, none elsewhere; 'bf16' = require it; 'off'."
@@ -458,6 +473,10 @@ def validate_train_config(c: TrainConfig) -> None:
     _require(_is_number(c.feedback_weight) and c.feedback_weight >= 0, "feedback_weight", c.feedback_weight,
              "must be >= 0")
     _require(_is_number(c.jitter) and c.jitter >= 0, "jitter", c.jitter, "must be >= 0")
+    if c.wandb_project is not None:
+        ok = isinstance(c.wandb_project, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", c.wandb_project)
+        _require(bool(ok), "wandb_project", c.wandb_project,
+                 "must be a W&B project name: letters, digits, '_', '-', '.' (at most 128), or none")
 
 
 # ---------------------------------------------------------------------------------------------- fullband train
@@ -555,12 +574,13 @@ class TrainRunConfig:
         "transformers causal LM (Llama, Qwen2, GPT-2, ...) saved with save_pretrained, with its tokenizer, in the "
         "local directory PATH, retrofitted with latent feedback ([retrofit]) and tokenized with its own tokenizer.",
     )
-    device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
+    device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
     eval_passes: tuple[int, ...] = doc(
         (1, 2, 3), "Pass counts validated: 1 = standard, k = fused prefill with k-1 extra passes.",
     )
 
     def __post_init__(self) -> None:
+        validate_device_name(self.device)
         _require(bool(self.eval_passes) and all(_is_int(k) and k >= 1 for k in self.eval_passes), "eval_passes",
                  self.eval_passes, "must be a non-empty list of integers >= 1")
         _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
@@ -601,7 +621,7 @@ class LmEvalConfig:
     batch_size: int = doc(16, "Requests per model batch.")
     limit: int | None = doc(None, "Evaluate only the first N documents of each task (none = all).")
     max_gen_toks: int = doc(256, "Default cap on generated tokens for generate_until tasks.")
-    device: str = doc("cpu", "Torch device, e.g. cpu or cuda.")
+    device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
     dtype: str = doc("float32", f"Model dtype: one of {EVAL_DTYPES}.")
     seed: int = doc(0, "Seed of the few-shot sampling and of every other random choice of lm-eval.")
     log_samples: bool = doc(False, "Also save every request and response (samples.json).")
@@ -609,6 +629,7 @@ class LmEvalConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
+        validate_device_name(self.device)
         self.tasks = tuple(self.tasks)
         _require(len(self.tasks) > 0 and all(isinstance(t, str) and t for t in self.tasks), "tasks", self.tasks,
                  "give one or more task names (--tasks a,b)")
@@ -703,11 +724,12 @@ class CompareConfig:
         "small models use one core poorly). The numbers do not depend on it.")
     out_dir: str = doc("runs/compare", "Run directory: one sub-directory per training run, report.md, "
                        "results.json and the plots.")
-    device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
+    device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
 
     def __post_init__(self) -> None:
         self.budgets = tuple(sorted(float(b) for b in self.budgets))
         self.fused_passes = tuple(self.fused_passes)
+        validate_device_name(self.device)
         validate_compare_config(self)
 
     @classmethod
@@ -862,11 +884,12 @@ class ReasoningConfig:
     fused_passes: int = doc(2, "fused mode: extra fused passes over the prompt.")
     seed: int = doc(0, "Seed of the problems, the initial weights and the batches.")
     threads: int = doc(1, "torch CPU threads (1 is fastest for tiny models on a shared CPU).")
-    device: str = doc("cpu", "Torch device for training and decoding.")
+    device: str = doc("cpu", "Torch device for training and decoding: auto, cpu, cuda, cuda:N or mps.")
     progress: bool = doc(True, "Progress bars.")
     reuse_models: bool = doc(False, "Evaluate the models an earlier run left in out_dir instead of training.")
 
     def __post_init__(self) -> None:
+        validate_device_name(self.device)
         _fill_from_preset(self, REASONING_PRESETS)
         self.strides = tuple(self.strides)
         self.modes = tuple(self.modes)
@@ -928,11 +951,12 @@ class StateTrackingConfig:
     ridge: float = doc(1e-2, "Ridge penalty of the probes (times the number of examples).")
     seed: int = doc(0, "Seed of the data, the initial weights and the batches.")
     threads: int = doc(1, "torch CPU threads (1 is fastest for tiny models on a shared CPU).")
-    device: str = doc("cpu", "Torch device for training and probing.")
+    device: str = doc("cpu", "Torch device for training and probing: auto, cpu, cuda, cuda:N or mps.")
     progress: bool = doc(True, "Progress bars.")
     reuse_models: bool = doc(False, "Probe the models an earlier run left in out_dir instead of training.")
 
     def __post_init__(self) -> None:
+        validate_device_name(self.device)
         _fill_from_preset(self, STATE_PRESETS)
         self.tasks, self.prefills = tuple(self.tasks), tuple(self.prefills)
         self.pass_mix = tuple(float(x) for x in self.pass_mix)

@@ -87,8 +87,11 @@ def test_tokenizer_adapter_saves_beside_fullbands_marker_and_loads_back(hf_dir, 
     assert tokenizer.decode([*ids, tokenizer.eos_id, 10_000]) == text  # special and out-of-range ids dropped
     tokenizer.save(tmp_path)
     marker = json.loads((tmp_path / "tokenizer_config.json").read_text())
-    assert marker["type"] == "hf" and marker["path"] == "hf_tokenizer"
-    assert json.loads((tmp_path / "hf_tokenizer" / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
+    # One tokenizer_config.json: transformers' own keys plus fullband's, so AutoTokenizer reads the directory too.
+    assert marker["type"] == "hf" and marker["path"] == "." and marker["eos_token"] == "<|endoftext|>"
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(str(tmp_path))(text, add_special_tokens=False).input_ids == ids
     back = load_tokenizer(tmp_path)
     assert back.encode(text) == ids and back.fingerprint == tokenizer.fingerprint
     assert back.config() == tokenizer.config()
@@ -100,7 +103,8 @@ def test_train_retrofitted_gpt2_then_generate(hf_dir, text_file, tmp_path, capsy
                  "--schedule.feedback_start", "0.5", "--retrofit.feedback_source", "1") == 0
     assert [r["passes"] for r in records(out)][:2] == [1, 1] and all(r["passes"] >= 2 for r in records(out)[2:])
     model_dir = out / "model"
-    assert {"retrofit.json", "fusion.safetensors", "base", "tokenizer_config.json", "hf_tokenizer"} <= {
+    assert {"retrofit.json", "fusion.safetensors", "base", "tokenizer_config.json", "config.json", "README.md",
+            "modeling_fullband.py", "configuration_fullband.py"} <= {
         p.name for p in model_dir.iterdir()}
     model = load_any(model_dir)
     assert isinstance(model, RetrofittedLM) and model.config.feedback_source == 1
@@ -144,7 +148,7 @@ def test_resumed_run_reproduces_the_uninterrupted_losses(hf_dir, text_file, tmp_
     assert train(out, hf_dir, *args) == 0
     uninterrupted = records(out)
     step2 = out / "checkpoints" / "step-0000002"
-    assert {"retrofit.json", "fusion.safetensors", "base", "hf_tokenizer", "optimizer.pt"} <= {
+    assert {"retrofit.json", "fusion.safetensors", "base", "tokenizer_config.json", "optimizer.pt"} <= {
         p.name for p in step2.iterdir()}
     shutil.rmtree(out / "checkpoints" / "step-0000004")  # interrupted after step 2
     assert train(out, hf_dir, *args, "--resume", "true") == 0

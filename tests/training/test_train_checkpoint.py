@@ -43,8 +43,8 @@ def test_layout_and_manifest(tmp_path):
     path = save(tmp_path, model, optimizer, step=4)
     assert path == tmp_path / "checkpoints" / "step-0000004"
     names = sorted(p.name for p in path.iterdir())
-    assert names == ["config.json", "manifest.json", "model.safetensors", "optimizer.pt", "rng.pt",
-                     "run_config.json", "trainer_state.json"]
+    assert names == ["README.md", "config.json", "configuration_fullband.py", "manifest.json", "model.safetensors",
+                     "modeling_fullband.py", "optimizer.pt", "rng.pt", "run_config.json", "trainer_state.json"]
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["step"] == 4 and set(manifest["files"]) == set(names) - {"manifest.json"}
     assert verify_checkpoint(path) is None

@@ -40,6 +40,8 @@ def test_train_on_shakespeare_writes_a_usable_run(tmp_path, capsys):
     assert {"val_loss_1pass", "val_loss_2pass", "val_loss_3pass", "val_bpb_1pass"} <= set(evals[-1])
     model = FullBandwidthLM.from_pretrained(out / "model")
     assert model.config.vocab_size == 320  # 257 byte tokens rounded up to a multiple of 64
+    card = (out / "model" / "README.md").read_text()  # the model card records what the run trained on
+    assert "512 tokens" in card and "in 8 steps on `shakespeare`" in card
     assert main(["generate", "--checkpoint", str(out / "model"), "--prompt", "KING:", "--max_new_tokens", "5"]) == 0
     tok = ByteTokenizer()
     new = model.generate(tok.encode("KING:"), 5, mode="soft", stop_token_ids=[tok.eos_id])[len("KING:") :]
@@ -119,7 +121,8 @@ def test_unknown_option_is_rejected_by_name(tmp_path, capsys):
 def test_init_from_rejects_a_tokenizer_larger_than_the_model_vocabulary(tmp_path, capsys):
     base = tmp_path / "base"
     assert train(base, "--train.max_steps", "1", "--model.vocab_size", "257") == 0
-    (base / "model" / "tokenizer_config.json").unlink()  # no tokenizer of its own: a new BPE one is trained
+    for name in ("tokenizer_config.json", "tokenizer.json"):  # no tokenizer of its own: a new BPE one is trained
+        (base / "model" / name).unlink()
     assert train(tmp_path / "bpe", "--init_from", str(base / "model"), "--data.tokenizer", "bpe",
                  "--data.bpe_vocab_size", "300", "--train.max_steps", "1") == 2
     assert "has vocab_size=257 but the tokenizer has 300 tokens" in capsys.readouterr().err

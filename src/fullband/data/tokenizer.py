@@ -6,9 +6,13 @@ On disk a tokenizer is a directory with fullband's ``tokenizer_config.json`` (``
 
 - for BPE, the ``tokenizers`` library's ``tokenizer.json`` beside it;
 - for ``hf`` (:class:`TransformersTokenizer`, the tokenizer of a retrofitted transformers model), the
-  tokenizer's own ``save_pretrained`` in the sub-directory the marker names (``{"type": "hf", "path":
-  "hf_tokenizer"}``). transformers writes a ``tokenizer_config.json`` of its own, with other contents, so the two
-  never share a directory.
+  tokenizer's own ``save_pretrained`` in the same directory, fullband's keys (``{"type": "hf", "path": "."}``)
+  added to transformers' ``tokenizer_config.json`` (older saves: in the sub-directory ``path`` names).
+
+The byte and BPE tokenizers also write what transformers' ``AutoTokenizer`` reads from the same directory: a
+``tokenizer.json`` (for the byte tokenizer, a byte-level model whose ids are the bytes) and transformers' keys in
+``tokenizer_config.json`` (``tokenizer_class``, ``eos_token``, ``split_special_tokens``), which fullband ignores,
+so a checkpoint's tokenizer opens in HF tools (lm-eval's ``--model hf``) and encodes to the same ids.
 
 ``load_tokenizer(dir)`` reads each back. Two foreign layouts load too: a bare ``tokenizer.json`` if it has a
 recognisable end-of-text token, and a directory written by a transformers tokenizer's ``save_pretrained`` (its
@@ -72,6 +76,44 @@ class Tokenizer(ABC):
         return sha256_bytes(json.dumps(self.config(), sort_keys=True).encode())
 
 
+def _hf_keys(eos_token: str) -> dict[str, Any]:
+    """transformers' keys of a tokenizer_config.json that describe fullband's own encoding rules."""
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": eos_token,
+        "split_special_tokens": True,  # as in fullband: text spelling a special token encodes as text
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+    }
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map, the alphabet of a ``ByteLevel`` pre-tokenizer."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def _byte_tokenizer_json(eos_id: int) -> dict[str, Any]:
+    """A ``tokenizers`` definition whose ids are the UTF-8 bytes (no merges) plus the end-of-text token."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": eos_id, "content": EOS_TOKEN, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}],
+        "normalizer": None, "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": {char: b for b, char in _bytes_to_unicode().items()}, "merges": []},
+    }
+
+
 class ByteTokenizer(Tokenizer):
     """UTF-8 bytes as ids 0..255, then ``<|endoftext|>`` = 256: vocabulary 257, nothing to train."""
 
@@ -88,7 +130,9 @@ class ByteTokenizer(Tokenizer):
         return {"type": "byte", "vocab_size": self.vocab_size, "eos_id": self.eos_id, "bos_id": None}
 
     def save(self, directory: str | Path) -> None:
-        atomic_write_json(Path(directory) / CONFIG_FILE, self.config())
+        directory = Path(directory)
+        atomic_write_json(directory / BPE_FILE, _byte_tokenizer_json(self.eos_id))  # for AutoTokenizer
+        atomic_write_json(directory / CONFIG_FILE, {**_hf_keys(EOS_TOKEN), **self.config()})
 
     def __repr__(self) -> str:
         return "ByteTokenizer()"
@@ -132,13 +176,17 @@ class BPETokenizer(Tokenizer):
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
         atomic_write_bytes(directory / BPE_FILE, self._json.encode("utf-8"))
-        atomic_write_json(directory / CONFIG_FILE, self.config())  # written last: marks a complete save
+        # written last: marks a complete save
+        atomic_write_json(directory / CONFIG_FILE, {**_hf_keys(self.eos_token), **self.config()})
 
     @classmethod
     def from_file(cls, path: str | Path, eos_token: str | None = None) -> BPETokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
-        tk = HFTokenizer.from_file(str(path))
+        try:
+            tk = HFTokenizer.from_file(str(path))
+        except Exception as err:  # the tokenizers library raises a bare Exception for a damaged file
+            raise DataError(f"{path} is not a valid tokenizers file ({err}); save the tokenizer again") from None
         if eos_token is None:
             vocab = tk.get_vocab(with_added_tokens=True)
             eos_token = next((t for t in _KNOWN_EOS if t in vocab), None)
@@ -186,8 +234,10 @@ class TransformersTokenizer(Tokenizer):
     tokenizer's ``eos_token`` (or, when that is unset, the first of the usual end-of-text tokens in its
     vocabulary). ``vocab_size`` counts added tokens (``len(tokenizer)``).
 
-    Saved as ``hf_tokenizer/`` (the tokenizer's own ``save_pretrained``) plus fullband's ``tokenizer_config.json``
-    marker ``{"type": "hf", "path": "hf_tokenizer", ...}`` beside it, written last.
+    Saved with the tokenizer's own ``save_pretrained`` into the directory itself, so ``AutoTokenizer`` reads it
+    there, and fullband's keys (``{"type": "hf", "path": ".", ...}``) then added to its ``tokenizer_config.json``
+    (transformers keeps unknown keys as init arguments and ignores them). Older saves, with the files in
+    ``hf_tokenizer/`` and the marker alone in ``tokenizer_config.json``, still load.
     """
 
     def __init__(self, tk: Any, source: str = "") -> None:
@@ -213,8 +263,13 @@ class TransformersTokenizer(Tokenizer):
         except ImportError:
             raise DataError(f"{directory} holds a transformers tokenizer; loading it needs transformers "
                             "(pip install 'fullband[hf]')") from None
+        # A fullband checkpoint's config.json names remote code (auto_map): with fullband's model types registered
+        # AutoTokenizer reads that config locally, and it never asks whether to run remote code.
+        import fullband.integrations.hf
+        import fullband.integrations.hf_retrofit  # noqa: F401
+
         try:
-            tk = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+            tk = AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise DataError(f"cannot load a transformers tokenizer from {directory}: {first}") from None
@@ -248,7 +303,7 @@ class TransformersTokenizer(Tokenizer):
     def config(self) -> dict[str, Any]:
         return {
             "type": "hf",
-            "path": HF_TOKENIZER_DIR,
+            "path": ".",
             "tokenizer_class": type(self._tk).__name__,
             "vocab_size": self.vocab_size,
             "eos_id": self.eos_id,
@@ -258,12 +313,14 @@ class TransformersTokenizer(Tokenizer):
 
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
-        target, tmp = directory / HF_TOKENIZER_DIR, directory / f".{HF_TOKENIZER_DIR}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        self._tk.save_pretrained(str(tmp))
-        shutil.rmtree(target, ignore_errors=True)  # no stale file of an earlier save stays beside the new ones
-        tmp.rename(target)
-        atomic_write_json(directory / CONFIG_FILE, self.config())  # written last: marks a complete save
+        shutil.rmtree(directory / HF_TOKENIZER_DIR, ignore_errors=True)  # an older layout's copy
+        self._tk.save_pretrained(str(directory))
+        saved = json.loads((directory / CONFIG_FILE).read_text())
+        # fullband's keys, last: they mark a complete save. Not those transformers reads itself (the class, and
+        # vocab_size, which it would take as an argument).
+        ours = {k: v for k, v in self.config().items() if k not in ("tokenizer_class", "vocab_size")}
+        # split_special_tokens: HF tools then encode text as fullband trained on it (special tokens only by id).
+        atomic_write_json(directory / CONFIG_FILE, {**saved, "split_special_tokens": True, **ours})
 
     def __repr__(self) -> str:
         return f"TransformersTokenizer({type(self._tk).__name__}, vocab_size={self.vocab_size})"

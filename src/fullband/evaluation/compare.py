@@ -36,7 +36,7 @@ from fullband.evaluation.perplexity import ExactSpec, evaluate_modes, exact_agre
 from fullband.evaluation.plots import have_matplotlib
 from fullband.evaluation.report import print_summary, write_report
 from fullband.evaluation.stability import stability_curve
-from fullband.model import FullBandwidthLM
+from fullband.model_io import load_any
 from fullband.training.run import resolve_device, run_train
 from fullband.training.trainer import METRICS_FILE
 
@@ -172,7 +172,7 @@ def evaluate_run(cfg: CompareConfig, record: dict[str, Any], model_dir: Path, de
                  stability: list[dict[str, Any]], progress: bool) -> None:
     """Test-split scores of one trained model in every mode (into ``record``); stability curves of feedback ones."""
     t0 = time.perf_counter()
-    model = FullBandwidthLM.from_pretrained(model_dir, device=device).eval()
+    model = load_any(model_dir, device=device).eval()
     tokenizer = load_tokenizer(model_dir)
     test = load_tokens(cfg.data.source, "test", tokenizer)
     batches = [w.to(device) for w in eval_windows(test.tokens, cfg.train.seq_len, cfg.eval_windows,

@@ -2,8 +2,9 @@
 
 Importing this module registers the model name ``fullband`` with lm-eval. Model arguments:
 
-- ``pretrained`` (required): a directory written by ``save_pretrained`` / ``fullband train`` (``.../model``);
-  text is tokenized with the tokenizer saved there (``tokenizer_config.json``).
+- ``pretrained`` (required): a directory written by ``save_pretrained`` / ``fullband train`` (``.../model``),
+  native or retrofitted, or ``hf:PATH`` (a transformers model, retrofitted on load); text is tokenized with the
+  tokenizer saved there (``tokenizer_config.json``).
 - ``mode``: ``standard | soft | fused | exact`` (default ``standard``); ``prefill_passes=k`` for ``fused``.
 - ``exact_chunk_size`` (1 = sequential) and ``exact_tol``: how the exact parts are computed (see below).
 - ``batch_size`` (default 16; ``auto`` means the default), ``device`` (default cpu), ``dtype``
@@ -47,7 +48,7 @@ from tqdm.auto import tqdm
 from fullband.config import DECODING_MODES, ConfigError
 from fullband.data import Tokenizer, load_tokenizer
 from fullband.evaluation.continuation import score_continuations
-from fullband.model import FullBandwidthLM
+from fullband.model_io import checkpoint_dir, load_any
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 DEFAULT_BATCH_SIZE = 16
@@ -78,13 +79,13 @@ class FullbandLM(LM):
             raise ConfigError(f"dtype={dtype!r} is invalid: must be one of {tuple(DTYPES)}")
         if not isinstance(prefill_passes, int) or prefill_passes < 0:
             raise ConfigError(f"prefill_passes={prefill_passes!r} is invalid: must be an integer >= 0")
-        tokenizer = load_tokenizer(pretrained)
+        tokenizer = load_tokenizer(checkpoint_dir(pretrained))
         if tokenizer is None:
             raise ConfigError(f"pretrained={pretrained!r} has no saved tokenizer (tokenizer_config.json); "
                               "lm-eval needs one to turn text into ids")
         self.tokenizer: Tokenizer = tokenizer
         self._device = torch.device(device or "cpu")
-        self.model = FullBandwidthLM.from_pretrained(pretrained, device=self._device, dtype=DTYPES[dtype])
+        self.model = load_any(pretrained, device=self._device, dtype=DTYPES[dtype])  # native, retrofitted, hf:PATH
         self.mode, self.prefill_passes = mode, prefill_passes
         self.exact_chunk_size, self.exact_tol = exact_chunk_size, exact_tol
         self.batch_size = _batch_size(batch_size, max_batch_size)

@@ -22,8 +22,9 @@ def run_lm_eval(cfg: LmEvalConfig) -> tuple[dict[str, Any], str]:
     from lm_eval.utils import handle_non_serializable, make_table
 
     import fullband.evaluation.lm_eval_adapter as adapter  # registers the "fullband" model name
+    from fullband.model_io import checkpoint_dir
 
-    if not Path(cfg.checkpoint).is_dir():
+    if not checkpoint_dir(cfg.checkpoint).is_dir():
         raise ConfigError(f"checkpoint={cfg.checkpoint!r} is invalid: no such directory")
     if cfg.include_path is not None and not Path(cfg.include_path).is_dir():
         raise ConfigError(f"include_path={cfg.include_path!r} is invalid: no such directory")

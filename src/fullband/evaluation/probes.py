@@ -1,5 +1,6 @@
 """The residual stream at every depth under a given prefill, and closed-form linear probes on it.
 
+A retrofitted model's depths are its pretrained network's ``hidden_states`` for the same inputs.
 The model's forward returns only the carried state, so :func:`residual_stream` runs the blocks itself (as
 ``FullBandwidthLM.run_stack`` does: RoPE angles, then the block loop) on the inputs of the prefill's last pass,
 built by the model's own :func:`fullband.model.recurrence.pass_inputs`. Depth 0 is the input layer: the token
@@ -34,6 +35,10 @@ def residual_stream(model: FullBandwidthLM, tokens: torch.Tensor, passes: int | 
     if getattr(model, "input_norm", None) is not None:  # depth 0 is what the first block sees
         x = model.input_norm(x)
     positions = torch.arange(T, device=tokens.device).expand(B, T)
+    if not isinstance(model, FullBandwidthLM):  # retrofitted: the pretrained network's own hidden states, whose
+        # last entry is after its final norm (Llama, Qwen2, GPT-2), the head's input
+        out = model.base.base_model(inputs_embeds=x, position_ids=positions, output_hidden_states=True)
+        return torch.stack(out.hidden_states)
     rope = rope_angles(positions, model.inv_freq, x.dtype)
     states = [x]
     for block in model.blocks:
@@ -51,7 +56,8 @@ def final_token_states(
         stream = residual_stream(model, tokens[start : start + batch_size], passes)[:, :, -1]  # (L+1, b, D)
         states.append(stream)
         with torch.no_grad():
-            logits.append(model.lm_head(model.norm(stream[-1])))
+            top = stream[-1] if not isinstance(model, FullBandwidthLM) else model.norm(stream[-1])  # see above
+            logits.append(model.lm_head(top))
     return torch.cat(states, dim=1), torch.cat(logits)
 
 

@@ -44,6 +44,7 @@ from fullband.evaluation.studies import (
     write_json,
 )
 from fullband.model import FullBandwidthLM
+from fullband.model_io import load_any
 
 TOLERANCE = 0.05  # "equal accuracy" = within 5 points of the baseline's best
 TEST_SHARE = 0.5  # at most half of the problems of a length are held out, the rest can be trained on
@@ -141,7 +142,7 @@ def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Proble
         by_length.setdefault(p.n, []).append(p)
     variants = [("baseline", "standard")] + [("fullband", mode) for mode in cfg.modes]
     jobs = [(kind, mode, s, n) for kind, mode in variants for s in cfg.strides for n in sorted(by_length)]
-    models = {kind: FullBandwidthLM.from_pretrained(path, device=cfg.device) for kind, path in model_dirs.items()}
+    models = {kind: load_any(path, device=cfg.device) for kind, path in model_dirs.items()}  # native or retrofitted
     cells = []
     for kind, mode, stride, n in tqdm(jobs, desc="decoding", disable=not cfg.progress):
         cell = decode_cell(models[kind], tokenizer, by_length[n], stride, mode, cfg.fused_passes)

@@ -46,6 +46,7 @@ from fullband.evaluation.studies import (
     write_json,
 )
 from fullband.model import FullBandwidthLM
+from fullband.model_io import load_any
 
 
 def variant_name(kind: str, prefill: str) -> str:
@@ -106,7 +107,7 @@ def run_state_tracking(cfg: StateTrackingConfig) -> dict[str, Any]:
     spec = StudyModel(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.seq_len + 2, cfg.steps, cfg.batch_size, cfg.lr,
                       cfg.feedback_start, cfg.pass_mix, cfg.seed, cfg.device)
     training = train_both(spec, train_path, test_path, out_dir, cfg.progress, reuse=cfg.reuse_models)
-    models = {k: FullBandwidthLM.from_pretrained(v["model_dir"], device=cfg.device) for k, v in training.items()}
+    models = {k: load_any(v["model_dir"], device=cfg.device) for k, v in training.items()}
     sets = probe_sets(cfg)
     variants = [("baseline", "standard")] + [("fullband", p) for p in cfg.prefills]
     jobs = [(task, kind, prefill) for task in cfg.tasks for kind, prefill in variants]

@@ -7,6 +7,9 @@ each row's carried state, :class:`fullband.generation.DecodeState` — in the sl
 (``cache`` from transformers 5.24, ``past_key_values`` before), so the latent state travels between steps.
 
 Importing this module registers the model type ``"fullband"`` with the Auto classes (no trust_remote_code).
+Without that import, ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` finds these classes
+through ``auto_map`` and the thin remote-code modules that every fullband checkpoint holds
+(:mod:`fullband.model.hub`).
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from fullband.config import ModelConfig, validate_decoding_options
+from fullband.config import DECODING_MODES, ConfigError, ModelConfig, validate_decoding_options
 from fullband.generation.decoding import DecodeState, decode_step, prefill
 from fullband.integrations._hf_compat import OUTPUT_CACHE_FIELD
-from fullband.model import FullBandwidthLM
+from fullband.model import FullBandwidthLM, hub
 from fullband.model.layers import RMSNorm, rope_inv_freq
 
 try:  # transformers >= 5: init functions that skip tensors already loaded from a checkpoint
@@ -31,8 +34,8 @@ try:  # transformers >= 5: init functions that skip tensors already loaded from 
 except ImportError:  # pragma: no cover
     from torch.nn import init
 
-MODEL_TYPE = "fullband"
-DECODING_DEFAULTS: dict[str, Any] = {"decoding_mode": "soft", "prefill_passes": 1, "exact_chunk_size": 1}
+MODEL_TYPE = hub.MODEL_TYPE
+DECODING_DEFAULTS: dict[str, Any] = hub.DECODING_DEFAULTS
 CACHE_GROWTH = 256  # positions added to the decoding KV cache whenever it fills up
 
 _MODEL_FIELDS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
@@ -40,7 +43,8 @@ _MODEL_FIELDS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 class FullBandwidthConfig(PretrainedConfig):
     """Every :class:`~fullband.ModelConfig` field under its own name, plus the default decoding of ``generate``:
-    ``decoding_mode`` (standard | soft | fused | exact), ``prefill_passes`` (fused) and ``exact_chunk_size`` (exact).
+    ``decoding_mode`` (standard | soft | fused | exact), ``prefill_passes`` (fused) and ``exact_chunk_size`` (exact),
+    and ``score_mode``, the mode of a forward without a decoding state (see ``fullband.model.hub.DECODING_DEFAULTS``).
     """
 
     model_type = MODEL_TYPE
@@ -56,9 +60,11 @@ class FullBandwidthConfig(PretrainedConfig):
         for name, default in {**_MODEL_FIELDS, **DECODING_DEFAULTS}.items():
             setattr(self, name, kwargs.pop(name, default))
         kwargs["tie_word_embeddings"] = self.tie_embeddings  # transformers ties lm_head to the embedding by this
+        kwargs.setdefault("auto_map", hub.auto_map())  # remote code: tools that never import fullband open it
+        kwargs.pop("fullband_version", None)
         super().__init__(**kwargs)
         self.to_model_config()  # reject bad values now, with ModelConfig's messages
-        _check_decoding(self.decoding_mode, self.prefill_passes, self.exact_chunk_size)
+        _check_decoding(self.decoding_mode, self.prefill_passes, self.exact_chunk_size, self.score_mode)
 
     def to_model_config(self) -> ModelConfig:
         return ModelConfig(**{name: getattr(self, name) for name in _MODEL_FIELDS})
@@ -68,7 +74,91 @@ class FullBandwidthConfig(PretrainedConfig):
         return cls(**config.to_dict(), **kwargs)
 
 
-class FullBandwidthForCausalLM(PreTrainedModel, GenerationMixin):
+class FeedbackForwardMixin:
+    """The transformers ``forward`` of a fullband model (native or retrofitted): scoring, and ``generate``'s
+    prefill and steps on fullband's own decoding state. A class using it provides ``fullband_model`` and the
+    decoding cache's sizing (``_prefill_cache_len``, ``_make_room``)."""
+
+    fullband_model: Any
+    config: Any
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the decoding state is fullband's own (DecodeState), created by the first forward
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        cache: DecodeState | None = None,
+        past_key_values: DecodeState | None = None,  # the name of ``cache`` before transformers 5.24
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        passes: int | None = None,
+        plain_prefix: int | torch.Tensor = 1,
+        decoding_mode: str | None = None,
+        prefill_passes: int | None = None,
+        exact_chunk_size: int | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,  # generate's extras (position_ids, output_attentions, ...): positions come from the mask
+    ) -> CausalLMOutputWithPast | tuple:
+        """Three uses, told apart by the decoding state:
+
+        - no state and ``use_cache`` not True: the native multi-pass forward (training, scoring): ``passes``,
+          ``plain_prefix``, ``labels`` (loss = NTP(pass 1) + mean NTP of later passes) as in FullBandwidthLM.
+          Without ``passes``, ``config.score_mode`` decides: standard = one plain pass; soft, fused, exact = the
+          exact recurrence after a plain prefix of ``plain_prefix`` (1: what the mode's decoding gives after a
+          one-token prompt; lm-eval's ``--model hf`` scores this way, for it gives no prompt boundary);
+        - ``use_cache=True`` and no state (generate's prefill): prefill the prompt in ``decoding_mode`` (default
+          ``config.decoding_mode``) and return the next-token logits (B, 1, V) with the new state;
+        - a state (generate's later steps): feed ``input_ids[:, -1]`` and advance it (KV cache + carried state).
+        """
+        lm = self.fullband_model
+        if input_ids is None:
+            raise ValueError(f"{type(self).__name__} needs input_ids: the fusion gates on the token embeddings, "
+                             "so inputs_embeds cannot replace them")
+        state = cache if cache is not None else past_key_values
+        if state is not None and not isinstance(state, DecodeState):
+            if state.get_seq_length() > 0:
+                raise TypeError(f"{type(self).__name__} decodes with its own state (DecodeState), not a "
+                                f"transformers {type(state).__name__}; do not pass one to generate()")
+            state = None  # an empty cache made by a caller: ignore it
+        loss = None
+        if isinstance(state, DecodeState):
+            self._make_room(state)
+            decode_step(lm, state, input_ids[:, -1])
+            logits = state.next_logits[:, None]
+        elif use_cache:
+            mode = decoding_mode or self.config.decoding_mode
+            passes_k = self.config.prefill_passes if prefill_passes is None else prefill_passes
+            chunk = exact_chunk_size or self.config.exact_chunk_size
+            _check_decoding(mode, passes_k, chunk)
+            mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+            max_len = self._prefill_cache_len(input_ids.shape[1])
+            state = prefill(lm, input_ids, mask.long(), mode, max_len, passes_k, chunk)
+            logits = state.next_logits[:, None]
+        else:
+            if decoding_mode is not None:
+                raise ValueError("decoding_mode needs a decoding state: generate with use_cache=True (the default)")
+            score_mode = self.config.score_mode
+            if passes is None and score_mode != "standard" and lm.config.feedback:
+                _check_decoding(score_mode, self.config.prefill_passes, self.config.exact_chunk_size, score_mode)
+                chunk = self.config.exact_chunk_size
+                out = lm.forward_exact(input_ids, plain_prefix=plain_prefix, attention_mask=attention_mask,
+                                                 method="sequential" if chunk == 1 else "chunked", chunk_size=chunk)
+                logits = out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
+                loss = None if labels is None else _next_token_loss(out.logits, labels)
+            else:
+                out = lm(input_ids, passes=passes or 1, plain_prefix=plain_prefix, labels=labels,
+                                   attention_mask=attention_mask, logits_to_keep=logits_to_keep)
+                logits, loss = out.logits, out.loss
+        output = CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_CACHE_FIELD: state})
+        return output if return_dict is not False else output.to_tuple()
+
+
+
+class FullBandwidthForCausalLM(FeedbackForwardMixin, PreTrainedModel, GenerationMixin):
     config_class = FullBandwidthConfig
     base_model_prefix = ""  # no backbone/head split: the parameter names are the native ones
     main_input_name = "input_ids"
@@ -102,6 +192,12 @@ class FullBandwidthForCausalLM(PreTrainedModel, GenerationMixin):
         p = model.embed.weight
         return hf.to(device=p.device, dtype=p.dtype).train(model.training)
 
+    def save_pretrained(self, save_directory: str, *args: Any, **kwargs: Any) -> None:
+        """transformers' save_pretrained, plus the remote-code modules and the model card (fullband.model.hub)."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        hub.write_remote_code(save_directory)
+        hub.write_model_card(save_directory, self.config.to_dict())
+
     def train(self, mode: bool = True) -> FullBandwidthForCausalLM:
         self._native.training = mode  # the native module is not a child, so nn.Module.train() does not reach it
         return super().train(mode)
@@ -125,71 +221,28 @@ class FullBandwidthForCausalLM(PreTrainedModel, GenerationMixin):
             inv_freq = rope_inv_freq(self.config.d_model // self.config.n_heads, self.config.rope_theta)
             init.copy_(self._native.inv_freq, inv_freq.to(self._native.inv_freq.device))
 
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # the decoding state is fullband's own (DecodeState), created by the first forward
+    @property
+    def fullband_model(self) -> FullBandwidthLM:
+        return self._native
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        cache: DecodeState | None = None,
-        past_key_values: DecodeState | None = None,  # the name of ``cache`` before transformers 5.24
-        use_cache: bool | None = None,
-        logits_to_keep: int = 0,
-        passes: int = 1,
-        plain_prefix: int | torch.Tensor = 1,
-        decoding_mode: str | None = None,
-        prefill_passes: int | None = None,
-        exact_chunk_size: int | None = None,
-        return_dict: bool | None = None,
-        **kwargs: Any,  # generate's extras (position_ids, output_attentions, ...): positions come from the mask
-    ) -> CausalLMOutputWithPast | tuple:
-        """Three uses, told apart by the decoding state:
+    def _prefill_cache_len(self, prompt_len: int) -> int:
+        return min(self.config.max_seq_len, prompt_len + CACHE_GROWTH)  # grown by _make_room as generate goes on
 
-        - no state and ``use_cache`` not True: the native multi-pass forward (training, scoring): ``passes``,
-          ``plain_prefix``, ``labels`` (loss = NTP(pass 1) + mean NTP of later passes) as in FullBandwidthLM;
-        - ``use_cache=True`` and no state (generate's prefill): prefill the prompt in ``decoding_mode`` (default
-          ``config.decoding_mode``) and return the next-token logits (B, 1, V) with the new state;
-        - a state (generate's later steps): feed ``input_ids[:, -1]`` and advance it (KV cache + carried state).
-        """
-        if input_ids is None:
-            raise ValueError("FullBandwidthForCausalLM needs input_ids: the fusion gates on the token embeddings, "
-                             "so inputs_embeds cannot replace them")
-        state = cache if cache is not None else past_key_values
-        if state is not None and not isinstance(state, DecodeState):
-            if state.get_seq_length() > 0:
-                raise TypeError("FullBandwidthForCausalLM decodes with its own state (DecodeState), not a "
-                                f"transformers {type(state).__name__}; do not pass one to generate()")
-            state = None  # an empty cache made by a caller: ignore it
-        loss = None
-        if isinstance(state, DecodeState):
-            _ensure_room(self._native, state)
-            decode_step(self._native, state, input_ids[:, -1])
-            logits = state.next_logits[:, None]
-        elif use_cache:
-            mode = decoding_mode or self.config.decoding_mode
-            passes_k = self.config.prefill_passes if prefill_passes is None else prefill_passes
-            chunk = exact_chunk_size or self.config.exact_chunk_size
-            _check_decoding(mode, passes_k, chunk)
-            mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-            max_len = min(self.config.max_seq_len, input_ids.shape[1] + CACHE_GROWTH)
-            state = prefill(self._native, input_ids, mask.long(), mode, max_len, passes_k, chunk)
-            logits = state.next_logits[:, None]
-        else:
-            if decoding_mode is not None:
-                raise ValueError("decoding_mode needs a decoding state: generate with use_cache=True (the default)")
-            out = self._native(input_ids, passes=passes, plain_prefix=plain_prefix, labels=labels,
-                               attention_mask=attention_mask, logits_to_keep=logits_to_keep)
-            logits, loss = out.logits, out.loss
-        output = CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_CACHE_FIELD: state})
-        return output if return_dict is not False else output.to_tuple()
+    def _make_room(self, state: DecodeState) -> None:
+        _ensure_room(self._native, state)
 
 
-def _check_decoding(mode: str, prefill_passes: int, exact_chunk_size: int) -> None:
+def _check_decoding(mode: str, prefill_passes: int, exact_chunk_size: int, score_mode: str = "standard") -> None:
     # The sampling options are generate's own (GenerationConfig); only the mode's options are checked here.
     validate_decoding_options(mode, prefill_passes, 0.0, 0, 1.0, 0, exact_chunk_size)
+    if score_mode not in DECODING_MODES:
+        raise ConfigError(f"score_mode={score_mode!r} is invalid: must be one of {DECODING_MODES}")
+
+
+def _next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``logits`` (B, T, V) against ``labels`` (B, T) shifted by one; -100 = ignore."""
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+                                             ignore_index=-100)
 
 
 @torch.no_grad()

@@ -219,11 +219,12 @@ class RetrofittedLM(nn.Module):
 
         return stream(self, prompt_ids, max_new_tokens, mode, **kwargs)
 
-    def save_pretrained(self, directory: str | Path) -> None:
-        """Base model (its own save_pretrained, in ``base/``) + fusion weights + ``retrofit.json``."""
+    def save_pretrained(self, directory: str | Path, **decoding: Any) -> None:
+        """Base model (its own save_pretrained, in ``base/``) + fusion weights + ``retrofit.json``, and what
+        transformers needs to open it (config.json, remote code; ``decoding`` sets its decoding defaults)."""
         from fullband.integrations.retrofit_io import save_retrofitted
 
-        save_retrofitted(self, directory)
+        save_retrofitted(self, directory, **decoding)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, **base_kwargs: Any) -> RetrofittedLM:

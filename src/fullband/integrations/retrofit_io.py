@@ -4,8 +4,11 @@
     fusion.safetensors    the LatentFusion weights
     retrofit.json         format marker, base architecture, which hidden state feeds back, fusion settings
 
-The base stays a plain transformers checkpoint: ``AutoModelForCausalLM.from_pretrained(dir / "base")`` loads the
-pretrained network alone, fine-tuned weights included.
+Beside them, a transformers-form ``config.json``, the remote-code modules and a model card (fullband.model.hub) let
+``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` open the whole retrofitted model
+(fullband.integrations.hf_retrofit). The base stays a plain transformers checkpoint:
+``AutoModelForCausalLM.from_pretrained(dir / "base")`` loads the pretrained network alone, fine-tuned weights
+included.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from fullband.model.serialization import CheckpointError
+from fullband.model import hub
+from fullband.model.serialization import CONFIG_NAME, CheckpointError
 from fullband.model_io import RETROFIT_BASE, RETROFIT_CONFIG, RETROFIT_FUSION, is_retrofit_checkpoint
 
 if TYPE_CHECKING:
@@ -32,7 +36,8 @@ FUSION_WEIGHTS = RETROFIT_FUSION
 BASE_DIR = RETROFIT_BASE
 
 
-def save_retrofitted(model: RetrofittedLM, directory: str | Path) -> None:
+def save_retrofitted(model: RetrofittedLM, directory: str | Path, **decoding: Any) -> None:
+    """Write ``model``; ``decoding`` overrides the decoding defaults recorded in config.json."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.base.save_pretrained(directory / BASE_DIR)
@@ -40,6 +45,12 @@ def save_retrofitted(model: RetrofittedLM, directory: str | Path) -> None:
     save_file(fusion, str(directory / FUSION_WEIGHTS), metadata={"format": "pt"})
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "base_dir": BASE_DIR, **model.config.to_dict()}
     (directory / RETROFIT_CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
+    dtype = str(model.embed.weight.dtype).removeprefix("torch.")
+    config = hub.hf_config_dict(model.config.to_dict(), dtype=dtype, tie_word_embeddings=False,
+                                model_type=hub.RETROFIT_MODEL_TYPE, **decoding)
+    hub.write_remote_code(directory, hub.RETROFIT_MODEL_TYPE)
+    hub.write_model_card(directory, config)
+    (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
 
 
 def load_retrofit_config(directory: str | Path) -> RetrofitConfig:

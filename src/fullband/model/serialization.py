@@ -1,7 +1,14 @@
-"""save_pretrained / from_pretrained: ``model.safetensors`` + ``config.json`` in a directory."""
+"""save_pretrained / from_pretrained: ``model.safetensors`` + ``config.json`` in a directory.
+
+``config.json`` is in transformers' form (the ModelConfig fields plus ``model_type``, ``auto_map``, ...) and the
+remote-code modules and a model card are written beside it (:mod:`fullband.model.hub`), so the directory also
+opens with ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)``. Older checkpoints, whose
+config.json holds the ModelConfig fields alone, still load.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -11,6 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from fullband.config import ConfigError, ModelConfig
+from fullband.model import hub
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -29,7 +37,8 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def save_pretrained(model: torch.nn.Module, directory: str | Path) -> None:
+def save_pretrained(model: torch.nn.Module, directory: str | Path, **decoding) -> None:
+    """Weights, transformers-form config.json (``decoding`` overrides hub.DECODING_DEFAULTS), remote code, card."""
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -39,8 +48,13 @@ def save_pretrained(model: torch.nn.Module, directory: str | Path) -> None:
     if model.config.tie_embeddings:
         state.pop("lm_head.weight")  # shared with embed.weight; safetensors stores each tensor once
     _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
-    config_text = json.dumps(model.config.to_dict(), indent=2) + "\n"
-    _atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(config_text))
+    dtype = str(next(iter(state.values())).dtype).removeprefix("torch.")
+    config = hub.hf_config_dict(model.config.to_dict(), dtype=dtype, tie_word_embeddings=model.config.tie_embeddings,
+                                **decoding)
+    config_text = json.dumps(config, indent=2) + "\n"
+    hub.write_remote_code(directory)
+    hub.write_model_card(directory, config)
+    _atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(config_text))  # last: marks a complete save
 
 
 def load_config(directory: str | Path) -> ModelConfig:
@@ -50,7 +64,25 @@ def load_config(directory: str | Path) -> ModelConfig:
     if not path.is_file():
         raise CheckpointError(f"{directory} has no {CONFIG_NAME}: not a fullband checkpoint")
     try:
-        return ModelConfig.load(path)
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err}); the checkpoint is damaged: save it again") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    model_type = data.get("model_type")
+    if model_type == hub.RETROFIT_MODEL_TYPE:
+        raise CheckpointError(f"{directory} holds a retrofitted transformers model, not a native fullband one; "
+                              "load it with fullband.model_io.load_any")
+    if model_type is not None and model_type != hub.MODEL_TYPE:
+        raise CheckpointError(f"{directory} holds a transformers {model_type!r} model, not a native fullband one; "
+                              f"give hf:{directory} to load it retrofitted with latent feedback")
+    try:
+        if model_type is None:  # an older checkpoint: the ModelConfig fields alone, read as they always were
+            return ModelConfig.load(path)
+        # transformers' form: the ModelConfig fields, beside what HF tools read
+        fields = hub.model_config_fields(data, {f.name for f in dataclasses.fields(ModelConfig)})
+        fields.setdefault("input_norm", False)  # written before the input norm existed: decode as trained
+        return ModelConfig.from_dict(fields)
     except ConfigError as err:
         raise CheckpointError(f"{path}: {err}") from None
 
@@ -73,6 +105,10 @@ def load_state_dict_into(model: torch.nn.Module, directory: str | Path, skip_pre
     if skip_prefix:
         state = {k: v for k, v in state.items() if not k.startswith(skip_prefix)}
         expected = {k: v for k, v in expected.items() if not k.startswith(skip_prefix)}
+    not_float = [f"{k}: {v.dtype}" for k, v in state.items() if not v.is_floating_point()]
+    if not_float:
+        raise CheckpointError(f"{path} holds non-floating-point weights ({', '.join(not_float[:3])}); it is not a "
+                              "model saved by fullband: save the model again with save_pretrained")
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     misshapen = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
@@ -85,5 +121,5 @@ def load_state_dict_into(model: torch.nn.Module, directory: str | Path, skip_pre
     if misshapen:
         problems.append(f"shape mismatches {misshapen[:8]}")
     if problems:
-        raise CheckpointError(f"{path} does not match {directory / CONFIG_NAME}: " + "; ".join(problems))
+        raise CheckpointError(f"{path} does not match {Path(directory) / CONFIG_NAME}: " + "; ".join(problems))
     model.load_state_dict(state, strict=False)  # strict would demand the tied lm_head.weight key

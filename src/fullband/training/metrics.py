@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from fullband.config import ConfigError
 
 # Dense bf16 tensor-core peak FLOP/s per GPU, by a fragment of torch.cuda.get_device_name(); the first match
 # wins, so more specific names come first. Devices not listed get no MFU rather than a made-up one.
@@ -41,10 +44,12 @@ def flops_per_token(num_params: int, n_layers: int, d_model: int, seq_len: int) 
 
 
 class MetricsLog:
-    """Appends one JSON object per line to ``metrics.jsonl``; mirrors numbers to TensorBoard if available."""
+    """Appends one JSON object per line to ``metrics.jsonl``; mirrors numbers to TensorBoard if available, and to
+    Weights & Biases when ``wandb_project`` is set."""
 
     def __init__(self, path: str | Path, *, resume_bytes: int | None = None, tensorboard_dir: str | Path | None = None,
-                 start_step: int = 0) -> None:
+                 start_step: int = 0, wandb_project: str | None = None,
+                 wandb_config: dict[str, Any] | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_bytes is None:
@@ -53,6 +58,8 @@ class MetricsLog:
             self._truncate(resume_bytes)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._tb = _summary_writer(tensorboard_dir, start_step) if tensorboard_dir is not None else None
+        self._wandb = (WandbSink(wandb_project, self.path.parent, wandb_config or {}, start_step)
+                       if wandb_project else None)
 
     def _truncate(self, size: int) -> None:
         # Records written after the checkpoint by the interrupted run would repeat the steps about to rerun.
@@ -68,15 +75,10 @@ class MetricsLog:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._tb is not None:
-            kind = record.get("kind", "train")
-            for key, value in record.items():
-                if key in ("step", "kind"):
-                    continue
-                values = enumerate(value, start=1) if isinstance(value, list) else [(None, value)]
-                for index, item in values:
-                    if isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item):
-                        tag = f"{kind}/{key}" if index is None else f"{kind}/{key}_{index}"
-                        self._tb.add_scalar(tag, item, record["step"])
+            for tag, item in scalars(record).items():
+                self._tb.add_scalar(tag, item, record["step"])
+        if self._wandb is not None:
+            self._wandb.log(scalars(record), record["step"])
 
     def tell(self) -> int:
         """Bytes written so far (stored in checkpoints so a resume can drop what came after)."""
@@ -87,7 +89,48 @@ class MetricsLog:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.close()
+            self._wandb = None
 
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a record as ``kind/name`` (lists: ``kind/name_1``, ...), as dashboards plot them."""
+    kind = record.get("kind", "train")
+    out = {}
+    for key, value in record.items():
+        if key in ("step", "kind"):
+            continue
+        values = enumerate(value, start=1) if isinstance(value, list) else [(None, value)]
+        for index, item in values:
+            if isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item):
+                out[f"{kind}/{key}" if index is None else f"{kind}/{key}_{index}"] = item
+    return out
+
+
+WANDB_RUN_ID_FILE = "wandb_run_id"  # in the run directory: a resumed run continues the same W&B run
+
+
+class WandbSink:
+    """One W&B run per training run directory (``out_dir/wandb``); a resume appends to the same run."""
+
+    def __init__(self, project: str, out_dir: Path, config: dict[str, Any], start_step: int) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise ConfigError(f"train.wandb_project={project!r} needs the wandb package: pip install "
+                              "'fullband[wandb]' (or leave train.wandb_project unset)") from None
+        id_file = out_dir / WANDB_RUN_ID_FILE
+        run_id = id_file.read_text().strip() if start_step > 0 and id_file.is_file() else secrets.token_hex(4)
+        id_file.write_text(run_id + "\n")
+        self.run = wandb.init(project=project, dir=str(out_dir), id=run_id, resume="allow", name=out_dir.name,
+                              config=config, settings=wandb.Settings(console="off", silent=True))
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
 
 def _summary_writer(log_dir: str | Path, start_step: int) -> Any:
     try:

@@ -11,7 +11,7 @@
 (``fullband.retrofit(AutoModelForCausalLM.from_pretrained(PATH))``, weights in float32, ``retrofit.feedback_source``)
 and tokenizes with its own tokenizer (``AutoTokenizer.from_pretrained(PATH)``, as a
 :class:`~fullband.data.TransformersTokenizer`). Checkpoints and ``model/`` then hold the retrofitted layout
-(``base/``, ``fusion.safetensors``, ``retrofit.json``) and the tokenizer's ``hf_tokenizer/``; ``init_from`` naming
+(``base/``, ``fusion.safetensors``, ``retrofit.json``) and the tokenizer's own files; ``init_from`` naming
 such a directory continues training it. Retrofitted models train in one process or under DDP, not FSDP.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import json
 import os
 import time
@@ -44,8 +45,10 @@ from fullband.data import (
     load_tokens,
     train_bpe,
 )
-from fullband.model import FullBandwidthLM
-from fullband.model_io import AnyLM, is_retrofit_checkpoint, load_any
+from fullband.devices import resolve_device
+from fullband.model import FullBandwidthLM, hub
+from fullband.model.serialization import CheckpointError
+from fullband.model_io import AnyLM, is_retrofit_checkpoint, load_any, retrofit_transformers
 from fullband.training.checkpoint import save_model
 from fullband.training.distributed import cleanup_distributed, init_distributed, wrap_ddp, wrap_fsdp
 from fullband.training.trainer import Trainer
@@ -64,17 +67,6 @@ class TrainResult:
     final_loss: float | None
     validation: dict[str, float]
     seconds: float
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} is invalid: CUDA is not available here; use --device cpu")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"device={name!r} is invalid: use auto, cpu, cuda or cuda:N") from None
 
 
 def check_writable(directory: Path) -> None:
@@ -137,7 +129,7 @@ def build_model(cfg: TrainRunConfig, tokenizer: Tokenizer, device: torch.device)
         model = load_any(cfg.init_from, dtype=torch.float32).train()
     elif cfg.init_from:
         _refuse_transformers_dir(cfg.init_from)
-        model = FullBandwidthLM.from_pretrained(cfg.init_from, feedback=cfg.model.feedback).train()
+        model = load_any(cfg.init_from, feedback=cfg.model.feedback).train()
     else:
         model = FullBandwidthLM(cfg.model.resolve(tokenizer.vocab_size))
     if cfg.init_from and model.config.vocab_size < tokenizer.vocab_size:
@@ -162,20 +154,12 @@ def _refuse_transformers_dir(init_from: str) -> None:
 
 
 def retrofit_pretrained(cfg: TrainRunConfig, path: Path) -> AnyLM:
-    """``fullband.retrofit(AutoModelForCausalLM.from_pretrained(path))`` in float32, with clear errors."""
+    """:func:`fullband.model_io.retrofit_transformers` in float32, with the messages of ``init_from``."""
     try:
-        from transformers import AutoModelForCausalLM
-
-        from fullband.integrations.retrofit import retrofit
-    except ImportError:
-        raise ConfigError(f"init_from={cfg.init_from!r} needs transformers: pip install 'fullband[hf]'") from None
-    try:
-        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"init_from={cfg.init_from!r} is not a transformers causal LM that AutoModelForCausalLM "
-                          f"can load: {_first_line(err)}") from None
-    try:
-        return retrofit(base, feedback_source=cfg.retrofit.resolve()).train()
+        model = retrofit_transformers(path, cfg.retrofit.resolve(), torch.float32, f"init_from={cfg.init_from!r}")
+        return model.train()
+    except CheckpointError as err:
+        raise ConfigError(str(err)) from None
     except (ValueError, NotImplementedError) as err:
         message = _first_line(err)
         where = "retrofit." if message.startswith("feedback_source") else f"init_from={cfg.init_from!r}: "
@@ -242,6 +226,9 @@ def _run_train(cfg: TrainRunConfig, progress: bool) -> TrainResult:
         out_dir = Path(cfg.out_dir)
         if env.is_main:
             check_writable(out_dir)
+        if cfg.train.wandb_project and importlib.util.find_spec("wandb") is None:
+            raise ConfigError(f"train.wandb_project={cfg.train.wandb_project!r} needs the wandb package: pip install "
+                              "'fullband[wandb]' (or leave train.wandb_project unset)")
 
         def barrier() -> None:
             if env.world_size > 1:
@@ -279,6 +266,7 @@ def _run_train(cfg: TrainRunConfig, progress: bool) -> TrainResult:
         save_model(model, model_dir, env.rank)  # under FSDP every process takes part in gathering the weights
         if env.is_main:
             tokenizer.save(model_dir)
+            _record_training(model_dir, cfg, state)
         # Free DDP's reducer while the process group is still alive and every process is here: destroyed after
         # the group (or after a peer has exited) its gloo destructor can wait forever.
         trainer.model = trainer.raw_model
@@ -289,6 +277,15 @@ def _run_train(cfg: TrainRunConfig, progress: bool) -> TrainResult:
                            validation, time.perf_counter() - start)
     finally:
         cleanup_distributed()
+
+
+def _record_training(model_dir: Path, cfg: TrainRunConfig, state: Any) -> None:
+    """The model card states what this run trained on (tokens, steps, data, starting point)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    hub.write_model_card(model_dir, config, {
+        "tokens": state.tokens, "token_equiv_compute": state.token_equiv_compute, "steps": state.step,
+        "data": cfg.data.source, "data_format": cfg.data.format, "init_from": cfg.init_from,
+    })
 
 
 def _run_config(cfg: TrainRunConfig, tokenizer: Tokenizer) -> dict[str, Any]:

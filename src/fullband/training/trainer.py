@@ -326,7 +326,8 @@ class Trainer:
     def _open_log(self, resume_bytes: int | None, start_step: int) -> None:
         if self.rank == 0:
             self.log = MetricsLog(self.out_dir / METRICS_FILE, resume_bytes=resume_bytes,
-                                  tensorboard_dir=self.out_dir / "tensorboard", start_step=start_step)
+                                  tensorboard_dir=self.out_dir / "tensorboard", start_step=start_step,
+                                  wandb_project=self.cfg.wandb_project, wandb_config=self.run_config)
 
 
 def compile_blocks(model: FullBandwidthLM) -> None:
