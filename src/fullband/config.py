@@ -810,6 +810,7 @@ class RecipeConfig:
     train_eval_points: int = doc(8, "Validations during each feedback run (the gap against feedback steps).")
     workers: int = doc(2, "Training runs at a time (see fullband compare --workers).")
     out_dir: str = doc("runs/recipe", "Run directory: runs, report.md, results.json, plots.")
+    report_only: bool = doc(False, "Analyse the results.json in out_dir again and rewrite its report (no training).")
     device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
 
     def __post_init__(self) -> None:

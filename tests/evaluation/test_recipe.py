@@ -36,6 +36,13 @@ def test_smoke_study_writes_every_row_width_and_curve(tmp_path, capsys):
         assert (out / name).stat().st_size > 0, name
     report = (out / "report.md").read_text()
     assert "## Verdict" in report and "`2-pass-only`" in report and "| 16 |" in report
+    assert "Stability, `best`" in report and "Stability, `2-pass-only`" in report
+    # The report is a function of the recorded runs: rewriting it from results.json gives the same analysis.
+    (out / "report.md").unlink()
+    assert main(["recipe", "--out_dir", str(out), "--report_only", "true", "--preset", "smoke"]) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert again["variants"] == results["variants"] and again["widths"] == results["widths"]
+    assert (out / "report.md").read_text().split("## Setup")[1] == report.split("## Setup")[1]
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

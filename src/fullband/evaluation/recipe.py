@@ -15,6 +15,7 @@ The *gap* of a mode is its test loss minus the reference baseline's (negative = 
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,8 @@ def run_recipe(cfg: RecipeConfig, progress: bool = True) -> dict[str, Any]:
 
     start = time.perf_counter()
     out_dir = Path(cfg.out_dir)
+    if cfg.report_only:
+        return rewrite_report(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ConfigError(f"out_dir={cfg.out_dir!r} is invalid: it is not empty; pick a new --out_dir (or delete it)")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -91,6 +94,21 @@ def run_recipe(cfg: RecipeConfig, progress: bool = True) -> dict[str, Any]:
         results["stability"] += stability
     results.update(analyse(cfg, results["runs"], results["stability"]))
     results["seconds"] = time.perf_counter() - start
+    results["verdict_lines"] = verdict(results)
+    write_recipe_report(results, out_dir, plots=have_matplotlib())
+    return results
+
+
+def rewrite_report(out_dir: Path) -> dict[str, Any]:
+    """Analyse the runs recorded in ``out_dir/results.json`` again and rewrite results.json, plots and report."""
+    from fullband.evaluation.recipe_report import verdict, write_recipe_report
+
+    path = out_dir / "results.json"
+    if not path.is_file():
+        raise ConfigError(f"out_dir={str(out_dir)!r} holds no results.json: run the study first (without report_only)")
+    results = json.loads(path.read_text())
+    cfg = RecipeConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["config"].items()})
+    results.update(analyse(cfg, results["runs"], results["stability"]))
     results["verdict_lines"] = verdict(results)
     write_recipe_report(results, out_dir, plots=have_matplotlib())
     return results
@@ -151,7 +169,10 @@ def _last_pass_loss(stability: list[dict[str, Any]], name: str) -> dict[str, Any
     if not mine:
         return None
     return {"passes": len(mine[0]["loss"]), "loss": mean_sd(c["loss"][-1] for c in mine),
-            "first_pass_loss": mean_sd(c["loss"][0] for c in mine)}
+            "first_pass_loss": mean_sd(c["loss"][0] for c in mine),
+            "best_loss": mean_sd(min(c["loss"]) for c in mine),
+            "delta_first": mean_sd(c["delta_mean"][1] for c in mine if len(c["delta_mean"]) > 1),
+            "delta_last": mean_sd(c["delta_mean"][-1] for c in mine)}
 
 
 def _gap_by_step(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -70,6 +70,17 @@ def verdict(results: dict[str, Any]) -> list[str]:
             lines.append("- Toggling one ingredient away from the best recipe moves the fused(1)-vs-standard gap by: "
                          + ", ".join(f"`{n}` {d:+.4f}" for d, n in moves) + " nats/token (positive = the ingredient "
                          "helps).")
+    stable = [(name, v["loss_after_passes"]) for name, v in results["variants"].items()
+              if name in ("best", "2-pass-only") and v["loss_after_passes"]]
+    for name, after in stable:
+        first, last = after["first_pass_loss"][0], after["loss"][0]
+        d0, d1 = after.get("delta_first", (None,))[0], after.get("delta_last", (None,))[0]
+        trend = ("the state change shrinks (a contraction)" if d0 is not None and d1 is not None and d1 < d0
+                 else "the state change does not shrink")
+        lines.append(f"- Stability, `{name}`: validation loss {first:.4f} after 1 pass, {last:.4f} after "
+                     f"{after['passes']} fused passes; {trend}"
+                     + (f" (mean ‖Δh‖ {d0:.3g} after pass 2, {d1:.3g} after pass {after['passes']})."
+                        if d0 is not None and d1 is not None else "."))
     widths = results["widths"]
     if len(widths) > 1:
         parts = [f"d{w}: {_f(v['modes']['standard']['gap_to_baseline'], signed=True)} standard, "
