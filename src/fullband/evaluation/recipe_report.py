@@ -189,15 +189,9 @@ def plot_gaps(results: dict[str, Any], path: Path) -> None:
         values = [results["variants"][n]["modes"][mode]["gap_to_baseline"] for n in names]
         ax.bar([j + i * width for j in range(len(names))], [v[0] or 0 for v in values], width,
                yerr=[v[1] or 0 for v in values], capsize=2, label=mode_label(mode))
-    ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=30, ha="right")
-    ax.set_ylabel("test loss - baseline (nats/token)")
-    ax.set_title("Gap to the baseline, one ingredient toggled (below 0 = feedback helps)")
-    ax.legend(fontsize=8)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish(plt, fig, ax, path, "test loss - baseline (nats/token)",
+            "Gap to the baseline, one ingredient toggled (below 0 = feedback helps)")
 
 
 def plot_widths(results: dict[str, Any], path: Path) -> None:
@@ -208,17 +202,10 @@ def plot_widths(results: dict[str, Any], path: Path) -> None:
     for mode in _modes(results):
         ys = [widths[w]["modes"][mode]["gap_to_baseline"][0] for w in widths]
         ax.plot(xs, ys, "o-", label=mode_label(mode))
-    ax.axhline(0, color="black", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_xlabel("d_model")
-    ax.set_ylabel("test loss - baseline (nats/token)")
-    ax.set_title("Gap to the baseline against width (best recipe)")
-    ax.legend(fontsize=8)
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish(plt, fig, ax, path, "test loss - baseline (nats/token)", "Gap to the baseline against width (best recipe)")
 
 
 def plot_steps(results: dict[str, Any], path: Path) -> None:
@@ -228,10 +215,16 @@ def plot_steps(results: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for k in (2, 3):
         ax.plot(xs, [s[f"loss_{k}pass"] - s["loss_1pass"] for s in steps], "o-", label=f"{k} passes - 1 pass")
-    ax.axhline(0, color="black", lw=0.8)
     ax.set_xlabel("training step")
-    ax.set_ylabel("validation loss difference (nats/token)")
-    ax.set_title("Fused passes against the plain pass during training")
+    _finish(plt, fig, ax, path, "validation loss difference (nats/token)",
+            "Fused passes against the plain pass during training")
+
+
+def _finish(plt: Any, fig: Any, ax: Any, path: Path, ylabel: str, title: str) -> None:
+    """A zero line, labels, legend and grid; save and close."""
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
