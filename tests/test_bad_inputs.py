@@ -59,6 +59,17 @@ CASES = [
     Case("train-cuda-7", [*TRAIN, "--device", "cuda:7"], "device='cuda:7'"),
     Case("heads-do-not-divide", [*TRAIN, "--model.n_heads", "5"], "n_heads=5"),
     Case("zero-layers", [*TRAIN, "--model.n_layers", "0"], "n_layers=0"),
+    # --- recipe settings (the Recipe issue): Muon on a 1-D tensor, a mix that does not sum to 1, a feedback phase
+    # outside the run, an unknown optimiser, the shared gate norm without an input norm
+    Case("muon-on-a-gain", [*TRAIN, "--data.source", "{c}/text.txt", "--optim.optimizer", "muon",
+                            "--optim.muon_params", "input_norm"], "muon_params entry 'input_norm'", setup="a_text"),
+    Case("pass-mix-sum", [*TRAIN, "--schedule.pass_mix", "0.5,0.4"], "pass_mix=(0.5, 0.4)"),
+    Case("feedback-after-the-run", [*TRAIN, "--schedule.feedback_end", "1.5"], "feedback_end=1.5"),
+    Case("feedback-phase-empty", [*TRAIN, "--schedule.feedback_start", "0.5", "--schedule.feedback_end", "0.5"],
+         "feedback_end=0.5"),
+    Case("unknown-optimizer", [*TRAIN, "--optim.optimizer", "sgd"], "optimizer='sgd'"),
+    Case("shared-gate-without-input-norm", [*TRAIN, "--model.input_norm", "false", "--model.gate_norm", "shared"],
+         "gate_norm='shared'"),
     Case("seq-len-1", [*TRAIN, "--train.seq_len", "1"], "seq_len=1"),
     Case("zero-steps", [*TRAIN, "--train.max_steps", "0"], "max_steps=0"),
     Case("negative-lr", [*TRAIN, "--optim.lr", "-1"], "lr=-1"),
@@ -150,6 +161,10 @@ def no_tokenizer(world: Path, case: Path) -> None:
     native(world, case)
     for name in ("tokenizer_config.json", "tokenizer.json"):
         (case / "ckpt" / name).unlink()
+
+
+def a_text(world: Path, case: Path) -> None:
+    (case / "text.txt").write_text("To be, or not to be, that is the question.\n" * 40)
 
 
 def a_file(world: Path, case: Path) -> None:
