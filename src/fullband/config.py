@@ -811,6 +811,7 @@ class RecipeConfig:
     workers: int = doc(2, "Training runs at a time (see fullband compare --workers).")
     out_dir: str = doc("runs/recipe", "Run directory: runs, report.md, results.json, plots.")
     report_only: bool = doc(False, "Analyse the results.json in out_dir again and rewrite its report (no training).")
+    resume: bool = doc(False, "Continue an interrupted study in out_dir: runs it finished and evaluated are kept.")
     device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
 
     def __post_init__(self) -> None:

@@ -121,12 +121,20 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
 Job = tuple[CompareConfig, RunSpec, Path]  # the compare settings of the run, the run, the study's out_dir
 
 
-def run_jobs(jobs: list[Job], workers: int, progress: bool) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+def run_jobs(jobs: list[Job], workers: int, progress: bool,
+             resume: bool = False) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     """Train and evaluate every job -> (record, stability curves) in the order of ``jobs``.
 
     ``workers > 1`` runs that many jobs at a time in fresh processes, each with the machine's threads shared out
     (runs are deterministic functions of their configs, so the numbers do not depend on ``workers``).
+    ``resume`` takes every run an interrupted study finished from its directory (see :func:`finished_job`).
     """
+    if resume:
+        done = {i: finished_job(job) for i, job in enumerate(jobs)}
+        todo = [job for i, job in enumerate(jobs) if done[i] is None]
+        _say(progress, f"resuming: {len(jobs) - len(todo)} of {len(jobs)} runs finished earlier")
+        fresh = iter(run_jobs(todo, workers, progress))
+        return [done[i] if done[i] is not None else next(fresh) for i in range(len(jobs))]
     if workers <= 1:
         return [train_and_evaluate(job, i, len(jobs), progress) for i, job in enumerate(jobs, start=1)]
     threads = max(1, torch.get_num_threads() // workers)
@@ -159,7 +167,27 @@ def train_and_evaluate(job: Job, index: int, count: int,
         record["validation_history"] = validation_history(trained.out_dir)
     stability: list[dict[str, Any]] = []
     evaluate_run(cfg, record, trained.model_dir, resolve_device(cfg.device), stability, progress)
+    _write_json(Path(run_cfg.out_dir) / JOB_RECORD, {"record": record, "stability": stability})
     return record, stability
+
+
+JOB_RECORD = "compare_record.json"  # a run's record and stability curves, written once it is evaluated
+
+
+def finished_job(job: Job) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """(record, stability) of a run that an earlier, interrupted study finished and evaluated; None otherwise."""
+    cfg, spec, out_dir = job
+    path = Path(train_config(cfg, spec, out_dir).out_dir) / JOB_RECORD
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    return saved["record"], saved["stability"]
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)  # atomic: an interrupted write never looks like a finished run
 
 
 def validation_history(run_dir: Path) -> list[dict[str, Any]]:

@@ -75,8 +75,9 @@ def run_recipe(cfg: RecipeConfig, progress: bool = True) -> dict[str, Any]:
     out_dir = Path(cfg.out_dir)
     if cfg.report_only:
         return rewrite_report(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise ConfigError(f"out_dir={cfg.out_dir!r} is invalid: it is not empty; pick a new --out_dir (or delete it)")
+    if out_dir.exists() and any(out_dir.iterdir()) and not cfg.resume:
+        raise ConfigError(f"out_dir={cfg.out_dir!r} is invalid: it is not empty; pick a new --out_dir (or delete it), "
+                          "or --resume true to continue an interrupted study")
     out_dir.mkdir(parents=True, exist_ok=True)
     save_resolved_config(cfg, out_dir / "config.toml")
     jobs = plan(cfg, out_dir)
@@ -89,7 +90,7 @@ def run_recipe(cfg: RecipeConfig, progress: bool = True) -> dict[str, Any]:
                                                                  else f" --preset {cfg.preset}"),
         "runs": [], "stability": [],
     }
-    for record, stability in run_jobs(jobs, cfg.workers, progress):
+    for record, stability in run_jobs(jobs, cfg.workers, progress, resume=cfg.resume):
         results["runs"].append(record)
         results["stability"] += stability
     results.update(analyse(cfg, results["runs"], results["stability"]))
