@@ -61,3 +61,24 @@ def test_every_variant_is_a_valid_compare_config():
 
     for overrides, _, _ in RECIPE_VARIANTS.values():
         preset_config("default", dict(overrides))  # raises on a key or value compare does not accept
+
+
+def test_an_interrupted_study_resumes_with_the_same_numbers(tmp_path):
+    import shutil
+
+    out = tmp_path / "recipe"
+    argv = ["recipe", "--preset", "smoke", "--out_dir", str(out), "--seeds", "1", "--workers", "1",
+            "--variants", "best", "--widths", "16", "--train_eval_points", "0"]
+    assert main(argv) == 0
+    first = json.loads((out / "results.json").read_text())
+    command = first["command"]  # the one command that reruns it: every flag that differs from the preset
+    assert command.startswith("fullband recipe --preset smoke --variants best --seeds 1 ")  # widths: the preset's
+    assert f"--out_dir {out}" in command and "--workers 1" in command and "resume" not in command
+    # "Interrupted": one run never finished, the report was never written.
+    shutil.rmtree(out / "seed0" / "best")
+    for name in ("results.json", "report.md"):
+        (out / name).unlink()
+    assert main(argv) == 2  # a non-empty out_dir is refused without --resume
+    assert main([*argv, "--resume", "true"]) == 0
+    second = json.loads((out / "results.json").read_text())
+    assert [(r["name"], r["test"]) for r in second["runs"]] == [(r["name"], r["test"]) for r in first["runs"]]

@@ -274,12 +274,13 @@ def commands(cfg: CompareConfig, out_dir: Path) -> dict[str, str]:
             "one_run": f"fullband train --config {out_dir}/seed{cfg.train.seed}/{FEEDBACK}/config.toml"}
 
 
-def equivalent_command(cfg: CompareConfig) -> str:
-    """``fullband compare`` with the preset and every flag whose value differs from it: this run's command."""
-    base = _leaves(config_to_dict(preset_config(cfg.preset)))
-    args = ["fullband", "compare"] + (["--preset", cfg.preset] if cfg.preset != "default" else [])
+def equivalent_command(cfg: Any, command: str = "compare", base: Any = None, skip: tuple[str, ...] = ()) -> str:
+    """``fullband <command>`` with the preset and every flag whose value differs from ``base`` (by default the
+    compare preset's config): this run's command. Keys in ``skip`` are left out."""
+    base = _leaves(config_to_dict(base if base is not None else preset_config(cfg.preset)))
+    args = ["fullband", command] + (["--preset", cfg.preset] if cfg.preset != "default" else [])
     for key, value in _leaves(config_to_dict(cfg)).items():
-        if key != "preset" and value != base.get(key):
+        if key != "preset" and key not in skip and value != base.get(key):
             args += [f"--{key}", _flag_value(value)]
     return shlex.join(args)
 

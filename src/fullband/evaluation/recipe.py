@@ -26,6 +26,7 @@ from fullband.evaluation.compare import (
     FEEDBACK,
     Job,
     RunSpec,
+    equivalent_command,
     machine_info,
     multipliers,
     plan_runs,
@@ -86,8 +87,7 @@ def run_recipe(cfg: RecipeConfig, progress: bool = True) -> dict[str, Any]:
     results: dict[str, Any] = {
         "config": config_to_dict(cfg), "compare_config": config_to_dict(jobs[0][0]),
         "machine": machine_info(resolve_device(cfg.device), cfg.workers),
-        "command": f"fullband recipe --out_dir {cfg.out_dir}" + ("" if cfg.preset == "default"
-                                                                 else f" --preset {cfg.preset}"),
+        "command": study_command(cfg),
         "runs": [], "stability": [],
     }
     for record, stability in run_jobs(jobs, cfg.workers, progress, resume=cfg.resume):
@@ -100,6 +100,11 @@ def run_recipe(cfg: RecipeConfig, progress: bool = True) -> dict[str, Any]:
     return results
 
 
+def study_command(cfg: RecipeConfig) -> str:
+    """The one command that reruns this study from scratch."""
+    return equivalent_command(cfg, "recipe", RecipeConfig(preset=cfg.preset), skip=("resume", "report_only"))
+
+
 def rewrite_report(out_dir: Path) -> dict[str, Any]:
     """Analyse the runs recorded in ``out_dir/results.json`` again and rewrite results.json, plots and report."""
     from fullband.evaluation.recipe_report import verdict, write_recipe_report
@@ -110,6 +115,7 @@ def rewrite_report(out_dir: Path) -> dict[str, Any]:
     results = json.loads(path.read_text())
     cfg = RecipeConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["config"].items()})
     results.update(analyse(cfg, results["runs"], results["stability"]))
+    results["command"] = study_command(cfg)
     results["verdict_lines"] = verdict(results)
     write_recipe_report(results, out_dir, plots=have_matplotlib())
     return results
