@@ -772,7 +772,7 @@ def validate_compare_config(c: CompareConfig) -> None:
 # Each ingredient of the recipe, toggled away from the compare default (the best recipe found) one at a time:
 # name -> (overrides of the compare config, whether the baseline changes too, what it tests).
 RECIPE_VARIANTS: dict[str, tuple[dict[str, Any], bool, str]] = {
-    "best": ({}, False, "the compare default: the best recipe found"),
+    "best": ({}, False, "the compare default: DESIGN.md's input norm, Muon, 3x fusion LR, feedback from the start"),
     "no-input-norm": ({"model.input_norm": False}, True,
                       "plain positions take raw embeddings, only fused inputs are normalised (the old model)"),
     "input-gain-1": ({"model.input_norm_init": 1.0}, True, "the input norm's gain starts at 1 instead of 0.02"),
