@@ -21,7 +21,7 @@ from transformers import (
 
 import fullband
 from fullband.integrations.retrofit import RetrofittedLM, retrofit
-from fullband.integrations.retrofit_io import load_retrofit_config, load_weights_into
+from fullband.integrations.retrofit.io import load_retrofit_config, load_weights_into
 from fullband.model import exact_pass_count
 from fullband.model.serialization import CheckpointError
 

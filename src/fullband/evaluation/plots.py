@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fullband.evaluation.multiplier import baseline_loss_at
-from fullband.evaluation.report import mean_sd, mode_label, run_names, runs_named
+from fullband.evaluation.results import mean_sd, mode_label, run_names, runs_named
 
 MARKERS = {"standard": "o", "fused1": "s", "fused2": "D", "fused3": "v", "fused4": "^", "exact": "*"}
 

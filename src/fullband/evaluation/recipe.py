@@ -32,7 +32,7 @@ from fullband.evaluation.compare import (
     run_jobs,
 )
 from fullband.evaluation.plots import have_matplotlib
-from fullband.evaluation.report import mean_sd
+from fullband.evaluation.results import mean_sd
 from fullband.training.run import resolve_device
 
 BEST = "best"

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fullband.evaluation.report import _finite, _row, mode_label
+from fullband.evaluation.report import _finite, _row
+from fullband.evaluation.results import mode_label
 
 GAPS_PLOT = "gap_by_variant.png"
 WIDTH_PLOT = "gap_vs_width.png"

@@ -6,59 +6,32 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import time
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fullband.evaluation import plots as plotting
 from fullband.evaluation.multiplier import BETTER_THAN_LARGEST, INTERPOLATED, WORSE_THAN_SMALLEST
+from fullband.evaluation.results import mean_sd, mode_label, modes_of, run_names, runs_named
 
 LOSS_PLOT = "loss_vs_tokens.png"
 STABILITY_PLOT = "stability.png"
-MODE_LABELS = {"standard": "standard", "exact": "exact"}
-
-
-def mode_label(mode: str) -> str:
-    return MODE_LABELS.get(mode) or f"fused({mode.removeprefix('fused')})"
 
 
 def write_report(results: dict[str, Any], out_dir: Path) -> None:
     """results.json, then the plots (skipped, with a warning, without matplotlib), then report.md."""
-    from fullband.evaluation.plots import have_matplotlib, plot_loss_vs_tokens, plot_stability
-
     (out_dir / "results.json").write_text(json.dumps(_finite(results), indent=2) + "\n")
-    plots = have_matplotlib()
+    plots = plotting.have_matplotlib()
     if plots:
-        plot_loss_vs_tokens(results, out_dir / LOSS_PLOT)
+        plotting.plot_loss_vs_tokens(results, out_dir / LOSS_PLOT)
         if results["stability"]:
-            plot_stability(results, out_dir / STABILITY_PLOT)
+            plotting.plot_stability(results, out_dir / STABILITY_PLOT)
     else:
         warnings.warn("matplotlib is not installed, so the report has no plots: pip install 'fullband[plot]'",
                       stacklevel=2)
     (out_dir / "report.md").write_text(render_markdown(results, plots))
-
-
-# ---------------------------------------------------------------------------------------------- aggregation
-
-def run_names(results: dict[str, Any]) -> list[str]:
-    return list(dict.fromkeys(r["name"] for r in results["runs"]))
-
-
-def runs_named(results: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    return [r for r in results["runs"] if r["name"] == name]
-
-
-def modes_of(results: dict[str, Any]) -> list[str]:
-    return list(dict.fromkeys(m for r in results["runs"] for m in r["test"]))
-
-
-def mean_sd(values: Iterable[float | None]) -> tuple[float | None, float | None]:
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return None, None
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
 
 
 def fmt(values: Iterable[float | None], digits: int | str = 4, suffix: str = "") -> str:

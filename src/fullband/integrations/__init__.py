@@ -5,8 +5,9 @@ Nothing here is imported with ``fullband``; each submodule imports its library w
 - :mod:`fullband.integrations.hf`: ``FullBandwidthConfig`` / ``FullBandwidthForCausalLM`` for the Auto classes
   (registered on import) and ``generate``;
 - :mod:`fullband.integrations.llama`: ``to_llama`` / ``from_llama`` for baseline (feedback=False) models;
+- :mod:`fullband.integrations.hf_retrofit`: the same for retrofitted checkpoints;
 - :mod:`fullband.integrations.retrofit`: ``retrofit(model)`` -> ``RetrofittedLM``, latent feedback on a
-  pretrained transformers causal LM.
+  pretrained transformers causal LM (a subpackage: config, model, cache, checkpoints).
 """
 
 from typing import Any
@@ -16,8 +17,8 @@ _LAZY = {
     "FullBandwidthForCausalLM": "fullband.integrations.hf",
     "to_llama": "fullband.integrations.llama",
     "from_llama": "fullband.integrations.llama",
-    "RetrofittedLM": "fullband.integrations.retrofit",
-    "retrofit": "fullband.integrations.retrofit",
+    "RetrofittedLM": "fullband.integrations.retrofit.lm",
+    "retrofit": "fullband.integrations.retrofit.lm",
 }
 __all__ = sorted(_LAZY)
 

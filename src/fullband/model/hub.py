@@ -91,7 +91,7 @@ def auto_map(model_type: str = MODEL_TYPE) -> dict[str, str]:
 def hf_config_dict(fields: dict[str, Any], *, dtype: str, tie_word_embeddings: bool,
                    model_type: str = MODEL_TYPE, **decoding: Any) -> dict[str, Any]:
     """config.json in transformers' form: ``fields`` (the model's own config) plus what HF tools read."""
-    from fullband import __version__
+    from fullband.version import __version__
 
     return {
         **fields,

@@ -14,7 +14,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -235,21 +235,32 @@ class FullBandwidthLM(nn.Module):
 
     # ------------------------------------------------------------------ decoding
 
+    # Decoding lives in fullband.generation, which binds its functions here when it is imported (the model
+    # package imports nothing from it). ``import fullband`` users get it with the model classes.
+    _decoding: ClassVar[dict[str, Callable[..., Any]]] = {}
+
+    @classmethod
+    def bind_decoding(cls, generate: Callable[..., Any], stream: Callable[..., Any]) -> None:
+        """Called by :mod:`fullband.generation` on import: what :meth:`generate` and :meth:`stream` run."""
+        FullBandwidthLM._decoding.update(generate=generate, stream=stream)
+
+    def _decoder(self, name: str) -> Callable[..., Any]:
+        if name not in FullBandwidthLM._decoding:
+            raise RuntimeError(f"{type(self).__name__}.{name} needs fullband.generation: import fullband.generation "
+                               "(or take the model from `import fullband`, which does)")
+        return FullBandwidthLM._decoding[name]
+
     def generate(
         self, prompt_ids: torch.Tensor | list, max_new_tokens: int = 64, mode: str = "soft", **kwargs: Any
     ) -> torch.Tensor | list:
         """Decode in ``mode`` (standard | soft | fused | exact); see :func:`fullband.generation.generate`."""
-        from fullband.generation import generate  # decoding lives outside the model package
-
-        return generate(self, prompt_ids, max_new_tokens, mode, **kwargs)
+        return self._decoder("generate")(self, prompt_ids, max_new_tokens, mode, **kwargs)
 
     def stream(
         self, prompt_ids: torch.Tensor | list, max_new_tokens: int = 64, mode: str = "soft", **kwargs: Any
     ) -> Iterator[torch.Tensor]:
         """Yield each step's tokens (B,); see :func:`fullband.generation.stream`."""
-        from fullband.generation import stream
-
-        return stream(self, prompt_ids, max_new_tokens, mode, **kwargs)
+        return self._decoder("stream")(self, prompt_ids, max_new_tokens, mode, **kwargs)
 
     # ------------------------------------------------------------------ helpers
 

@@ -1,8 +1,5 @@
-"""Checkpoints of retrofitted models: the base in its own format, the fusion beside it, and what ties them.
-
-    base/                 the wrapped model's save_pretrained (config.json, model.safetensors, ...)
-    fusion.safetensors    the LatentFusion weights
-    retrofit.json         format marker, base architecture, which hidden state feeds back, fusion settings
+"""Checkpoints of retrofitted models: the base in its own format, the fusion beside it, and what ties them (the
+layout: :mod:`fullband.integrations.retrofit.config`).
 
 Beside them, a transformers-form ``config.json``, the remote-code modules and a model card (fullband.model.hub) let
 ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` open the whole retrofitted model
@@ -16,19 +13,25 @@ from __future__ import annotations
 import json
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from torch import nn
 from transformers import AutoModelForCausalLM
 
+from fullband.integrations.retrofit.config import (
+    RETROFIT_BASE,
+    RETROFIT_CONFIG,
+    RETROFIT_FUSION,
+    RetrofitConfig,
+    is_retrofit_checkpoint,
+)
 from fullband.model import hub
 from fullband.model.serialization import CONFIG_NAME, CheckpointError
-from fullband.model_io import RETROFIT_BASE, RETROFIT_CONFIG, RETROFIT_FUSION, is_retrofit_checkpoint
 
-if TYPE_CHECKING:
-    from fullband.integrations.retrofit import RetrofitConfig, RetrofittedLM
+Retrofitted = TypeVar("Retrofitted", bound=nn.Module)
 
 FORMAT = "fullband-retrofit"
 FORMAT_VERSION = 1
@@ -36,7 +39,7 @@ FUSION_WEIGHTS = RETROFIT_FUSION
 BASE_DIR = RETROFIT_BASE
 
 
-def save_retrofitted(model: RetrofittedLM, directory: str | Path, **decoding: Any) -> None:
+def save_retrofitted(model: nn.Module, directory: str | Path, **decoding: Any) -> None:
     """Write ``model``; ``decoding`` overrides the decoding defaults recorded in config.json."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -55,13 +58,11 @@ def save_retrofitted(model: RetrofittedLM, directory: str | Path, **decoding: An
 
 def load_retrofit_config(directory: str | Path) -> RetrofitConfig:
     """The config a checkpoint's model was built with (what a trainer compares with ``model.config``)."""
-    from fullband.integrations.retrofit import RetrofitConfig
-
     meta = _read_meta(Path(directory))
     return RetrofitConfig(**{f.name: meta[f.name] for f in fields(RetrofitConfig)})
 
 
-def load_weights_into(model: RetrofittedLM, directory: str | Path) -> None:
+def load_weights_into(model: nn.Module, directory: str | Path) -> None:
     """Load a checkpoint's weights into ``model`` in place (resume: the optimizer holds these parameters)."""
     saved = load_retrofitted(type(model), directory)
     if saved.config != model.config:
@@ -72,7 +73,8 @@ def load_weights_into(model: RetrofittedLM, directory: str | Path) -> None:
             tensor.copy_(source[name])
 
 
-def load_retrofitted(cls: type[RetrofittedLM], directory: str | Path, **base_kwargs: Any) -> RetrofittedLM:
+def load_retrofitted(cls: type[Retrofitted], directory: str | Path, **base_kwargs: Any) -> Retrofitted:
+    """A ``cls`` (RetrofittedLM, which imports this module) built on the checkpoint's base, with its fusion weights."""
     directory = Path(directory)
     meta = _read_meta(directory)
     base = AutoModelForCausalLM.from_pretrained(directory / meta["base_dir"], **base_kwargs)

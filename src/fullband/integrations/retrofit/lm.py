@@ -23,7 +23,6 @@ Which state feeds back (``feedback_source``):
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,30 +30,13 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+import fullband.generation  # noqa: F401 (binds generate / stream)
 from fullband.integrations._hf_compat import cache_argument
-from fullband.integrations.retrofit_cache import RetrofitCache
+from fullband.integrations.retrofit.cache import RetrofitCache
+from fullband.integrations.retrofit.config import FeedbackSource, RetrofitConfig
+from fullband.integrations.retrofit.io import load_retrofitted, save_retrofitted
 from fullband.model import FullBandwidthLM, LatentFusion, LMOutput, run_passes
 from fullband.model.recurrence import PlainPrefix, fused_positions
-
-FeedbackSource = str | int  # "last_hidden" or a block index 1..L-1
-
-
-@dataclass
-class RetrofitConfig:
-    """What a retrofitted model is, in the fields fullband's training and decoding read from ``model.config``."""
-
-    base_architecture: str  # class of the wrapped model, e.g. "LlamaForCausalLM"
-    feedback_source: FeedbackSource
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    max_seq_len: int
-    norm_eps: float  # of the fusion's RMSNorms (the base model's norm epsilon)
-    init_std: float  # of the fusion's projections (the base model's initializer_range)
-    feedback: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class RetrofittedLM(nn.Module):
@@ -222,20 +204,16 @@ class RetrofittedLM(nn.Module):
     def save_pretrained(self, directory: str | Path, **decoding: Any) -> None:
         """Base model (its own save_pretrained, in ``base/``) + fusion weights + ``retrofit.json``, and what
         transformers needs to open it (config.json, remote code; ``decoding`` sets its decoding defaults)."""
-        from fullband.integrations.retrofit_io import save_retrofitted
-
         save_retrofitted(self, directory, **decoding)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, **base_kwargs: Any) -> RetrofittedLM:
         """Load what :meth:`save_pretrained` wrote; ``base_kwargs`` go to the base's from_pretrained (dtype, ...)."""
-        from fullband.integrations.retrofit_io import load_retrofitted
-
         return load_retrofitted(cls, directory, **base_kwargs)
 
 
 def retrofit(model: PreTrainedModel, feedback_source: FeedbackSource = "last_hidden", **kwargs: Any) -> RetrofittedLM:
-    """Wrap a transformers causal LM with latent feedback; see :mod:`fullband.integrations.retrofit`."""
+    """Wrap a transformers causal LM with latent feedback; see :mod:`fullband.integrations.retrofit.lm`."""
     return RetrofittedLM(model, feedback_source, **kwargs)
 
 

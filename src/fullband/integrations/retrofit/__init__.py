@@ -1,0 +1,27 @@
+"""Retrofit latent feedback onto a pretrained transformers causal LM: ``retrofit(model)`` -> ``RetrofittedLM``.
+
+- :mod:`.config`: :class:`RetrofitConfig` and the checkpoint layout (no torch, no transformers);
+- :mod:`.lm`: :class:`RetrofittedLM`, the pretrained network under the shared feedback forward;
+- :mod:`.cache`: its decoding cache (a transformers DynamicCache with the native cache's bookkeeping);
+- :mod:`.io`: its checkpoints (the base in its own format, the fusion beside it).
+
+The names below are imported on first use, so that reading :mod:`.config` needs no transformers.
+"""
+
+from typing import Any
+
+_LAZY = {
+    "RetrofitConfig": "fullband.integrations.retrofit.config",
+    "FeedbackSource": "fullband.integrations.retrofit.config",
+    "RetrofittedLM": "fullband.integrations.retrofit.lm",
+    "retrofit": "fullband.integrations.retrofit.lm",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'fullband.integrations.retrofit' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)
