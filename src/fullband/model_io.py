@@ -8,7 +8,7 @@
 Anything else (a missing path, a file, a directory with neither layout, a transformers model without ``hf:``)
 raises a :class:`CheckpointError` whose one-line message says what to give instead.
 
-Both have the same API (multi-pass forward, forward_exact, generate/stream in every mode, save_pretrained), so
+Both are FeedbackLMs (one multi-pass forward, forward_exact, generate/stream in every mode, save_pretrained), so
 commands that only decode or score (``fullband generate``, evaluation) load either through :func:`load_any`.
 transformers (the ``hf`` extra) is imported only when a retrofit directory is seen.
 """
@@ -21,10 +21,10 @@ import torch
 
 import fullband.generation  # noqa: F401 (binds generate / stream: every loaded model decodes)
 from fullband.integrations.retrofit.config import is_retrofit_checkpoint
-from fullband.model import FullBandwidthLM
+from fullband.model import FeedbackLM, FullBandwidthLM
 from fullband.model.serialization import CheckpointError
 
-AnyLM = FullBandwidthLM  # or a RetrofittedLM (fullband.integrations.retrofit.lm), which has the same API
+AnyLM = FeedbackLM  # a FullBandwidthLM or a RetrofittedLM (fullband.integrations.retrofit.lm)
 
 
 HF_PREFIX = "hf:"

@@ -1,9 +1,9 @@
-"""One loop of fused (Jacobi) passes over fixed windows, yielding every pass's states and logits.
+"""Every pass's states and logits from one run of the model's pass loop over fixed windows.
 
-This is :func:`fullband.model.recurrence.run_passes` without the early exit and the loss bookkeeping, so a
-caller can score pass 1, 2, ..., N from a single N-pass run instead of N separate forwards from scratch
-(which would cost N(N+1)/2 passes). It calls the model's own ``run_stack``, ``pass_inputs`` and head, so pass
-``k`` here is bit for bit ``model(tokens, passes=k, plain_prefix=plain_prefix)`` (tested).
+:meth:`fullband.model.feedback.FeedbackLM.iterate_passes` is the forward's own loop, yielding after each pass, so a
+caller can score pass 1, 2, ..., N from a single N-pass run instead of N separate forwards from scratch (which would
+cost N(N+1)/2 passes); pass ``k`` here is bit for bit ``model(tokens, passes=k, plain_prefix=plain_prefix)``
+(tested).
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fullband.model import FullBandwidthLM
-from fullband.model.recurrence import fused_positions, pass_inputs
+from fullband.model import FeedbackLM
 
 
 @dataclass
@@ -26,7 +25,7 @@ class PassStep:
 
 
 @torch.no_grad()
-def iterate_passes(model: FullBandwidthLM, tokens: torch.Tensor, max_passes: int,
+def iterate_passes(model: FeedbackLM, tokens: torch.Tensor, max_passes: int,
                    plain_prefix: int = 1) -> Iterator[PassStep]:
     """Yield after each of up to ``max_passes`` passes over ``tokens`` (B, T); positions < plain_prefix stay plain.
 
@@ -34,20 +33,11 @@ def iterate_passes(model: FullBandwidthLM, tokens: torch.Tensor, max_passes: int
     """
     if max_passes < 1:
         raise ValueError(f"max_passes must be >= 1, got {max_passes}")
-    B, T = tokens.shape
+    T = tokens.shape[1]
     if model.config.max_seq_len < T:
         raise ValueError(f"windows of {T} tokens exceed the model's max_seq_len={model.config.max_seq_len}")
-    positions = torch.arange(T, device=tokens.device).expand(B, T)  # (B, T), as forward() without cache or mask
-    fused = fused_positions(plain_prefix, B, T, 0, tokens.device)  # (B, T) bool
-    emb = model.embed(tokens)  # (B, T, D)
-    carried: torch.Tensor | None = None
-    for k in range(1, max_passes + 1):
-        inputs = pass_inputs(model.fuse, emb, fused, carried, None)
-        hidden, normed = model.run_stack(inputs, positions)
-        yield PassStep(k, hidden, carried, model.lm_head(normed))
-        if model.fusion is None:
-            return
-        carried = hidden
+    for step in model.iterate_passes(tokens, max_passes, plain_prefix):
+        yield PassStep(step.k, step.hidden, step.previous, model.lm_head(step.head_input))
 
 
 def token_nll_sum(logits: torch.Tensor, tokens: torch.Tensor) -> float:

@@ -1,10 +1,10 @@
 """The residual stream at every depth under a given prefill, and closed-form linear probes on it.
 
-A retrofitted model's depths are its pretrained network's ``hidden_states`` for the same inputs.
-The model's forward returns only the carried state, so :func:`residual_stream` runs the blocks itself (as
-``FullBandwidthLM.run_stack`` does: RoPE angles, then the block loop) on the inputs of the prefill's last pass,
-built by the model's own :func:`fullband.model.recurrence.pass_inputs`. Depth 0 is the input layer: the token
-embedding at a plain position, ``fuse(e_t, h_{t-1})`` at a fused one.
+:func:`residual_stream` takes the prefill's last pass from the model's own loop: the inputs that pass builds from
+the states before it (:meth:`~fullband.model.feedback.FeedbackLM.stack_inputs`), run through the network keeping
+every depth (:meth:`~fullband.model.feedback.FeedbackLM.depth_states`). Depth 0 is the input layer: the token
+embedding at a plain position, ``fuse(e_t, h_{t-1})`` at a fused one (after the native input norm); a retrofitted
+model's depths are its pretrained network's ``hidden_states``.
 """
 
 from __future__ import annotations
@@ -13,42 +13,27 @@ from dataclasses import dataclass
 
 import torch
 
-from fullband.model import FullBandwidthLM
-from fullband.model.layers import rope_angles
-from fullband.model.recurrence import fused_positions, pass_inputs
+from fullband.model import FeedbackLM
 
 PREFILLS = {"standard": 1, "one-step": 2, "exact": None}  # name -> passes (None = full recurrence)
 
 
 @torch.no_grad()
-def residual_stream(model: FullBandwidthLM, tokens: torch.Tensor, passes: int | None) -> torch.Tensor:
+def residual_stream(model: FeedbackLM, tokens: torch.Tensor, passes: int | None) -> torch.Tensor:
     """(L + 1, B, T, D): the input vectors and every block's output for the last pass of a prefill of ``tokens``
     (B, T) with ``passes`` passes (1 = standard, 2 = one recurrent step, None = exact), plain prefix 1."""
     B, T = tokens.shape
     carried = None  # the states the last pass fuses: those of the pass before it
-    if model.fusion is not None and passes != 1:
+    if model.fuse is not None and passes != 1:
         previous = model.forward_exact(tokens, plain_prefix=1) if passes is None else model(tokens, passes - 1)
         # The exact states are a fixed point: one more pass from them reproduces them.
         carried = previous.hidden
-    fused = fused_positions(1, B, T, 0, tokens.device)
-    x = pass_inputs(model.fuse, model.embed(tokens), fused, carried, None)  # (B, T, D)
-    if getattr(model, "input_norm", None) is not None:  # depth 0 is what the first block sees
-        x = model.input_norm(x)
     positions = torch.arange(T, device=tokens.device).expand(B, T)
-    if not isinstance(model, FullBandwidthLM):  # retrofitted: the pretrained network's own hidden states, whose
-        # last entry is after its final norm (Llama, Qwen2, GPT-2), the head's input
-        out = model.base.base_model(inputs_embeds=x, position_ids=positions, output_hidden_states=True)
-        return torch.stack(out.hidden_states)
-    rope = rope_angles(positions, model.inv_freq, x.dtype)
-    states = [x]
-    for block in model.blocks:
-        x = block(x, rope, None, None)  # no mask: plain causal attention, no cache
-        states.append(x)
-    return torch.stack(states)
+    return model.depth_states(model.stack_inputs(tokens, carried), positions)
 
 
 def final_token_states(
-    model: FullBandwidthLM, tokens: torch.Tensor, passes: int | None, batch_size: int = 256
+    model: FeedbackLM, tokens: torch.Tensor, passes: int | None, batch_size: int = 256
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(states (L + 1, N, D), next-token logits (N, V)) at the last position of every row, in batches."""
     states, logits = [], []
@@ -56,8 +41,7 @@ def final_token_states(
         stream = residual_stream(model, tokens[start : start + batch_size], passes)[:, :, -1]  # (L+1, b, D)
         states.append(stream)
         with torch.no_grad():
-            top = stream[-1] if not isinstance(model, FullBandwidthLM) else model.norm(stream[-1])  # see above
-            logits.append(model.lm_head(top))
+            logits.append(model.logits_of_top(stream[-1]))
     return torch.cat(states, dim=1), torch.cat(logits)
 
 

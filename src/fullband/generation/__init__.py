@@ -6,8 +6,8 @@ methods: the model package imports nothing from here.
 
 from fullband.generation.decoding import MODES, DecodeState, decode_step, generate, left_pad, prefill, stream
 from fullband.generation.sampling import sample_next
-from fullband.model import FullBandwidthLM
+from fullband.model import FeedbackLM
 
-FullBandwidthLM.bind_decoding(generate, stream)
+FeedbackLM.bind_decoding(generate, stream)
 
 __all__ = ["MODES", "DecodeState", "decode_step", "generate", "left_pad", "prefill", "sample_next", "stream"]

@@ -10,6 +10,8 @@ Nothing here is imported with ``fullband``; each submodule imports its library w
   pretrained transformers causal LM (a subpackage: config, model, cache, checkpoints).
 """
 
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 _LAZY = {
@@ -23,9 +25,15 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'fullband.integrations' has no attribute {name!r}")
-    import importlib
+def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that imports ``exports[name]`` (a module) on first use of ``name``."""
 
-    return getattr(importlib.import_module(_LAZY[name]), name)
+    def __getattr__(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(exports[name]), name)
+
+    return __getattr__
+
+
+__getattr__ = lazy_exports(__name__, _LAZY)

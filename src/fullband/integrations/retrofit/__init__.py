@@ -8,7 +8,7 @@
 The names below are imported on first use, so that reading :mod:`.config` needs no transformers.
 """
 
-from typing import Any
+from fullband.integrations import lazy_exports
 
 _LAZY = {
     "RetrofitConfig": "fullband.integrations.retrofit.config",
@@ -17,11 +17,4 @@ _LAZY = {
     "retrofit": "fullband.integrations.retrofit.lm",
 }
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'fullband.integrations.retrofit' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(_LAZY[name]), name)
+__getattr__ = lazy_exports(__name__, _LAZY)

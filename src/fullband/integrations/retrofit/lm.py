@@ -2,10 +2,10 @@
 
 ``retrofit(model)`` adds a :class:`~fullband.model.fusion.LatentFusion` in front of the pretrained network: it
 feeds ``inputs_embeds`` (plain token embeddings, or fused ones ``u_t = fuse(e_t, h_{t-1})``) and reads back the
-state chosen by ``feedback_source``. The wrapper has FullBandwidthLM's API: its forward is the shared multi-pass
-loop :func:`~fullband.model.recurrence.run_passes` (so training, SFT included, uses the very same objective),
-``forward_exact`` / ``prefill`` are the native methods themselves, and ``generate`` / ``stream`` are
-:mod:`fullband.generation`'s, decoding in every mode on a transformers DynamicCache.
+state chosen by ``feedback_source``. :class:`RetrofittedLM` is a :class:`~fullband.model.feedback.FeedbackLM`
+like the native model: it supplies the embedding, the blocks, the head and the cache of the pretrained network,
+and inherits the one forward, ``forward_exact``, the pass loop and ``generate`` / ``stream`` (so training, SFT
+included, uses the very same objective, and decoding runs in every mode on a transformers DynamicCache).
 
 With one pass (standard mode, or no fused position) the fusion is never called and the logits are the
 pretrained model's own: the token embeddings go in as ``inputs_embeds`` and positions are 0..T-1.
@@ -22,7 +22,6 @@ Which state feeds back (``feedback_source``):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +29,16 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-import fullband.generation  # noqa: F401 (binds generate / stream)
+import fullband.generation  # noqa: F401 (binds generate / stream: a retrofitted model decodes)
 from fullband.integrations._hf_compat import cache_argument
 from fullband.integrations.retrofit.cache import RetrofitCache
 from fullband.integrations.retrofit.config import FeedbackSource, RetrofitConfig
 from fullband.integrations.retrofit.io import load_retrofitted, save_retrofitted
-from fullband.model import FullBandwidthLM, LatentFusion, LMOutput, run_passes
-from fullband.model.recurrence import PlainPrefix, fused_positions
+from fullband.model import LatentFusion
+from fullband.model.feedback import FeedbackLM
 
 
-class RetrofittedLM(nn.Module):
+class RetrofittedLM(FeedbackLM):
     def __init__(
         self, base: PreTrainedModel, feedback_source: FeedbackSource = "last_hidden", *, init_std: float | None = None
     ) -> None:
@@ -91,15 +90,7 @@ class RetrofittedLM(nn.Module):
                 return layers
         raise AttributeError(f"cannot find the decoder layers of {self.config.base_architecture}")
 
-    def num_parameters(self, include_embedding: bool = True) -> int:
-        n = sum(p.numel() for p in self.parameters())
-        return n if include_embedding else n - self.embed.weight.numel()
-
-    def new_cache(self, batch_size: int, max_len: int | None = None) -> RetrofitCache:
-        """An empty decoding cache for ``batch_size`` rows of at most ``max_len`` tokens."""
-        max_len = max_len or self.config.max_seq_len
-        if max_len > self.config.max_seq_len:
-            raise ValueError(f"cache length {max_len} exceeds the model context max_seq_len={self.config.max_seq_len}")
+    def _empty_cache(self, batch_size: int, max_len: int) -> RetrofitCache:
         return RetrofitCache(self.base.config, batch_size, max_len, self.embed.weight.device)
 
     def run_stack(
@@ -122,84 +113,20 @@ class RetrofittedLM(nn.Module):
         carried = top if source == "last_hidden" else out.hidden_states[source]
         return carried.to(inputs.device), top  # the fusion sits with the embedding (a model split over devices)
 
-    # ------------------------------------------------------------------ forward (FullBandwidthLM's API)
+    def depth_states(self, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(L + 1, B, T, D): the pretrained network's own hidden states for ``inputs``, whose last entry is after
+        its final norm (Llama, Qwen2, GPT-2), the head's input."""
+        out = self.base.base_model(inputs_embeds=inputs, position_ids=positions, output_hidden_states=True)
+        return torch.stack(out.hidden_states)
 
-    def forward(
-        self,
-        tokens: torch.Tensor,  # (B, T) token ids
-        passes: int = 1,
-        plain_prefix: PlainPrefix = 1,
-        labels: torch.Tensor | None = None,  # (B, T), aligned with tokens; shifted here; -100 = ignore
-        *,
-        attention_mask: torch.Tensor | None = None,  # (B, T) 1 = real token, 0 = left padding
-        cache: RetrofitCache | None = None,
-        carried_state: torch.Tensor | None = None,  # (B, D) state of the position before this chunk
-        tol: float | None = None,
-        jitter: float = 0.0,
-        detach_passes: bool = False,
-        feedback_weight: float = 1.0,
-        logits_to_keep: int = 0,
-    ) -> LMOutput:
-        """Multi-pass forward over ``tokens``, exactly as :meth:`FullBandwidthLM.forward`."""
-        B, T = self._check_tokens(tokens, cache)
-        if passes < 1:
-            raise ValueError(f"passes must be >= 1, got {passes}")
-        offset = cache.length if cache is not None else 0
-        positions, mask = self._positions_and_mask(B, T, attention_mask, cache, tokens.device)
-        fused = fused_positions(plain_prefix, B, T, offset, tokens.device)  # (B, T) bool
-        if carried_state is not None and carried_state.shape != (B, self.config.d_model):
-            raise ValueError(
-                f"carried_state must have shape {(B, self.config.d_model)}, got {tuple(carried_state.shape)}"
-            )
-        out = run_passes(
-            lambda inputs: self.run_stack(inputs, positions, mask, cache), self.lm_head, self.fusion,
-            self.embed(tokens), fused, passes, labels=labels, carried_state=carried_state, tol=tol, jitter=jitter,
-            detach_passes=detach_passes, feedback_weight=feedback_weight, logits_to_keep=logits_to_keep,
-        )
-        if cache is not None:
-            cache.commit(attention_mask.bool() if attention_mask is not None else torch.ones_like(fused))
-        return out
+    def logits_of_top(self, state: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(state)  # transformers' last hidden state is already normed
 
-    # The exact evaluation, the chunked exact prefill and the token checks use only what both models offer
-    # (forward, new_cache, fusion, config.vocab_size/max_seq_len and the cache's length/check_room), so they
-    # are the native methods themselves rather than copies.
-    forward_exact = FullBandwidthLM.forward_exact
-    prefill = FullBandwidthLM.prefill
-    _check_tokens = FullBandwidthLM._check_tokens
+    def _stack_mask(self, key_valid: torch.Tensor, T: int) -> torch.Tensor:
+        """The 2D mask transformers expects: (B, S) 1 = real token, over cached + new positions."""
+        return key_valid.long()
 
-    @staticmethod
-    def _positions_and_mask(
-        B: int, T: int, attention_mask: torch.Tensor | None, cache: RetrofitCache | None, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Positions (B, T) counting real tokens only, and the 2D mask transformers expects (None = causal)."""
-        if attention_mask is None and cache is None:
-            return torch.arange(T, device=device).expand(B, T), None
-        if attention_mask is not None and tuple(attention_mask.shape) != (B, T):
-            raise ValueError(f"attention_mask must have shape {(B, T)}, got {tuple(attention_mask.shape)}")
-        chunk_valid = attention_mask.bool() if attention_mask is not None else torch.ones(B, T, dtype=torch.bool,
-                                                                                           device=device)
-        start = cache.next_position[:, None] if cache is not None else 0
-        positions = (start + chunk_valid.long().cumsum(1) - 1).clamp(min=0)
-        key_valid = chunk_valid if cache is None else torch.cat((cache.valid[:, : cache.length], chunk_valid), 1)
-        return positions, key_valid.long()  # (B, T), (B, S)
-
-    # ------------------------------------------------------------------ decoding and checkpoints
-
-    def generate(
-        self, prompt_ids: torch.Tensor | list, max_new_tokens: int = 64, mode: str = "soft", **kwargs: Any
-    ) -> torch.Tensor | list:
-        """Decode in ``mode`` (standard | soft | fused | exact); see :func:`fullband.generation.generate`."""
-        from fullband.generation import generate
-
-        return generate(self, prompt_ids, max_new_tokens, mode, **kwargs)
-
-    def stream(
-        self, prompt_ids: torch.Tensor | list, max_new_tokens: int = 64, mode: str = "soft", **kwargs: Any
-    ) -> Iterator[torch.Tensor]:
-        """Yield each step's tokens (B,); see :func:`fullband.generation.stream`."""
-        from fullband.generation import stream
-
-        return stream(self, prompt_ids, max_new_tokens, mode, **kwargs)
+    # ------------------------------------------------------------------ checkpoints
 
     def save_pretrained(self, directory: str | Path, **decoding: Any) -> None:
         """Base model (its own save_pretrained, in ``base/``) + fusion weights + ``retrofit.json``, and what
