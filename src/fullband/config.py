@@ -10,6 +10,9 @@ import dataclasses
 import json
 import math
 import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -169,7 +172,14 @@ def validate_model_config(c: ModelConfig) -> None:
                  f"must be one of {FEEDBACK_SOURCES} or 'layer:N'")
 
 
+# The inference modes of DESIGN.md §4, and the defaults of every entry point, defined here only.
 DECODING_MODES = ("standard", "soft", "fused", "exact")
+# Decoding (generate / stream, `fullband generate`, transformers' generate()): soft, the mode DESIGN.md §5 shows and
+# the cheapest one that uses the feedback (plain prompt, fused generated tokens).
+DEFAULT_MODE = "soft"
+# Scoring a given text (`fullband eval`, the lm-eval model, a transformers forward without a decoding state):
+# standard, one plain pass, the number every other tool gives for the same network.
+DEFAULT_SCORE_MODE = "standard"
 
 
 def validate_decoding_options(
@@ -196,7 +206,7 @@ class GenerateConfig:
 
     checkpoint: str = doc("", "Model directory written by save_pretrained / fullband train (required).")
     prompt: str = doc("", "Prompt text (or space/comma-separated token ids when no tokenizer is saved).")
-    mode: str = doc("soft", "Decoding mode: standard | soft | fused | exact (DESIGN.md section 4).")
+    mode: str = doc(DEFAULT_MODE, "Decoding mode: standard | soft | fused | exact (DESIGN.md section 4).")
     max_new_tokens: int = doc(64, "Tokens to generate.")
     prefill_passes: int = doc(1, "fused mode: extra fused (Jacobi) passes over the prompt.")
     exact_chunk_size: int = doc(1, "exact mode: prompt chunk per exact Jacobi solve (1 = sequential).")
@@ -613,8 +623,8 @@ class LmEvalConfig:
     include_defaults: bool = doc(
         True, "Also index lm-eval's built-in tasks; false = only include_path (much faster to start)."
     )
-    mode: str = doc("standard", "Decoding mode: standard | soft | fused | exact (which positions are fused: see "
-                    "fullband.evaluation.lm_eval_adapter).")
+    mode: str = doc(DEFAULT_SCORE_MODE, "Decoding mode: standard | soft | fused | exact (which positions are fused: "
+                    "see fullband.evaluation.lm_eval_adapter).")
     prefill_passes: int = doc(1, "fused mode: extra fused (Jacobi) passes over the context.")
     exact_chunk_size: int = doc(1, "Exact parts (continuations; exact-mode contexts): chunk per exact Jacobi solve "
                                 "(1 = sequential).")
@@ -647,12 +657,58 @@ class LmEvalConfig:
         _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
 
 
+# ---------------------------------------------------------------------------------------------- presets
+
+# Keys (dotted, "train.seq_len") a config file or the command line set: configio builds a config inside
+# explicit_keys(...), so that its __post_init__ keeps them over the preset's values.
+_EXPLICIT: ContextVar[frozenset[str]] = ContextVar("fullband_explicit_keys", default=frozenset())
+
+
+@contextmanager
+def explicit_keys(keys: Iterable[str]) -> Iterator[None]:
+    """Within this block, configs being built treat ``keys`` as given (configio: the file's and the command line's)."""
+    token = _EXPLICIT.set(frozenset(keys))
+    try:
+        yield
+    finally:
+        _EXPLICIT.reset(token)
+
+
+def apply_preset(config: Any, presets: dict[str, dict[str, Any]]) -> None:
+    """Give ``config`` the values of its preset (``config.preset``), the one preset mechanism of every study.
+
+    Precedence: defaults < preset < what the caller gave. A field takes the preset's value when it is None by
+    default and still None ("none = the preset's"), or when it still has its default and no config file or command
+    line set it; from Python, a field given its default value counts as left at the default. A preset entry that
+    is a mapping sets keys of that section (``{"model": {"d_model": 32}}``).
+    """
+    _require(config.preset in presets, "preset", config.preset, f"must be one of {tuple(presets)}")
+    explicit = _EXPLICIT.get()
+    for name, value in presets[config.preset].items():
+        f = {f.name: f for f in dataclasses.fields(config)}[name]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        current = getattr(config, name)
+        if isinstance(value, dict):  # a section: replace() runs its own checks again
+            changes = {key: v for key, v in value.items()
+                       if _takes_preset(getattr(current, key), getattr(default, key), f"{name}.{key}", explicit)}
+            setattr(config, name, dataclasses.replace(current, **changes) if changes else current)
+        elif _takes_preset(current, default, name, explicit):
+            setattr(config, name, value)
+
+
+def _takes_preset(current: Any, default: Any, key: str, explicit: frozenset[str]) -> bool:
+    if current is None and default is None:
+        return True
+    return key not in explicit and current == default
+
+
 # ---------------------------------------------------------------------------------------------- fullband compare
 
 EXACT_METHODS = ("sequential", "jacobi", "chunked")
 
 # Presets of ``fullband compare``: what each changes relative to CompareConfig's defaults, which *are* the
-# "default" preset (so ``--help`` shows them). Precedence: defaults < preset < config file < command line.
+# "default" preset (so ``--help`` shows them). Precedence: defaults < preset < config file < command line
+# (or < the arguments given in Python): see apply_preset.
 COMPARE_PRESETS: dict[str, dict[str, Any]] = {
     "default": {},  # 2 CPU cores, <= ~10 minutes including evaluation
     "smoke": {  # tests and CI: seconds
@@ -676,8 +732,8 @@ class CompareConfig:
     """``fullband compare``: does latent feedback buy training tokens? Baselines at several token budgets and
     full-bandwidth models at 1x, evaluated on the test split in every mode, plus the stability diagnostic.
 
-    Build it through the CLI or ``fullband.configio.build_config`` so the preset is applied (configio calls
-    :meth:`preset_layer`); the sections' defaults below are the "default" preset.
+    ``CompareConfig(preset="smoke")``, a config file and the command line apply a preset the same way
+    (:func:`apply_preset`); the sections' defaults below are the "default" preset.
     """
 
     preset: str = doc("default", f"Settings to start from: one of {tuple(COMPARE_PRESETS)}. default = 2 CPU cores in "
@@ -727,17 +783,11 @@ class CompareConfig:
     device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
 
     def __post_init__(self) -> None:
+        apply_preset(self, COMPARE_PRESETS)
         self.budgets = tuple(sorted(float(b) for b in self.budgets))
         self.fused_passes = tuple(self.fused_passes)
         validate_device_name(self.device)
         validate_compare_config(self)
-
-    @classmethod
-    def preset_layer(cls, tree: dict[str, Any]) -> dict[str, Any]:
-        """The values of the preset named in ``tree`` (configio layers them under the file and command line)."""
-        name = tree.get("preset", "default")
-        _require(name in COMPARE_PRESETS, "preset", name, f"must be one of {tuple(COMPARE_PRESETS)}")
-        return json.loads(json.dumps(COMPARE_PRESETS[name]))  # a deep copy the caller may modify
 
 
 def validate_compare_config(c: CompareConfig) -> None:
@@ -813,7 +863,7 @@ class RecipeConfig:
     device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
 
     def __post_init__(self) -> None:
-        _fill_from_preset(self, RECIPE_PRESETS)
+        apply_preset(self, RECIPE_PRESETS)
         self.variants, self.widths = tuple(self.variants), tuple(self.widths)
         _require(self.compare_preset in COMPARE_PRESETS, "compare_preset", self.compare_preset,
                  f"must be one of {tuple(COMPARE_PRESETS)}")
@@ -840,13 +890,6 @@ REASONING_PRESETS: dict[str, dict[str, Any]] = {
                  d_model=128, n_layers=4, n_heads=4, steps=10_000, batch_size=64, lr=2e-3),
 }
 REASONING_FAMILIES = ("swaps", "sum")
-
-
-def _fill_from_preset(config: Any, presets: dict[str, dict[str, Any]]) -> None:
-    _require(config.preset in presets, "preset", config.preset, f"must be one of {tuple(presets)}")
-    for name, value in presets[config.preset].items():
-        if getattr(config, name) is None:
-            setattr(config, name, value)
 
 
 def _require_ints(config: Any, limits: dict[str, int]) -> None:
@@ -890,7 +933,7 @@ class ReasoningConfig:
 
     def __post_init__(self) -> None:
         validate_device_name(self.device)
-        _fill_from_preset(self, REASONING_PRESETS)
+        apply_preset(self, REASONING_PRESETS)
         self.strides = tuple(self.strides)
         self.modes = tuple(self.modes)
         self.pass_mix = tuple(float(x) for x in self.pass_mix)
@@ -957,7 +1000,7 @@ class StateTrackingConfig:
 
     def __post_init__(self) -> None:
         validate_device_name(self.device)
-        _fill_from_preset(self, STATE_PRESETS)
+        apply_preset(self, STATE_PRESETS)
         self.tasks, self.prefills = tuple(self.tasks), tuple(self.prefills)
         self.pass_mix = tuple(float(x) for x in self.pass_mix)
         _require_ints(self, {"train_per_task": 1, "probe_train": 2, "probe_test": 1, "d_model": 2, "n_layers": 1,

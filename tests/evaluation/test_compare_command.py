@@ -67,6 +67,15 @@ def test_precedence_is_defaults_then_preset_then_file_then_command_line(tmp_path
     assert gpu.model.d_model == 384 and gpu.train.token_budget == 1000 and gpu.exact_method == "jacobi"
 
 
+
+@pytest.mark.parametrize("name", sorted(COMPARE_PRESETS))
+def test_a_preset_means_the_same_from_python_as_from_the_command_line(name):
+    assert CompareConfig(preset=name) == build_config(CompareConfig, None, {"preset": name}) == preset_config(name)
+    # What the caller gives wins over the preset, in Python as on the command line.
+    given = CompareConfig(preset=name, seeds=5, eval_windows=3)
+    assert given.seeds == 5 and given.eval_windows == 3
+    assert given.model == CompareConfig(preset=name).model
+
 def main_config(argv):
     from fullband.cli import build_parser
     from fullband.configio import config_from_args

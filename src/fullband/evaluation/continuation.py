@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fullband.config import DECODING_MODES
+from fullband.config import DECODING_MODES, DEFAULT_SCORE_MODE
 from fullband.generation.decoding import left_pad, prefill
 from fullband.model import FullBandwidthLM
 
@@ -40,7 +40,7 @@ TokenPair = tuple[Sequence[int], Sequence[int]]  # (context ids, continuation id
 def score_continuations(
     model: FullBandwidthLM,
     pairs: Sequence[TokenPair],
-    mode: str = "standard",
+    mode: str = DEFAULT_SCORE_MODE,
     *,
     prefill_passes: int = 1,
     exact_chunk_size: int = 1,

@@ -45,7 +45,7 @@ from lm_eval.models.utils import normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
-from fullband.config import DECODING_MODES, ConfigError
+from fullband.config import DECODING_MODES, DEFAULT_SCORE_MODE, ConfigError
 from fullband.data import Tokenizer, load_tokenizer
 from fullband.evaluation.continuation import score_continuations
 from fullband.model_io import checkpoint_dir, load_any
@@ -61,7 +61,7 @@ class FullbandLM(LM):
     def __init__(
         self,
         pretrained: str,
-        mode: str = "standard",
+        mode: str = DEFAULT_SCORE_MODE,
         prefill_passes: int = 1,
         exact_chunk_size: int = 1,
         exact_tol: float | None = None,

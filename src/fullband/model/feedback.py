@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from fullband.config import DEFAULT_MODE
 from fullband.model.kv_cache import CacheSlots
 from fullband.model.recurrence import (
     LMOutput,
@@ -216,13 +217,13 @@ class FeedbackLM(nn.Module):
         return FeedbackLM._decoding[name]
 
     def generate(
-        self, prompt_ids: torch.Tensor | list, max_new_tokens: int = 64, mode: str = "soft", **kwargs: Any
+        self, prompt_ids: torch.Tensor | list, max_new_tokens: int = 64, mode: str = DEFAULT_MODE, **kwargs: Any
     ) -> torch.Tensor | list:
         """Decode in ``mode`` (standard | soft | fused | exact); see :func:`fullband.generation.generate`."""
         return self._decoder("generate")(self, prompt_ids, max_new_tokens, mode, **kwargs)
 
     def stream(
-        self, prompt_ids: torch.Tensor | list, max_new_tokens: int = 64, mode: str = "soft", **kwargs: Any
+        self, prompt_ids: torch.Tensor | list, max_new_tokens: int = 64, mode: str = DEFAULT_MODE, **kwargs: Any
     ) -> Iterator[torch.Tensor]:
         """Yield each step's tokens (B,); see :func:`fullband.generation.stream`."""
         return self._decoder("stream")(self, prompt_ids, max_new_tokens, mode, **kwargs)
