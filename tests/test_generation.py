@@ -133,8 +133,8 @@ def test_mode_names_and_defaults_have_one_definition():
     import inspect
 
     from fullband.config import DECODING_MODES, DEFAULT_MODE, DEFAULT_SCORE_MODE, GenerateConfig, LmEvalConfig
-    from fullband.evaluation.continuation import score_continuations
     from fullband.generation import MODES, generate, stream
+    from fullband.integrations.lm_eval.continuation import score_continuations
     from fullband.model import hub
 
     assert MODES == DECODING_MODES == ("standard", "soft", "fused", "exact")

@@ -624,7 +624,7 @@ class LmEvalConfig:
         True, "Also index lm-eval's built-in tasks; false = only include_path (much faster to start)."
     )
     mode: str = doc(DEFAULT_SCORE_MODE, "Decoding mode: standard | soft | fused | exact (which positions are fused: "
-                    "see fullband.evaluation.lm_eval_adapter).")
+                    "see fullband.integrations.lm_eval.adapter).")
     prefill_passes: int = doc(1, "fused mode: extra fused (Jacobi) passes over the context.")
     exact_chunk_size: int = doc(1, "Exact parts (continuations; exact-mode contexts): chunk per exact Jacobi solve "
                                 "(1 = sequential).")
@@ -900,11 +900,11 @@ def _require_ints(config: Any, limits: dict[str, int]) -> None:
 
 @dataclass
 class ReasoningConfig:
-    """``fullband eval-reasoning``: shorter traces at equal accuracy? (fullband.evaluation.reasoning)."""
+    """``fullband eval-reasoning``: shorter traces at equal accuracy? (fullband.experiments.reasoning)."""
 
     preset: str = doc("default", f"Sizes of everything left at none: one of {tuple(REASONING_PRESETS)}.")
     out_dir: str = doc("runs/reasoning", "Run directory: data/, baseline/, fullband/, results.json, report.md, PNGs.")
-    family: str = doc("swaps", f"Problem family: one of {REASONING_FAMILIES} (fullband.evaluation.reasoning_tasks).")
+    family: str = doc("swaps", f"Problem family: one of {REASONING_FAMILIES} (fullband.tasks.reasoning).")
     modulus: int = doc(5, "sum family: values are running sums modulo this (2..10).")
     min_length: int | None = doc(None, "Shortest problem (number of variables = difficulty level).")
     max_length: int | None = doc(None, "Longest problem (at most 26).")

@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from fullband.evaluation.multiplier import baseline_loss_at
-from fullband.evaluation.results import mean_sd, mode_label, run_names, runs_named
+from fullband.experiments.multiplier import baseline_loss_at
+from fullband.experiments.results import mean_sd, mode_label, run_names, runs_named
 
 MARKERS = {"standard": "o", "fused1": "s", "fused2": "D", "fused3": "v", "fused4": "^", "exact": "*"}
 

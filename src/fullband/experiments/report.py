@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fullband.evaluation import plots as plotting
-from fullband.evaluation.multiplier import BETTER_THAN_LARGEST, INTERPOLATED, WORSE_THAN_SMALLEST
-from fullband.evaluation.results import mean_sd, mode_label, modes_of, run_names, runs_named
+from fullband.experiments import plots as plotting
+from fullband.experiments.multiplier import BETTER_THAN_LARGEST, INTERPOLATED, WORSE_THAN_SMALLEST
+from fullband.experiments.results import mean_sd, mode_label, modes_of, run_names, runs_named
 
 LOSS_PLOT = "loss_vs_tokens.png"
 STABILITY_PLOT = "stability.png"

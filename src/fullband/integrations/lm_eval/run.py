@@ -21,7 +21,7 @@ def run_lm_eval(cfg: LmEvalConfig) -> tuple[dict[str, Any], str]:
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable, make_table
 
-    import fullband.evaluation.lm_eval_adapter as adapter  # registers the "fullband" model name
+    import fullband.integrations.lm_eval.adapter as adapter  # registers the "fullband" model name
     from fullband.model_io import checkpoint_dir
 
     if not checkpoint_dir(cfg.checkpoint).is_dir():

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fullband.evaluation.report import _finite, _row
-from fullband.evaluation.results import mode_label
+from fullband.experiments.report import _finite, _row
+from fullband.experiments.results import mode_label
 
 GAPS_PLOT = "gap_by_variant.png"
 WIDTH_PLOT = "gap_vs_width.png"
@@ -164,7 +164,7 @@ def render(results: dict[str, Any], plots: bool) -> str:
 # ---------------------------------------------------------------------------------------------- plots
 
 def _pyplot() -> Any:
-    from fullband.evaluation.plots import _pyplot as pyplot
+    from fullband.experiments.plots import _pyplot as pyplot
 
     return pyplot()
 

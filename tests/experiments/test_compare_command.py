@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-import fullband.evaluation.plots as plots
+import fullband.experiments.plots as plots
 from fullband.cli import main
 from fullband.config import COMPARE_PRESETS, CompareConfig, ConfigError
 from fullband.configio import build_config
-from fullband.evaluation.compare import plan_runs, preset_config, train_config
-from fullband.evaluation.report import write_report
+from fullband.experiments.compare import plan_runs, preset_config, train_config
+from fullband.experiments.report import write_report
 
 
 def test_smoke_preset_writes_report_results_and_plots(tmp_path, capsys, monkeypatch):
@@ -114,7 +114,7 @@ def test_bad_values_are_rejected_by_name(overrides, message):
 
 
 def test_parallel_workers_give_the_numbers_of_one_process(tmp_path):
-    from fullband.evaluation.compare import run_compare
+    from fullband.experiments.compare import run_compare
 
     overrides = {"budgets": (1.0, 2.0), "stability_ablation": False, "stability_passes": 3,
                  "train_eval_points": 2}

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from fullband.evaluation.multiplier import (
+from fullband.experiments.multiplier import (
     BETTER_THAN_LARGEST,
     INTERPOLATED,
     NO_FIT,

@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fullband.data import TokenSplit
-from fullband.evaluation.passes import iterate_passes, token_nll_sum
+from fullband.experiments.passes import iterate_passes, token_nll_sum
 from fullband.model import FullBandwidthLM
 
 

@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 
 from fullband.config import DECODING_MODES, DEFAULT_SCORE_MODE, ConfigError
 from fullband.data import Tokenizer, load_tokenizer
-from fullband.evaluation.continuation import score_continuations
+from fullband.integrations.lm_eval.continuation import score_continuations
 from fullband.model_io import checkpoint_dir, load_any
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}

@@ -1,6 +1,6 @@
 """``fullband recipe``: which ingredient of the training recipe makes latent feedback pay, and by how much.
 
-Every run is a ``fullband compare`` run (:func:`fullband.evaluation.compare.train_and_evaluate`) of the compare
+Every run is a ``fullband compare`` run (:func:`fullband.experiments.compare.train_and_evaluate`) of the compare
 preset, so the numbers are the ones ``fullband compare`` would report:
 
 - the baseline curve: baselines at the preset's budgets (the token multipliers are read off it);
@@ -21,7 +21,7 @@ from typing import Any
 
 from fullband.config import RECIPE_VARIANTS, CompareConfig, ConfigError, RecipeConfig
 from fullband.configio import config_to_dict, save_resolved_config
-from fullband.evaluation.compare import (
+from fullband.experiments.compare import (
     FEEDBACK,
     Job,
     RunSpec,
@@ -31,8 +31,8 @@ from fullband.evaluation.compare import (
     preset_config,
     run_jobs,
 )
-from fullband.evaluation.plots import have_matplotlib
-from fullband.evaluation.results import mean_sd
+from fullband.experiments.plots import have_matplotlib
+from fullband.experiments.results import mean_sd
 from fullband.training.run import resolve_device
 
 BEST = "best"
@@ -68,7 +68,7 @@ def plan(cfg: RecipeConfig, out_dir: Path) -> list[Job]:
 
 def run_recipe(cfg: RecipeConfig, progress: bool = True) -> dict[str, Any]:
     """Train and evaluate every run, analyse, write results.json, plots and report.md; returns the results."""
-    from fullband.evaluation.recipe_report import verdict, write_recipe_report
+    from fullband.experiments.recipe_report import verdict, write_recipe_report
 
     start = time.perf_counter()
     out_dir = Path(cfg.out_dir)

@@ -6,7 +6,7 @@ single/two/three-pass split by default); and, for the stability diagnostic, the 
 batches. Every run is ``fullband train`` (:func:`run_train`) with the same model size, tokenizer, optimizer and
 data order, in its own directory under ``out_dir``. Then every model is scored on the test split in every
 mode, the feedback models get the stability diagnostic on the validation split, the baseline's loss-vs-tokens
-curve gives each mode's effective token multiplier, and :mod:`fullband.evaluation.report` writes it all down.
+curve gives each mode's effective token multiplier, and :mod:`fullband.experiments.report` writes it all down.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import torch
 from fullband.config import CompareConfig, ConfigError, TrainRunConfig
 from fullband.configio import build_config, config_to_dict, save_resolved_config
 from fullband.data import eval_windows, load_tokenizer, load_tokens
-from fullband.evaluation.multiplier import tokens_to_match
-from fullband.evaluation.perplexity import ExactSpec, evaluate_modes, exact_agreement
-from fullband.evaluation.plots import have_matplotlib
-from fullband.evaluation.report import print_summary, write_report
-from fullband.evaluation.stability import stability_curve
+from fullband.experiments.multiplier import tokens_to_match
+from fullband.experiments.perplexity import ExactSpec, evaluate_modes, exact_agreement
+from fullband.experiments.plots import have_matplotlib
+from fullband.experiments.report import print_summary, write_report
+from fullband.experiments.stability import stability_curve
 from fullband.model_io import load_any
 from fullband.training.run import resolve_device, run_train
 from fullband.training.trainer import METRICS_FILE

@@ -6,8 +6,8 @@ import torch
 from conftest import make_model
 
 from fullband.data import TokenSplit
-from fullband.evaluation.passes import iterate_passes, token_nll_sum
-from fullband.evaluation.perplexity import ExactSpec, evaluate_modes, exact_agreement
+from fullband.experiments.passes import iterate_passes, token_nll_sum
+from fullband.experiments.perplexity import ExactSpec, evaluate_modes, exact_agreement
 from fullband.model.recurrence import ntp_loss
 
 SPLIT = TokenSplit(tokens=np.zeros(100, dtype=np.uint16), n_bytes=150, n_docs=1)  # 2/3 token per byte
