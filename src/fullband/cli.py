@@ -10,18 +10,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from fullband.config import (
-    CheckConfig,
-    CompareConfig,
-    ConfigError,
-    GenerateConfig,
-    LmEvalConfig,
-    ReasoningConfig,
-    RecipeConfig,
-    StateTrackingConfig,
-    TrainRunConfig,
-)
+from fullband.config import CheckConfig, ConfigError, GenerateConfig, TrainRunConfig
 from fullband.configio import add_dataclass_arguments, config_from_args
+from fullband.experiments.config import CompareConfig, ReasoningConfig, RecipeConfig, StateTrackingConfig
+from fullband.integrations.lm_eval.config import LmEvalConfig
 
 
 def _parse_ids(text: str) -> list[int]:

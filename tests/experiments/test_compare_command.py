@@ -6,9 +6,10 @@ import pytest
 
 import fullband.experiments.plots as plots
 from fullband.cli import main
-from fullband.config import COMPARE_PRESETS, CompareConfig, ConfigError
+from fullband.config import ConfigError
 from fullband.configio import build_config
 from fullband.experiments.compare import plan_runs, preset_config, train_config
+from fullband.experiments.config import COMPARE_PRESETS, CompareConfig
 from fullband.experiments.report import write_report
 
 

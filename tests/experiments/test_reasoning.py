@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from fullband.cli import main
-from fullband.config import ConfigError, ReasoningConfig
+from fullband.config import ConfigError
+from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.reasoning import build_data, equal_accuracy, pooled
 from fullband.tasks.reasoning import sample_problems
 

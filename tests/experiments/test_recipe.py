@@ -5,7 +5,8 @@ import json
 import pytest
 
 from fullband.cli import main
-from fullband.config import RECIPE_VARIANTS, ConfigError, RecipeConfig
+from fullband.config import ConfigError
+from fullband.experiments.config import RECIPE_VARIANTS, RecipeConfig
 
 
 def test_smoke_study_writes_every_row_width_and_curve(tmp_path, capsys):

@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 
-from fullband.config import CompareConfig, ConfigError, TrainRunConfig
+from fullband.config import ConfigError, TrainRunConfig
 from fullband.configio import build_config, config_to_dict, save_resolved_config
 from fullband.data import eval_windows, load_tokenizer, load_tokens
+from fullband.experiments.config import CompareConfig
 from fullband.experiments.multiplier import tokens_to_match
 from fullband.experiments.perplexity import ExactSpec, evaluate_modes, exact_agreement
 from fullband.experiments.plots import have_matplotlib

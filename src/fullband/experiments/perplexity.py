@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from fullband.config import EXACT_METHODS
 from fullband.data import TokenSplit
+from fullband.experiments.config import EXACT_METHODS
 from fullband.experiments.passes import iterate_passes, token_nll_sum
 from fullband.model import FullBandwidthLM, LMOutput
 

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from fullband.config import ReasoningConfig
 from fullband.data import ByteTokenizer, Tokenizer
+from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.study import (
     StudyModel,
     line_style,

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fullband.config import RECIPE_VARIANTS, CompareConfig, ConfigError, RecipeConfig
+from fullband.config import ConfigError
 from fullband.configio import config_to_dict, save_resolved_config
 from fullband.experiments.compare import (
     FEEDBACK,
@@ -31,6 +31,7 @@ from fullband.experiments.compare import (
     preset_config,
     run_jobs,
 )
+from fullband.experiments.config import RECIPE_VARIANTS, CompareConfig, RecipeConfig
 from fullband.experiments.plots import have_matplotlib
 from fullband.experiments.results import mean_sd
 from fullband.training.run import resolve_device

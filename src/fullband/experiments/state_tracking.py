@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from fullband.config import StateTrackingConfig
 from fullband.data import ByteTokenizer
+from fullband.experiments.config import StateTrackingConfig
 from fullband.experiments.probes import PREFILLS, final_token_states, fit_ridge_probe
 from fullband.experiments.study import (
     StudyModel,

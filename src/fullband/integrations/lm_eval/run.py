@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fullband.config import ConfigError, LmEvalConfig
+from fullband.config import ConfigError
+from fullband.integrations.lm_eval.config import LmEvalConfig
 
 
 def run_lm_eval(cfg: LmEvalConfig) -> tuple[dict[str, Any], str]:
