@@ -5,7 +5,6 @@ import json
 import random
 
 import pytest
-import torch
 
 from fullband.cli import main
 from fullband.config import ConfigError
@@ -13,13 +12,7 @@ from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.reasoning import build_data, equal_accuracy, pooled
 from fullband.tasks.reasoning import sample_problems
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
 
 
 def test_held_out_problems_never_reach_the_training_data(tmp_path):

@@ -11,13 +11,7 @@ from conftest import make_model
 from fullband.cli import main
 from fullband.experiments.probes import fit_ridge_probe, probe_accuracy, residual_stream
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
 
 
 @pytest.mark.parametrize("passes", [1, 2, 3, None])

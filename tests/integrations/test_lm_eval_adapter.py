@@ -24,13 +24,7 @@ MODES = ("standard", "soft", "fused", "exact")
 PAIRS = [("2+3=", "5"), ("The cat", " sat on"), ("", "hello"), ("ab ", "cd"), ("x" * 20, "yz")]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny matrices: a second thread only adds contention on a shared CPU.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
 
 
 @pytest.fixture(scope="module")
