@@ -48,6 +48,27 @@ def users_cache_dir() -> Path:
         os.environ[CACHE_ENV] = saved
 
 
+
+def _single_thread():
+    # Tiny matrices on a shared CPU: one thread is many times faster than several waiting for each other.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for a test (a module uses it with ``pytestmark = pytest.mark.usefixtures(...)``)."""
+    yield from _single_thread()
+
+
+@pytest.fixture(scope="module")
+def one_thread_per_module():
+    """torch on one thread for a whole test module."""
+    yield from _single_thread()
+
+
 def make_model(seed: int = 0, dtype: torch.dtype = torch.float64, **overrides) -> FullBandwidthLM:
     """A tiny random model; the default init gives non-trivial fusion weights (W_U, W_G ~ N(0, 0.02)).
 

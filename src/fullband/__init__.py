@@ -3,8 +3,8 @@
 from typing import Any
 
 from fullband.config import ConfigError, ModelConfig
+from fullband.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["ConfigError", "FullBandwidthLM", "KVCache", "LMOutput", "ModelConfig", "__version__"]  # + retrofit, lazily
 
 _MODEL_NAMES = ("FullBandwidthLM", "KVCache", "LMOutput")
@@ -14,11 +14,12 @@ def __getattr__(name: str) -> Any:
     # torch is imported on first use of the model, not with fullband: the command line checks its options (and
     # answers a bad one) before paying for it. fullband.retrofit needs transformers (the hf extra).
     if name in _MODEL_NAMES:
+        import fullband.generation  # binds the models' generate / stream
         import fullband.model
 
         return getattr(fullband.model, name)
     if name == "retrofit":
-        from fullband.integrations.retrofit import retrofit
+        from fullband.integrations.retrofit import retrofit  # (its module imports fullband.generation)
 
         return retrofit
     raise AttributeError(f"module 'fullband' has no attribute {name!r}")

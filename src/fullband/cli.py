@@ -10,18 +10,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from fullband.config import (
-    CheckConfig,
-    CompareConfig,
-    ConfigError,
-    GenerateConfig,
-    LmEvalConfig,
-    ReasoningConfig,
-    RecipeConfig,
-    StateTrackingConfig,
-    TrainRunConfig,
-)
+from fullband.config import CheckConfig, ConfigError, GenerateConfig, TrainRunConfig
 from fullband.configio import add_dataclass_arguments, config_from_args
+from fullband.experiments.config import CompareConfig, ReasoningConfig, RecipeConfig, StateTrackingConfig
+from fullband.integrations.lm_eval.config import LmEvalConfig
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -99,7 +91,7 @@ def run_check(cfg: CheckConfig) -> None:
 
 
 def run_eval_lm(cfg: LmEvalConfig) -> None:
-    from fullband.evaluation.lm_eval_run import run_lm_eval
+    from fullband.integrations.lm_eval.run import run_lm_eval
 
     _, table = run_lm_eval(cfg)
     print(table)
@@ -107,7 +99,7 @@ def run_eval_lm(cfg: LmEvalConfig) -> None:
 
 
 def run_eval_reasoning(cfg: ReasoningConfig) -> None:
-    from fullband.evaluation.reasoning import run_reasoning, tables
+    from fullband.experiments.reasoning import run_reasoning, tables
 
     results = run_reasoning(cfg)
     for name in ("training", "accuracy", "mean_len", "equal_accuracy"):
@@ -116,7 +108,7 @@ def run_eval_reasoning(cfg: ReasoningConfig) -> None:
 
 
 def run_eval_state(cfg: StateTrackingConfig) -> None:
-    from fullband.evaluation.state_tracking import run_state_tracking, tables
+    from fullband.experiments.state_tracking import run_state_tracking, tables
 
     for name, table in tables(run_state_tracking(cfg)).items():
         print(f"\n{name}:\n{table}")
@@ -124,13 +116,13 @@ def run_eval_state(cfg: StateTrackingConfig) -> None:
 
 
 def run_compare(cfg: CompareConfig) -> None:
-    from fullband.evaluation.compare import run_compare as compare
+    from fullband.experiments.compare import run_compare as compare
 
     compare(cfg)  # prints the summary table and where report.md is
 
 
 def run_recipe(cfg: RecipeConfig) -> None:
-    from fullband.evaluation.recipe import run_recipe as recipe
+    from fullband.experiments.recipe import run_recipe as recipe
 
     results = recipe(cfg)
     print("\n".join(["", *results["verdict_lines"], f"report: {cfg.out_dir}/report.md"]))

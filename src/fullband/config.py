@@ -1,4 +1,6 @@
-"""Typed configuration dataclasses, validated in one place.
+"""Typed configuration dataclasses of the model, decoding and training, and what every config shares: validation
+helpers, the mode names and defaults, the preset mechanism. The studies' configs live in fullband.experiments.config,
+those of ``fullband eval`` in fullband.integrations.lm_eval.config.
 
 Every field carries a ``help`` string in its metadata; the CLI builds its ``--help`` from it. Bad values
 raise :class:`ConfigError` naming the field and what is allowed.
@@ -10,6 +12,9 @@ import dataclasses
 import json
 import math
 import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -169,7 +174,14 @@ def validate_model_config(c: ModelConfig) -> None:
                  f"must be one of {FEEDBACK_SOURCES} or 'layer:N'")
 
 
+# The inference modes of DESIGN.md §4, and the defaults of every entry point, defined here only.
 DECODING_MODES = ("standard", "soft", "fused", "exact")
+# Decoding (generate / stream, `fullband generate`, transformers' generate()): soft, the mode DESIGN.md §5 shows and
+# the cheapest one that uses the feedback (plain prompt, fused generated tokens).
+DEFAULT_MODE = "soft"
+# Scoring a given text (`fullband eval`, the lm-eval model, a transformers forward without a decoding state):
+# standard, one plain pass, the number every other tool gives for the same network.
+DEFAULT_SCORE_MODE = "standard"
 
 
 def validate_decoding_options(
@@ -196,7 +208,7 @@ class GenerateConfig:
 
     checkpoint: str = doc("", "Model directory written by save_pretrained / fullband train (required).")
     prompt: str = doc("", "Prompt text (or space/comma-separated token ids when no tokenizer is saved).")
-    mode: str = doc("soft", "Decoding mode: standard | soft | fused | exact (DESIGN.md section 4).")
+    mode: str = doc(DEFAULT_MODE, "Decoding mode: standard | soft | fused | exact (DESIGN.md section 4).")
     max_new_tokens: int = doc(64, "Tokens to generate.")
     prefill_passes: int = doc(1, "fused mode: extra fused (Jacobi) passes over the prompt.")
     exact_chunk_size: int = doc(1, "exact mode: prompt chunk per exact Jacobi solve (1 = sequential).")
@@ -595,384 +607,46 @@ class TrainRunConfig:
                  "directory keeps the source it was built with)")
 
 
-# ---------------------------------------------------------------------------------------------- fullband eval
+# ---------------------------------------------------------------------------------------------- presets
 
-EVAL_DTYPES = ("float32", "float64", "bfloat16")
-
-
-@dataclass
-class LmEvalConfig:
-    """``fullband eval``: lm-evaluation-harness tasks on a checkpoint, through the ``fullband`` lm-eval model."""
-
-    checkpoint: str = doc("", "Model directory with its tokenizer (fullband train's out_dir/model); required.")
-    tasks: tuple[str, ...] = doc((), "Comma-separated lm-eval task (or group) names; required.")
-    num_fewshot: int | None = doc(None, "Few-shot examples per prompt; none = each task's default.")
-    include_path: str | None = doc(
-        None, "Directory of extra task YAML files (e.g. local tasks with dataset_path: json)."
-    )
-    include_defaults: bool = doc(
-        True, "Also index lm-eval's built-in tasks; false = only include_path (much faster to start)."
-    )
-    mode: str = doc("standard", "Decoding mode: standard | soft | fused | exact (which positions are fused: see "
-                    "fullband.evaluation.lm_eval_adapter).")
-    prefill_passes: int = doc(1, "fused mode: extra fused (Jacobi) passes over the context.")
-    exact_chunk_size: int = doc(1, "Exact parts (continuations; exact-mode contexts): chunk per exact Jacobi solve "
-                                "(1 = sequential).")
-    batch_size: int = doc(16, "Requests per model batch.")
-    limit: int | None = doc(None, "Evaluate only the first N documents of each task (none = all).")
-    max_gen_toks: int = doc(256, "Default cap on generated tokens for generate_until tasks.")
-    device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
-    dtype: str = doc("float32", f"Model dtype: one of {EVAL_DTYPES}.")
-    seed: int = doc(0, "Seed of the few-shot sampling and of every other random choice of lm-eval.")
-    log_samples: bool = doc(False, "Also save every request and response (samples.json).")
-    out_dir: str = doc("runs/eval", "Run directory: results.json (and samples.json).")
-
-    def __post_init__(self) -> None:
-        _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
-        validate_device_name(self.device)
-        self.tasks = tuple(self.tasks)
-        _require(len(self.tasks) > 0 and all(isinstance(t, str) and t for t in self.tasks), "tasks", self.tasks,
-                 "give one or more task names (--tasks a,b)")
-        if self.num_fewshot is not None:
-            _require(_is_int(self.num_fewshot) and self.num_fewshot >= 0, "num_fewshot", self.num_fewshot,
-                     "must be an integer >= 0 (or none)")
-        if self.limit is not None:
-            _require(_is_int(self.limit) and self.limit >= 1, "limit", self.limit, "must be an integer >= 1 (or none)")
-        _require(self.mode in DECODING_MODES, "mode", self.mode, f"must be one of {DECODING_MODES}")
-        for name, low in (("prefill_passes", 0), ("exact_chunk_size", 1), ("batch_size", 1), ("max_gen_toks", 1),
-                          ("seed", 0)):
-            value = getattr(self, name)
-            _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
-        _require(self.dtype in EVAL_DTYPES, "dtype", self.dtype, f"must be one of {EVAL_DTYPES}")
-        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
+# Keys (dotted, "train.seq_len") a config file or the command line set: configio builds a config inside
+# explicit_keys(...), so that its __post_init__ keeps them over the preset's values.
+_EXPLICIT: ContextVar[frozenset[str]] = ContextVar("fullband_explicit_keys", default=frozenset())
 
 
-# ---------------------------------------------------------------------------------------------- fullband compare
-
-EXACT_METHODS = ("sequential", "jacobi", "chunked")
-
-# Presets of ``fullband compare``: what each changes relative to CompareConfig's defaults, which *are* the
-# "default" preset (so ``--help`` shows them). Precedence: defaults < preset < config file < command line.
-COMPARE_PRESETS: dict[str, dict[str, Any]] = {
-    "default": {},  # 2 CPU cores, <= ~10 minutes including evaluation
-    "smoke": {  # tests and CI: seconds
-        "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 64},
-        "train": {"token_budget": 1280, "batch_size": 4, "seq_len": 32, "eval_batches": 1},
-        "optim": {"lr": 3e-3, "warmup_steps": 2},
-        "budgets": [1.0, 1.5, 2.0], "seeds": 1, "workers": 1, "stability_ablation": True,
-        "eval_windows": 8, "eval_batch_size": 8, "stability_windows": 4, "stability_passes": 20,
-    },
-    "gpu": {  # one GPU, minutes; about one epoch of the Shakespeare train split at the largest budget
-        "model": {"d_model": 384, "n_layers": 6, "n_heads": 6},
-        "train": {"token_budget": 2_000_000, "batch_size": 16, "seq_len": 512},
-        "optim": {"lr": 1e-3, "warmup_steps": 50},
-        "eval_windows": 512, "eval_batch_size": 64, "stability_windows": 32, "exact_method": "jacobi",
-    },
-}
+@contextmanager
+def explicit_keys(keys: Iterable[str]) -> Iterator[None]:
+    """Within this block, configs being built treat ``keys`` as given (configio: the file's and the command line's)."""
+    token = _EXPLICIT.set(frozenset(keys))
+    try:
+        yield
+    finally:
+        _EXPLICIT.reset(token)
 
 
-@dataclass
-class CompareConfig:
-    """``fullband compare``: does latent feedback buy training tokens? Baselines at several token budgets and
-    full-bandwidth models at 1x, evaluated on the test split in every mode, plus the stability diagnostic.
+def apply_preset(config: Any, presets: dict[str, dict[str, Any]]) -> None:
+    """Give ``config`` the values of its preset (``config.preset``), the one preset mechanism of every study.
 
-    Build it through the CLI or ``fullband.configio.build_config`` so the preset is applied (configio calls
-    :meth:`preset_layer`); the sections' defaults below are the "default" preset.
+    Precedence: defaults < preset < what the caller gave. A field takes the preset's value when it is None by
+    default and still None ("none = the preset's"), or when it still has its default and no config file or command
+    line set it; from Python, a field given its default value counts as left at the default. A preset entry that
+    is a mapping sets keys of that section (``{"model": {"d_model": 32}}``).
     """
-
-    preset: str = doc("default", f"Settings to start from: one of {tuple(COMPARE_PRESETS)}. default = 2 CPU cores in "
-                      "<= ~10 min; smoke = seconds (tests/CI); gpu = larger model and budget. Values from a config "
-                      "file or the command line override the preset's.")
-    model: TrainModelConfig = field(default_factory=lambda: TrainModelConfig(d_model=128, n_layers=4, n_heads=4))
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        token_budget=512_000, batch_size=16, seq_len=128, eval_batches=4, checkpoint_every=0))  # 250 steps at 1x
-    # The best recipe found by `fullband recipe` (docs/results/recipe): Muon on the hidden matrices with a 3x
-    # learning rate on the fusion, the input norm (ModelConfig's default), feedback from the first step.
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(
-        optimizer="muon", lr=1e-3, muon_lr=0.02, muon_weight_decay=0.01, fusion_lr_mult=3.0, warmup_steps=25))
-    schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(feedback_start=0.0))
-    budgets: tuple[float, ...] = doc(
-        (0.5, 1.0, 1.5), "Baseline token budgets as multiples of train.token_budget (the unit, 1x); the "
-        "full-bandwidth models train to 1x. At least two, so the baseline's loss-vs-tokens curve can be fitted. "
-        "(Each run sets model.feedback and its own budget itself; train.max_steps and train.eval_every are unused.)")
-    seeds: int = doc(2, "Repeat every run with seeds train.seed, train.seed+1, ...; >1 reports mean ± sd.")
-    fused_passes: tuple[int, ...] = doc(
-        (1, 2, 4), "Fused prefill modes to evaluate: k extra fused passes over each window (standard = 0).")
-    exact_method: str = doc(
-        "sequential", f"Exact mode: one of {EXACT_METHODS}: sequential (one position at a time with the KV cache, "
-        "the definition), jacobi (whole-window passes until max|Δh| < exact_tol) or chunked (Jacobi per chunk).")
-    exact_tol: float = doc(1e-4, "jacobi/chunked: stop once max|h^(k) - h^(k-1)| < exact_tol; 0 = run until exact.")
-    exact_chunk_size: int = doc(64, "chunked: positions per chunk.")
-    exact_check_windows: int = doc(
-        4, "jacobi/chunked: windows on which exact mode is checked against the sequential definition; 0 = skip.")
-    eval_windows: int = doc(256, "Test-split windows (train.seq_len tokens each, spread evenly over the split).")
-    eval_batch_size: int = doc(32, "Windows per evaluation batch.")
-    stability_passes: int = doc(100, "Stability diagnostic: fused prefill passes 1..N (the paper's Figure 3 uses "
-                                "1000; then raise stability_seq_len, see there).")
-    stability_windows: int = doc(16, "Stability diagnostic: validation-split windows.")
-    stability_seq_len: int | None = doc(
-        None, "Stability diagnostic window length; none = train.seq_len. A window of T tokens is exact after T "
-        "passes, so passes beyond T show nothing new; at most model.max_seq_len.")
-    stability_ablation: bool = doc(
-        False, "Also train the 1-/2-pass-only model (schedule.pass_mix = 1.0) for the stability diagnostic.")
-    train_eval_points: int = doc(
-        0, "Validate the feedback runs this many times during training (1, 2 and 3 passes), for the gap between "
-        "fused and plain passes against training steps; 0 = only at the end.")
-    workers: int = doc(
-        2, "Training runs at a time, each in its own process with the torch threads shared out (2 on 2 cores: "
-        "small models use one core poorly). The numbers do not depend on it.")
-    out_dir: str = doc("runs/compare", "Run directory: one sub-directory per training run, report.md, "
-                       "results.json and the plots.")
-    device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
-
-    def __post_init__(self) -> None:
-        self.budgets = tuple(sorted(float(b) for b in self.budgets))
-        self.fused_passes = tuple(self.fused_passes)
-        validate_device_name(self.device)
-        validate_compare_config(self)
-
-    @classmethod
-    def preset_layer(cls, tree: dict[str, Any]) -> dict[str, Any]:
-        """The values of the preset named in ``tree`` (configio layers them under the file and command line)."""
-        name = tree.get("preset", "default")
-        _require(name in COMPARE_PRESETS, "preset", name, f"must be one of {tuple(COMPARE_PRESETS)}")
-        return json.loads(json.dumps(COMPARE_PRESETS[name]))  # a deep copy the caller may modify
-
-
-def validate_compare_config(c: CompareConfig) -> None:
-    _require(c.preset in COMPARE_PRESETS, "preset", c.preset, f"must be one of {tuple(COMPARE_PRESETS)}")
-    _require(len(c.budgets) >= 2 and len(set(c.budgets)) == len(c.budgets) and all(
-        _is_number(b) and b > 0 for b in c.budgets), "budgets", c.budgets,
-        "must be at least two distinct multiples > 0 of train.token_budget")
-    _require(c.train.token_budget is not None, "train.token_budget", c.train.token_budget,
-             "must be set: it is the 1x budget every run is measured in")
-    _require(c.train.seq_len <= c.model.max_seq_len, "train.seq_len", c.train.seq_len,
-             f"must be at most model.max_seq_len={c.model.max_seq_len}")
-    _require(c.data.format == "text", "data.format", c.data.format, "must be 'text' (language modelling)")
-    _require(len(c.fused_passes) >= 1 and all(_is_int(k) and k >= 1 for k in c.fused_passes), "fused_passes",
-             c.fused_passes, "must be a non-empty list of integers >= 1")
-    _require(c.exact_method in EXACT_METHODS, "exact_method", c.exact_method, f"must be one of {EXACT_METHODS}")
-    _require(_is_number(c.exact_tol) and c.exact_tol >= 0, "exact_tol", c.exact_tol, "must be >= 0 (0 = until exact)")
-    for name, low in (("seeds", 1), ("exact_chunk_size", 1), ("exact_check_windows", 0), ("eval_windows", 1),
-                      ("eval_batch_size", 1), ("stability_passes", 1), ("stability_windows", 1),
-                      ("train_eval_points", 0), ("workers", 1)):
-        value = getattr(c, name)
-        _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
-    if c.stability_seq_len is not None:
-        _require(_is_int(c.stability_seq_len) and 2 <= c.stability_seq_len <= c.model.max_seq_len,
-                 "stability_seq_len", c.stability_seq_len, f"must be in 2..model.max_seq_len={c.model.max_seq_len}")
-    _require(isinstance(c.stability_ablation, bool), "stability_ablation", c.stability_ablation,
-             "must be true or false")
-    _require(isinstance(c.out_dir, str) and bool(c.out_dir), "out_dir", c.out_dir, "give a directory")
-
-
-# ---------------------------------------------------------------------------------------------- fullband recipe
-
-# Each ingredient of the recipe, toggled away from the compare default (the best recipe found) one at a time:
-# name -> (overrides of the compare config, whether the baseline changes too, what it tests).
-RECIPE_VARIANTS: dict[str, tuple[dict[str, Any], bool, str]] = {
-    "best": ({}, False, "the compare default: DESIGN.md's input norm, Muon, 3x fusion LR, feedback from the start"),
-    "no-input-norm": ({"model.input_norm": False}, True,
-                      "plain positions take raw embeddings, only fused inputs are normalised (the old model)"),
-    "input-gain-1": ({"model.input_norm_init": 1.0}, True, "the input norm's gain starts at 1 instead of 0.02"),
-    "shared-gate-norm": ({"model.gate_norm": "shared"}, False, "the gate reads the input norm (the paper's "
-                         "glu_cross(h, input_rmsnorm(e))) instead of its own RMSNorm"),
-    "adamw": ({"optim.optimizer": "adamw"}, True, "AdamW (wd 0.1) on the hidden matrices too, instead of Muon"),
-    "fusion-lr-x1": ({"optim.fusion_lr_mult": 1.0}, False, "the fusion at the learning rate of the rest"),
-    "late-feedback": ({"schedule.feedback_start": 0.75}, False,
-                      "feedback only in the last quarter (the paper's 75% single-pass start)"),
-    "progressive": ({"schedule.two_pass_until": 0.5}, False, "only 2-pass batches in the first half"),
-    "prefix-per-pass": ({"train.prefix_per_pass": True}, False, "a new plain prefix for every pass"),
-    "single-pass-finish": ({"schedule.feedback_end": 0.8}, False, "the last 20% of the steps single-pass"),
-    "2-pass-only": ({"schedule.pass_mix": (1.0,)}, False,
-                    "only 1- and 2-pass batches (the paper's divergent schedule)"),
-}
-RECIPE_PRESETS: dict[str, dict[str, Any]] = {
-    "default": dict(compare_preset="default", widths=(64, 256), eval_windows=128),
-    "smoke": dict(compare_preset="smoke", widths=(16,)),
-}
-
-
-@dataclass
-class RecipeConfig:
-    """``fullband recipe``: which ingredient of the recipe moves the fused-vs-plain gap, by how much, and how the
-    gap moves with width and with feedback steps. Every run is a ``fullband compare`` run of the preset."""
-
-    preset: str = doc("default", f"One of {tuple(RECIPE_PRESETS)}: default = the compare default preset and widths "
-                      "64,256 (about an hour on 2 CPU cores); smoke = seconds (tests).")
-    compare_preset: str | None = doc(None, "The fullband compare preset every run starts from (none = the preset's).")
-    variants: tuple[str, ...] = doc(tuple(RECIPE_VARIANTS), f"Rows of the ablation, from {tuple(RECIPE_VARIANTS)}.")
-    widths: tuple[int, ...] | None = doc(
-        None, "d_model of the extra best-recipe runs (baseline and feedback at 1x) next to the preset's own width.")
-    seeds: int = doc(2, "Seeds per run: every number is a mean over them.")
-    eval_windows: int | None = doc(None, "Test windows per model (none = the compare preset's).")
-    train_eval_points: int = doc(8, "Validations during each feedback run (the gap against feedback steps).")
-    workers: int = doc(2, "Training runs at a time (see fullband compare --workers).")
-    out_dir: str = doc("runs/recipe", "Run directory: runs, report.md, results.json, plots.")
-    report_only: bool = doc(False, "Analyse the results.json in out_dir again and rewrite its report (no training).")
-    resume: bool = doc(False, "Continue an interrupted study in out_dir: runs it finished and evaluated are kept.")
-    device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
-
-    def __post_init__(self) -> None:
-        _fill_from_preset(self, RECIPE_PRESETS)
-        self.variants, self.widths = tuple(self.variants), tuple(self.widths)
-        _require(self.compare_preset in COMPARE_PRESETS, "compare_preset", self.compare_preset,
-                 f"must be one of {tuple(COMPARE_PRESETS)}")
-        _require(len(self.variants) > 0 and all(v in RECIPE_VARIANTS for v in self.variants), "variants",
-                 self.variants, f"must be a non-empty list from {tuple(RECIPE_VARIANTS)}")
-        _require(all(_is_int(w) and w >= 8 and w % 8 == 0 for w in self.widths), "widths", self.widths,
-                 "must be integers >= 8 and divisible by 8 (4 heads of an even size)")
-        _require_ints(self, {"seeds": 1, "train_eval_points": 0, "workers": 1})
-        if self.eval_windows is not None:
-            _require_ints(self, {"eval_windows": 1})
-        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
-
-
-# ---------------------------------------------------------------------------------------------- fullband eval-reasoning
-
-# Each preset fills the fields left at None. smoke: the tests (seconds); default: the committed report (minutes on
-# 2 CPU cores); long: more steps and problems, for a GPU or a patient CPU.
-REASONING_PRESETS: dict[str, dict[str, Any]] = {
-    "smoke": dict(min_length=2, max_length=4, strides=(1, 0), train_examples=500, test_per_length=4, d_model=32,
-                  n_layers=1, n_heads=2, steps=8, batch_size=8, lr=3e-3),
-    "default": dict(min_length=2, max_length=6, strides=(1, 2, 4, 0), train_examples=100_000, test_per_length=60,
-                    d_model=64, n_layers=2, n_heads=4, steps=4000, batch_size=64, lr=5e-4),
-    "long": dict(min_length=2, max_length=12, strides=(1, 2, 3, 4, 0), train_examples=200_000, test_per_length=200,
-                 d_model=128, n_layers=4, n_heads=4, steps=10_000, batch_size=64, lr=2e-3),
-}
-REASONING_FAMILIES = ("swaps", "sum")
-
-
-def _fill_from_preset(config: Any, presets: dict[str, dict[str, Any]]) -> None:
     _require(config.preset in presets, "preset", config.preset, f"must be one of {tuple(presets)}")
+    explicit = _EXPLICIT.get()
     for name, value in presets[config.preset].items():
-        if getattr(config, name) is None:
+        f = {f.name: f for f in dataclasses.fields(config)}[name]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        current = getattr(config, name)
+        if isinstance(value, dict):  # a section: replace() runs its own checks again
+            changes = {key: v for key, v in value.items()
+                       if _takes_preset(getattr(current, key), getattr(default, key), f"{name}.{key}", explicit)}
+            setattr(config, name, dataclasses.replace(current, **changes) if changes else current)
+        elif _takes_preset(current, default, name, explicit):
             setattr(config, name, value)
 
 
-def _require_ints(config: Any, limits: dict[str, int]) -> None:
-    for name, low in limits.items():
-        value = getattr(config, name)
-        _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
-
-
-@dataclass
-class ReasoningConfig:
-    """``fullband eval-reasoning``: shorter traces at equal accuracy? (fullband.evaluation.reasoning)."""
-
-    preset: str = doc("default", f"Sizes of everything left at none: one of {tuple(REASONING_PRESETS)}.")
-    out_dir: str = doc("runs/reasoning", "Run directory: data/, baseline/, fullband/, results.json, report.md, PNGs.")
-    family: str = doc("swaps", f"Problem family: one of {REASONING_FAMILIES} (fullband.evaluation.reasoning_tasks).")
-    modulus: int = doc(5, "sum family: values are running sums modulo this (2..10).")
-    min_length: int | None = doc(None, "Shortest problem (number of variables = difficulty level).")
-    max_length: int | None = doc(None, "Longest problem (at most 26).")
-    strides: tuple[int, ...] | None = doc(
-        None, "Trace granularities trained on and evaluated: s = every s-th intermediate value, 0 = answer only."
-    )
-    train_examples: int | None = doc(None, "Training examples (random length and stride; test problems excluded).")
-    test_per_length: int | None = doc(None, "Test problems per length, each solved at every stride.")
-    d_model: int | None = doc(None, "Model width (both models).")
-    n_layers: int | None = doc(None, "Transformer blocks (both models).")
-    n_heads: int | None = doc(None, "Attention heads (both models).")
-    steps: int | None = doc(None, "Training steps (both models, the same batches).")
-    batch_size: int | None = doc(None, "Training batch size.")
-    lr: float | None = doc(None, "Peak learning rate.")
-    feedback_start: float = doc(
-        0.75, "fullband model: fraction of the steps trained single-pass before multi-pass (the paper's 75%)."
-    )
-    pass_mix: tuple[float, ...] = doc((0.88, 0.12), "fullband model: probabilities of 2, 3, ... passes afterwards.")
-    modes: tuple[str, ...] = doc(("standard", "soft", "fused"), "Decoding modes of the fullband model (greedy).")
-    fused_passes: int = doc(2, "fused mode: extra fused passes over the prompt.")
-    seed: int = doc(0, "Seed of the problems, the initial weights and the batches.")
-    threads: int = doc(1, "torch CPU threads (1 is fastest for tiny models on a shared CPU).")
-    device: str = doc("cpu", "Torch device for training and decoding: auto, cpu, cuda, cuda:N or mps.")
-    progress: bool = doc(True, "Progress bars.")
-    reuse_models: bool = doc(False, "Evaluate the models an earlier run left in out_dir instead of training.")
-
-    def __post_init__(self) -> None:
-        validate_device_name(self.device)
-        _fill_from_preset(self, REASONING_PRESETS)
-        self.strides = tuple(self.strides)
-        self.modes = tuple(self.modes)
-        self.pass_mix = tuple(float(x) for x in self.pass_mix)
-        _require_ints(self, {"min_length": 1, "train_examples": 1, "test_per_length": 1, "d_model": 2, "n_layers": 1,
-                             "n_heads": 1, "steps": 1, "batch_size": 1, "fused_passes": 0, "seed": 0, "threads": 1})
-        _require(self.family in REASONING_FAMILIES, "family", self.family, f"must be one of {REASONING_FAMILIES}")
-        _require(_is_int(self.modulus) and 2 <= self.modulus <= 10, "modulus", self.modulus, "must be in 2..10")
-        _require(_is_int(self.max_length) and self.min_length <= self.max_length <= 26, "max_length",
-                 self.max_length, f"must be in min_length={self.min_length}..26")
-        _require(len(self.strides) > 0 and all(_is_int(s) and s >= 0 for s in self.strides), "strides",
-                 self.strides, "must be a non-empty list of integers >= 0 (0 = answer only)")
-        _require(len(self.modes) > 0 and all(m in DECODING_MODES for m in self.modes), "modes", self.modes,
-                 f"must be a non-empty list from {DECODING_MODES}")
-        _require(_is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be > 0")
-        _require(_is_number(self.feedback_start) and 0 <= self.feedback_start < 1, "feedback_start",
-                 self.feedback_start, "must be in [0, 1): the fullband model needs some multi-pass steps")
-        ScheduleConfig(feedback_start=self.feedback_start, pass_mix=self.pass_mix)  # validates pass_mix
-        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
-
-
-# ---------------------------------------------------------------------------------------------- fullband eval-state
-
-STATE_TASKS = ("completion", "memory", "registers")
-STATE_PREFILLS = ("standard", "one-step", "exact")
-STATE_PRESETS: dict[str, dict[str, Any]] = {
-    "smoke": dict(seq_len=12, train_per_task=200, probe_train=32, probe_test=32, d_model=32, n_layers=2, n_heads=2,
-                  steps=8, batch_size=8, lr=3e-3),
-    "default": dict(seq_len=24, train_per_task=10_000, probe_train=600, probe_test=400, d_model=64, n_layers=3,
-                    n_heads=4, steps=2000, batch_size=64, lr=1e-3),
-    "long": dict(seq_len=32, train_per_task=40_000, probe_train=2000, probe_test=1000, d_model=128, n_layers=4,
-                 n_heads=4, steps=6000, batch_size=64, lr=2e-3),
-}
-
-
-@dataclass
-class StateTrackingConfig:
-    """``fullband eval-state``: linear probes of the final token's residual stream at every depth (paper Figure 7)."""
-
-    preset: str = doc("default", f"Sizes of everything left at none: one of {tuple(STATE_PRESETS)}.")
-    out_dir: str = doc("runs/state-tracking", "Run directory: data/, baseline/, fullband/, results.json, report.md, "
-                       "PNG.")
-    tasks: tuple[str, ...] = doc(STATE_TASKS, f"Tasks (trained together, probed separately): from {STATE_TASKS}.")
-    seq_len: int | None = doc(None, "Tokens per sequence, task letter and final '?' included (even).")
-    train_per_task: int | None = doc(None, "Training sequences per task.")
-    probe_train: int | None = doc(None, "Fresh sequences per task to fit each probe on.")
-    probe_test: int | None = doc(None, "Fresh sequences per task to measure each probe on.")
-    d_model: int | None = doc(None, "Model width (both models).")
-    n_layers: int | None = doc(None, "Transformer blocks (both models); depths 0..n_layers are probed.")
-    n_heads: int | None = doc(None, "Attention heads (both models).")
-    steps: int | None = doc(None, "Training steps (both models, the same batches).")
-    batch_size: int | None = doc(None, "Training batch size.")
-    lr: float | None = doc(None, "Peak learning rate.")
-    feedback_start: float = doc(
-        0.75, "fullband model: fraction of the steps trained single-pass before multi-pass (the paper's 75%)."
-    )
-    pass_mix: tuple[float, ...] = doc((0.88, 0.12), "fullband model: probabilities of 2, 3, ... passes afterwards.")
-    prefills: tuple[str, ...] = doc(STATE_PREFILLS, "Prefills probed: standard (1 pass), one-step (2 passes), exact.")
-    ridge: float = doc(1e-2, "Ridge penalty of the probes (times the number of examples).")
-    seed: int = doc(0, "Seed of the data, the initial weights and the batches.")
-    threads: int = doc(1, "torch CPU threads (1 is fastest for tiny models on a shared CPU).")
-    device: str = doc("cpu", "Torch device for training and probing: auto, cpu, cuda, cuda:N or mps.")
-    progress: bool = doc(True, "Progress bars.")
-    reuse_models: bool = doc(False, "Probe the models an earlier run left in out_dir instead of training.")
-
-    def __post_init__(self) -> None:
-        validate_device_name(self.device)
-        _fill_from_preset(self, STATE_PRESETS)
-        self.tasks, self.prefills = tuple(self.tasks), tuple(self.prefills)
-        self.pass_mix = tuple(float(x) for x in self.pass_mix)
-        _require_ints(self, {"train_per_task": 1, "probe_train": 2, "probe_test": 1, "d_model": 2, "n_layers": 1,
-                             "n_heads": 1, "steps": 1, "batch_size": 1, "seed": 0, "threads": 1})
-        _require(_is_int(self.seq_len) and self.seq_len >= 6 and self.seq_len % 2 == 0, "seq_len", self.seq_len,
-                 "must be an even integer >= 6 (an odd one can never end with every bracket closed)")
-        _require(len(self.tasks) > 0 and all(t in STATE_TASKS for t in self.tasks), "tasks", self.tasks,
-                 f"must be a non-empty list from {STATE_TASKS}")
-        _require(len(self.prefills) > 0 and all(p in STATE_PREFILLS for p in self.prefills), "prefills",
-                 self.prefills, f"must be a non-empty list from {STATE_PREFILLS}")
-        _require(_is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be > 0")
-        _require(_is_number(self.ridge) and self.ridge > 0, "ridge", self.ridge, "must be > 0")
-        _require(_is_number(self.feedback_start) and 0 <= self.feedback_start < 1, "feedback_start",
-                 self.feedback_start, "must be in [0, 1): the fullband model needs some multi-pass steps")
-        ScheduleConfig(feedback_start=self.feedback_start, pass_mix=self.pass_mix)  # validates pass_mix
-        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
+def _takes_preset(current: Any, default: Any, key: str, explicit: frozenset[str]) -> bool:
+    if current is None and default is None:
+        return True
+    return key not in explicit and current == default

@@ -1,8 +1,9 @@
 """Config files + ``--section.key`` overrides -> validated, nested config dataclasses.
 
-Precedence is dataclass default < config file (TOML/YAML/JSON) < command line; a config class with a
-``preset_layer(tree)`` classmethod also gets the values of the preset the tree names, between its defaults
-and the file. Unknown keys are rejected anywhere; for an optional field the string ``none``/``null`` means
+Precedence is dataclass default < config file (TOML/YAML/JSON) < command line; a config class with presets
+applies the one its ``preset`` names in its ``__post_init__`` (``fullband.config.apply_preset``), between its
+defaults and the file: the config is built inside ``explicit_keys`` of what the file and command line set.
+Unknown keys are rejected anywhere; for an optional field the string ``none``/``null`` means
 None everywhere (this is also how a resolved TOML file, which has no null, records None).
 """
 
@@ -20,7 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
-from fullband.config import ConfigError
+from fullband.config import ConfigError, explicit_keys
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -185,18 +186,15 @@ def build_config(cls: type[T], file_data: dict[str, Any] | None,
         overrides = {k[len(_DEST):]: v for k, v in vars(overrides).items() if k.startswith(_DEST)}
     for key, value in overrides.items():  # written into the file's tree: the command line wins
         _set_override(cls, key, value, tree)
-    preset_layer = getattr(cls, "preset_layer", None)
-    if preset_layer is not None:  # a class with presets: defaults < the preset the tree names < file < command line
-        tree = _merged(_file_tree(cls, preset_layer(tree), ""), tree)
-    return _instantiate(cls, tree, "", None)
+    with explicit_keys(_dotted_keys(tree)):  # a preset never replaces what the file or command line set
+        return _instantiate(cls, tree, "", None)
 
 
-def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    """``base`` updated by ``top``, section by section."""
-    out = dict(base)
-    for key, value in top.items():
-        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+def _dotted_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in tree.items():
+        keys += _dotted_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
+    return keys
 
 
 def _show(value: Any) -> str:

@@ -8,7 +8,7 @@
 Anything else (a missing path, a file, a directory with neither layout, a transformers model without ``hf:``)
 raises a :class:`CheckpointError` whose one-line message says what to give instead.
 
-Both have the same API (multi-pass forward, forward_exact, generate/stream in every mode, save_pretrained), so
+Both are FeedbackLMs (one multi-pass forward, forward_exact, generate/stream in every mode, save_pretrained), so
 commands that only decode or score (``fullband generate``, evaluation) load either through :func:`load_any`.
 transformers (the ``hf`` extra) is imported only when a retrofit directory is seen.
 """
@@ -16,22 +16,15 @@ transformers (the ``hf`` extra) is imported only when a retrofit directory is se
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
 
 import torch
 
-from fullband.model import FullBandwidthLM
+import fullband.generation  # noqa: F401 (binds generate / stream: every loaded model decodes)
+from fullband.integrations.retrofit.config import is_retrofit_checkpoint
+from fullband.model import FeedbackLM, FullBandwidthLM
 from fullband.model.serialization import CheckpointError
 
-if TYPE_CHECKING:
-    from fullband.integrations.retrofit import RetrofittedLM
-
-# The layout of a retrofitted model's directory (written by fullband.integrations.retrofit_io).
-RETROFIT_CONFIG = "retrofit.json"  # its marker: format, base architecture, feedback source, fusion settings
-RETROFIT_FUSION = "fusion.safetensors"  # the LatentFusion weights
-RETROFIT_BASE = "base"  # the wrapped model's own save_pretrained
-
-AnyLM = Union[FullBandwidthLM, "RetrofittedLM"]
+AnyLM = FeedbackLM  # a FullBandwidthLM or a RetrofittedLM (fullband.integrations.retrofit.lm)
 
 
 HF_PREFIX = "hf:"
@@ -41,11 +34,6 @@ def checkpoint_dir(spec: str | Path) -> Path:
     """The directory a model argument names: ``hf:PATH`` -> PATH, anything else itself (for its tokenizer)."""
     text = str(spec)
     return Path(text[len(HF_PREFIX):]).expanduser() if text.startswith(HF_PREFIX) else Path(text).expanduser()
-
-
-def is_retrofit_checkpoint(directory: str | Path) -> bool:
-    """Whether ``directory`` holds a retrofitted model (rather than a native fullband or plain HF one)."""
-    return (Path(directory) / RETROFIT_CONFIG).is_file()
 
 
 def load_any(
@@ -71,7 +59,7 @@ def load_any(
         return FullBandwidthLM.from_pretrained(directory, device=device, dtype=dtype, feedback=feedback)
     try:
         from fullband.integrations._hf_compat import no_progress_bars
-        from fullband.integrations.retrofit import RetrofittedLM
+        from fullband.integrations.retrofit.lm import RetrofittedLM
     except ImportError as err:
         raise CheckpointError(f"{directory} holds a retrofitted transformers model; loading it needs transformers "
                               f"(pip install 'fullband[hf]'): {err}") from None
@@ -104,7 +92,7 @@ def _retrofit_transformers_model(spec: str, device: torch.device | str | None, d
 
 def retrofit_transformers(
     path: str | Path, feedback_source: str | int = "last_hidden", dtype: torch.dtype | None = None, name: str = ""
-) -> RetrofittedLM:
+) -> AnyLM:
     """``fullband.retrofit(AutoModelForCausalLM.from_pretrained(path))`` from local files, fusion weights drawn
     from torch's global RNG. Loading problems raise :class:`CheckpointError` whose message starts with ``name``
     (default: the quoted path); a bad ``feedback_source`` or an unsupported architecture raise retrofit's own
@@ -114,7 +102,7 @@ def retrofit_transformers(
         from transformers import AutoModelForCausalLM
 
         from fullband.integrations._hf_compat import no_progress_bars
-        from fullband.integrations.retrofit import retrofit
+        from fullband.integrations.retrofit.lm import retrofit
     except ImportError as err:
         raise CheckpointError(f"{name} needs transformers (pip install 'fullband[hf]'): {err}") from None
     kwargs = {"dtype": dtype} if dtype is not None else {}

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+import fullband.generation  # noqa: F401 (binds generate / stream)
 from fullband.config import ModelConfig
 from fullband.model import FullBandwidthLM, LMOutput
 

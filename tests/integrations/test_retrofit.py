@@ -21,8 +21,8 @@ from transformers import (
 
 import fullband
 from fullband.integrations.retrofit import RetrofittedLM, retrofit
-from fullband.integrations.retrofit_io import load_retrofit_config, load_weights_into
-from fullband.model import exact_pass_count
+from fullband.integrations.retrofit.io import load_retrofit_config, load_weights_into
+from fullband.model import FeedbackLM, FullBandwidthLM, exact_pass_count
 from fullband.model.serialization import CheckpointError
 
 TOL = 1e-9
@@ -224,3 +224,16 @@ def test_multipass_objective_trains_base_and_fusion(arch, tokens):
     assert model.embed.weight.grad.abs().sum() > 0
     assert model.config.feedback and model.num_parameters() > model.num_parameters(include_embedding=False)
     assert len(model.blocks) == 2
+
+
+@pytest.mark.parametrize("cls", [FullBandwidthLM, RetrofittedLM])
+def test_both_networks_run_the_one_feedback_forward(cls):
+    # Each network supplies its embedding, blocks, head and cache; the forward, the exact evaluation, the pass loop
+    # and decoding are FeedbackLM's own, neither rewritten nor borrowed by assignment.
+    assert issubclass(cls, FeedbackLM)
+    shared = ("forward", "forward_exact", "prefill", "iterate_passes", "stack_inputs", "generate", "stream",
+              "new_cache", "_check_tokens", "_positions_and_mask")
+    assert not [name for name in shared if name in vars(cls)]
+    assert all(getattr(cls, name) is getattr(FeedbackLM, name) for name in shared)
+    supplied = ("fuse", "run_stack", "depth_states", "logits_of_top", "_empty_cache", "_stack_mask")
+    assert all(name in vars(cls) for name in supplied)

@@ -28,12 +28,7 @@ from fullband.model_io import load_any
 LM_EVAL_TASKS = Path(__file__).parent.parent / "data" / "lm_eval"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")  # conftest: torch on one thread
 
 
 @pytest.fixture(scope="module")

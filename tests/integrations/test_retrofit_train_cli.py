@@ -25,13 +25,7 @@ TINY = ["--train.batch_size", "2", "--train.seq_len", "24", "--train.eval_batche
         "--optim.lr", "3e-3", "--train.log_every", "1", "--device", "cpu", "--train.eval_every", "0"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models on a shared CPU: one thread is many times faster than several waiting for each other.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")  # conftest: torch on one thread
 
 
 def corpus_text(n_lines: int = 200) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fullband.config import DECODING_MODES, validate_decoding_options
+from fullband.config import DECODING_MODES, DEFAULT_MODE, validate_decoding_options
 from fullband.generation.sampling import sample_next
 from fullband.model import FullBandwidthLM, KVCache
 
@@ -113,7 +113,7 @@ def stream(
     model: FullBandwidthLM,
     prompt_ids: PromptInput,
     max_new_tokens: int = 64,
-    mode: str = "soft",
+    mode: str = DEFAULT_MODE,
     *,
     prefill_passes: int = 1,
     temperature: float = 0.0,
@@ -156,7 +156,7 @@ def generate(
     model: FullBandwidthLM,
     prompt_ids: PromptInput,
     max_new_tokens: int = 64,
-    mode: str = "soft",
+    mode: str = DEFAULT_MODE,
     **kwargs,
 ) -> torch.Tensor | list[int] | list[list[int]]:
     """Prompt + generated tokens.

@@ -5,10 +5,13 @@ Nothing here is imported with ``fullband``; each submodule imports its library w
 - :mod:`fullband.integrations.hf`: ``FullBandwidthConfig`` / ``FullBandwidthForCausalLM`` for the Auto classes
   (registered on import) and ``generate``;
 - :mod:`fullband.integrations.llama`: ``to_llama`` / ``from_llama`` for baseline (feedback=False) models;
+- :mod:`fullband.integrations.hf_retrofit`: the same for retrofitted checkpoints;
 - :mod:`fullband.integrations.retrofit`: ``retrofit(model)`` -> ``RetrofittedLM``, latent feedback on a
-  pretrained transformers causal LM.
+  pretrained transformers causal LM (a subpackage: config, model, cache, checkpoints).
 """
 
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 _LAZY = {
@@ -16,15 +19,21 @@ _LAZY = {
     "FullBandwidthForCausalLM": "fullband.integrations.hf",
     "to_llama": "fullband.integrations.llama",
     "from_llama": "fullband.integrations.llama",
-    "RetrofittedLM": "fullband.integrations.retrofit",
-    "retrofit": "fullband.integrations.retrofit",
+    "RetrofittedLM": "fullband.integrations.retrofit.lm",
+    "retrofit": "fullband.integrations.retrofit.lm",
 }
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'fullband.integrations' has no attribute {name!r}")
-    import importlib
+def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that imports ``exports[name]`` (a module) on first use of ``name``."""
 
-    return getattr(importlib.import_module(_LAZY[name]), name)
+    def __getattr__(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(exports[name]), name)
+
+    return __getattr__
+
+
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -1,9 +1,9 @@
 """A retrofitted model's directory as a transformers model: ``AutoModelForCausalLM`` (remote code) / ``generate``.
 
-A retrofitted checkpoint (``base/`` + ``fusion.safetensors`` + ``retrofit.json``, fullband.integrations.retrofit_io)
+A retrofitted checkpoint (``base/`` + ``fusion.safetensors`` + ``retrofit.json``, fullband.integrations.retrofit.io)
 also holds a transformers-form ``config.json`` (``model_type="fullband_retrofit"``, ``auto_map``) and the thin
 remote-code modules (fullband.model.hub), so ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)``
-returns a :class:`FullBandwidthRetrofitForCausalLM`: the :class:`~fullband.integrations.retrofit.RetrofittedLM`
+returns a :class:`FullBandwidthRetrofitForCausalLM`: the :class:`~fullband.integrations.retrofit.lm.RetrofittedLM`
 loaded by fullband's own loader, behind the same ``forward`` / ``generate`` as the native model's wrapper
 (decoding modes, ``score_mode``, fullband's decoding state carried between steps).
 
@@ -20,7 +20,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, Pret
 
 from fullband.generation.decoding import DecodeState
 from fullband.integrations.hf import FeedbackForwardMixin, _check_decoding
-from fullband.integrations.retrofit import RetrofitConfig, RetrofittedLM
+from fullband.integrations.retrofit.config import RetrofitConfig
+from fullband.integrations.retrofit.lm import RetrofittedLM
 from fullband.model import hub
 
 MODEL_TYPE = hub.RETROFIT_MODEL_TYPE
@@ -28,7 +29,7 @@ _RETROFIT_FIELDS = tuple(RetrofitConfig.__dataclass_fields__)
 
 
 class FullBandwidthRetrofitConfig(PretrainedConfig):
-    """The :class:`~fullband.integrations.retrofit.RetrofitConfig` fields and the decoding defaults (as
+    """The :class:`~fullband.integrations.retrofit.config.RetrofitConfig` fields and the decoding defaults (as
     :class:`~fullband.integrations.hf.FullBandwidthConfig`)."""
 
     model_type = MODEL_TYPE

@@ -9,7 +9,7 @@ After k passes the first k-1 fused positions without a known predecessor are exa
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +32,40 @@ class LMOutput:
     delta: torch.Tensor | None = None  # max |h^(k) - h^(k-1)| of the last pass, 0-d (None after one pass)
 
 
+@dataclass
+class Pass:
+    """One pass of the loop: its number, its states and those of the pass before, and the head's input."""
+
+    k: int  # passes run so far (1 = the plain pass)
+    hidden: torch.Tensor  # (B, T, D) carried states h^(k)
+    previous: torch.Tensor | None  # (B, T, D) h^(k-1); None after pass 1
+    head_input: torch.Tensor  # (B, T, D) what the head turns into pass k's logits
+
+
+def pass_loop(
+    stack: Stack,
+    fusion: Fuse | None,
+    emb: torch.Tensor,  # (B, T, D) token embeddings e_t
+    fused: torch.Tensor,  # (B, T) bool: positions at or past plain_prefix; (K, B, T) for one per pass
+    passes: int,
+    *,
+    carried_state: torch.Tensor | None = None,
+    jitter: float = 0.0,
+    detach_passes: bool = False,
+) -> Iterator[Pass]:
+    """The one multi-pass loop: yield after each of up to ``passes`` passes (the caller may stop early).
+
+    ``stack(u)`` runs the network once and returns (carried states, input of the head).
+    """
+    carried: torch.Tensor | None = None
+    for k in range(1, passes + 1):
+        fused_k = fused[min(k, fused.shape[0]) - 1] if fused.dim() == 3 else fused  # (B, T): per-pass prefixes
+        inputs = pass_inputs(fusion, emb, fused_k, carried, carried_state, jitter, detach_passes)
+        new_carried, head_input = stack(inputs)
+        yield Pass(k, new_carried, carried, head_input)
+        carried = new_carried
+
+
 def run_passes(
     stack: Stack,
     head: Callable[[torch.Tensor], torch.Tensor],
@@ -48,31 +82,26 @@ def run_passes(
     feedback_weight: float = 1.0,
     logits_to_keep: int = 0,
 ) -> LMOutput:
-    """Run up to ``passes`` passes; stop early once ``max|h^(k) - h^(k-1)| < tol``.
+    """Run :func:`pass_loop` for up to ``passes`` passes; stop early once ``max|h^(k) - h^(k-1)| < tol``.
 
-    ``stack(u)`` runs the network once and returns (carried states, input of ``head``); ``head`` gives logits.
-    With ``labels`` every pass's logits are scored, otherwise only the last pass's.
+    ``head`` gives logits. With ``labels`` every pass's logits are scored, otherwise only the last pass's.
     """
     pass_losses: list[torch.Tensor] = []
-    carried: torch.Tensor | None = None
     delta: torch.Tensor | None = None
     logits = None
-    k = 0
-    for k in range(1, passes + 1):
-        fused_k = fused[min(k, fused.shape[0]) - 1] if fused.dim() == 3 else fused  # (B, T): per-pass prefixes
-        inputs = pass_inputs(fusion, emb, fused_k, carried, carried_state, jitter, detach_passes)
-        new_carried, head_input = stack(inputs)
-        last = k == passes
-        if carried is not None:
-            delta = (new_carried - carried).detach().abs().max()
+    step = None
+    for step in pass_loop(stack, fusion, emb, fused, passes, carried_state=carried_state, jitter=jitter,
+                          detach_passes=detach_passes):
+        last = step.k == passes
+        if step.previous is not None:
+            delta = (step.hidden - step.previous).detach().abs().max()
             # Only a tolerance needs the value on the host; otherwise no sync with the device.
             last = last or (tol is not None and delta.item() < tol)
-        carried = new_carried
         if labels is not None:
-            logits = head(head_input)
+            logits = head(step.head_input)
             pass_losses.append(ntp_loss(logits, labels))
         elif last:
-            logits = head(head_input[:, -logits_to_keep:] if logits_to_keep else head_input)
+            logits = head(step.head_input[:, -logits_to_keep:] if logits_to_keep else step.head_input)
         if last:
             break
     loss = None
@@ -80,7 +109,8 @@ def run_passes(
         loss = pass_losses[0]
         if len(pass_losses) > 1:
             loss = loss + feedback_weight * torch.stack(pass_losses[1:]).mean()
-    return LMOutput(logits=logits, hidden=carried, loss=loss, pass_losses=pass_losses, passes=k, delta=delta)
+    return LMOutput(logits=logits, hidden=step.hidden, loss=loss, pass_losses=pass_losses, passes=step.k,
+                    delta=delta)
 
 
 def pass_inputs(

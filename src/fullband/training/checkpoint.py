@@ -44,9 +44,14 @@ import numpy as np
 import torch
 
 from fullband.config import ModelConfig
+from fullband.integrations.retrofit.config import (
+    RETROFIT_BASE,
+    RETROFIT_CONFIG,
+    RETROFIT_FUSION,
+    is_retrofit_checkpoint,
+)
 from fullband.model import FullBandwidthLM
 from fullband.model.serialization import CONFIG_NAME, WEIGHTS_NAME, load_config, load_state_dict_into
-from fullband.model_io import RETROFIT_BASE, RETROFIT_CONFIG, RETROFIT_FUSION, is_retrofit_checkpoint
 from fullband.training.errors import CheckpointError, CheckpointWarning, NonFiniteLossError
 
 CHECKPOINTS = "checkpoints"
@@ -432,7 +437,7 @@ def _load_retrofitted(path: Path, model: torch.nn.Module, optimizer: torch.optim
     if isinstance(model, FullBandwidthLM) or is_sharded(model):
         raise CheckpointError(f"{path} holds a retrofitted transformers model ({RETROFIT_CONFIG}); it cannot be "
                               f"loaded into a {type(model).__name__}")
-    from fullband.integrations.retrofit_io import load_retrofit_config, load_weights_into
+    from fullband.integrations.retrofit.io import load_retrofit_config, load_weights_into
 
     saved_config = load_retrofit_config(path)
     if saved_config != model.config:

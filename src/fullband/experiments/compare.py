@@ -1,0 +1,304 @@
+"""``fullband compare``: does latent feedback buy training tokens?
+
+For each seed: baselines (``model.feedback=false``) trained to each budget in ``budgets`` x the unit
+``train.token_budget``; the full-bandwidth model trained to 1x with ``schedule`` (the paper's 75%/22%/3%
+single/two/three-pass split by default); and, for the stability diagnostic, the same with only 1-/2-pass
+batches. Every run is ``fullband train`` (:func:`run_train`) with the same model size, tokenizer, optimizer and
+data order, in its own directory under ``out_dir``. Then every model is scored on the test split in every
+mode, the feedback models get the stability diagnostic on the validation split, the baseline's loss-vs-tokens
+curve gives each mode's effective token multiplier, and :mod:`fullband.experiments.report` writes it all down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import multiprocessing
+import os
+import platform
+import shlex
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fullband.config import ConfigError, TrainRunConfig
+from fullband.configio import build_config, config_to_dict, save_resolved_config
+from fullband.data import eval_windows, load_tokenizer, load_tokens
+from fullband.experiments.config import CompareConfig
+from fullband.experiments.multiplier import tokens_to_match
+from fullband.experiments.perplexity import ExactSpec, evaluate_modes, exact_agreement
+from fullband.experiments.plots import have_matplotlib
+from fullband.experiments.report import print_summary, write_report
+from fullband.experiments.stability import stability_curve
+from fullband.model_io import load_any
+from fullband.training.run import resolve_device, run_train
+from fullband.training.trainer import METRICS_FILE
+
+FEEDBACK = "feedback"  # the full-bandwidth model with the configured (paper) schedule
+TWO_PASS = "feedback-2pass"  # the stability ablation: only 1- and 2-pass batches
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    kind: str  # "baseline", FEEDBACK or TWO_PASS
+    budget: float  # multiple of train.token_budget
+    seed: int
+    label: str = ""  # a study's name for the run (its directory and report row); "" = from kind and budget
+
+    @property
+    def name(self) -> str:
+        if self.label:
+            return self.label
+        return f"baseline-{self.budget:g}x" if self.kind == "baseline" else self.kind
+
+
+def preset_config(preset: str = "default", overrides: dict[str, Any] | None = None) -> CompareConfig:
+    """A CompareConfig from a preset plus ``{"section.key": value}`` overrides, as the command line builds it."""
+    return build_config(CompareConfig, None, {"preset": preset, **(overrides or {})})
+
+
+def plan_runs(cfg: CompareConfig) -> list[RunSpec]:
+    kinds = [FEEDBACK, TWO_PASS] if cfg.stability_ablation else [FEEDBACK]
+    runs = []
+    for seed in range(cfg.train.seed, cfg.train.seed + cfg.seeds):
+        runs += [RunSpec("baseline", b, seed) for b in cfg.budgets]
+        runs += [RunSpec(kind, 1.0, seed) for kind in kinds]
+    return runs
+
+
+def train_config(cfg: CompareConfig, spec: RunSpec, out_dir: Path) -> TrainRunConfig:
+    """The ``fullband train`` configuration of one run: only feedback, budget, seed and schedule differ."""
+    schedule = cfg.schedule
+    if spec.kind == TWO_PASS:  # the same phase and ramp, but every multi-pass batch runs 2 passes
+        schedule = dataclasses.replace(schedule, pass_mix=(1.0,), two_pass_until=0.0)
+    train = dataclasses.replace(cfg.train, token_budget=round(spec.budget * cfg.train.token_budget),
+                                seed=spec.seed, eval_every=0)
+    if cfg.train_eval_points and spec.kind != "baseline":  # validation during training: the gap against steps
+        train.eval_every = max(1, math.ceil(train.total_steps() / cfg.train_eval_points))
+    return TrainRunConfig(
+        model=dataclasses.replace(cfg.model, feedback=spec.kind != "baseline"),
+        data=cfg.data,
+        train=train,
+        optim=cfg.optim,
+        schedule=schedule,
+        out_dir=str(out_dir / f"seed{spec.seed}" / spec.name),
+        device=cfg.device,
+        eval_passes=(1,) if spec.kind == "baseline" else (1, 2, 3),
+    )
+
+
+def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
+    """Train, evaluate and report (see the module doc); returns what results.json holds."""
+    start = time.perf_counter()
+    if not have_matplotlib():  # say so now, not after the training
+        warnings.warn("matplotlib is not installed, so the report will have no plots: pip install 'fullband[plot]'",
+                      stacklevel=2)
+    out_dir = Path(cfg.out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ConfigError(f"out_dir={cfg.out_dir!r} is invalid: it is not empty; pick a new --out_dir (or delete it)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_resolved_config(cfg, out_dir / "config.toml")
+    device = resolve_device(cfg.device)
+    results: dict[str, Any] = {"config": config_to_dict(cfg), "machine": machine_info(device, cfg.workers),
+                               "commands": commands(cfg, out_dir), "runs": [], "stability": []}
+    jobs = [(cfg, spec, out_dir) for spec in plan_runs(cfg)]
+    for record, stability in run_jobs(jobs, cfg.workers, progress):
+        results["runs"].append(record)
+        results["stability"] += stability
+    results["multipliers"] = multipliers(results["runs"])
+    results["seconds"] = time.perf_counter() - start
+    write_report(results, out_dir)
+    print_summary(results)
+    return results
+
+
+Job = tuple[CompareConfig, RunSpec, Path]  # the compare settings of the run, the run, the study's out_dir
+
+
+def run_jobs(jobs: list[Job], workers: int, progress: bool,
+             resume: bool = False) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Train and evaluate every job -> (record, stability curves) in the order of ``jobs``.
+
+    ``workers > 1`` runs that many jobs at a time in fresh processes, each with the machine's threads shared out
+    (runs are deterministic functions of their configs, so the numbers do not depend on ``workers``).
+    ``resume`` takes every run an interrupted study finished from its directory (see :func:`finished_job`).
+    """
+    if resume:
+        done = {i: finished_job(job) for i, job in enumerate(jobs)}
+        todo = [job for i, job in enumerate(jobs) if done[i] is None]
+        _say(progress, f"resuming: {len(jobs) - len(todo)} of {len(jobs)} runs finished earlier")
+        fresh = iter(run_jobs(todo, workers, progress))
+        return [done[i] if done[i] is not None else next(fresh) for i in range(len(jobs))]
+    if workers <= 1:
+        return [train_and_evaluate(job, i, len(jobs), progress) for i, job in enumerate(jobs, start=1)]
+    threads = max(1, torch.get_num_threads() // workers)
+    context = multiprocessing.get_context("spawn")  # no fork of a process whose OpenMP pool is running
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=torch.set_num_threads,
+                             initargs=(threads,)) as pool:
+        futures = [pool.submit(train_and_evaluate, job, i, len(jobs), False) for i, job in enumerate(jobs, start=1)]
+        results = []
+        for future in futures:
+            results.append(future.result())
+            _say(progress, f"finished {results[-1][0]['name']} (seed {results[-1][0]['seed']}): "
+                 f"{results[-1][0]['train_seconds']:.0f} s training")
+        return results
+
+
+def train_and_evaluate(job: Job, index: int, count: int,
+                       progress: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``fullband train`` one run of a study, then score it on the test split (and its stability curve)."""
+    cfg, spec, out_dir = job
+    run_cfg = train_config(cfg, spec, out_dir)
+    steps = run_cfg.train.total_steps()
+    print(f"[{index}/{count}] seed {spec.seed} {spec.name}: {steps} steps, "
+          f"{steps * run_cfg.train.tokens_per_step():,} tokens -> {run_cfg.out_dir}", flush=True)
+    trained = run_train(run_cfg, progress=progress)
+    record = {"name": spec.name, "kind": spec.kind, "budget": spec.budget, "seed": spec.seed,
+              "out_dir": str(trained.out_dir), "steps": trained.steps, "tokens": trained.tokens,
+              "token_equiv_compute": trained.token_equiv_compute, "train_seconds": trained.seconds,
+              "final_train_loss": trained.final_loss, "validation": trained.validation}
+    if run_cfg.train.eval_every:
+        record["validation_history"] = validation_history(trained.out_dir)
+    stability: list[dict[str, Any]] = []
+    evaluate_run(cfg, record, trained.model_dir, resolve_device(cfg.device), stability, progress)
+    _write_json(Path(run_cfg.out_dir) / JOB_RECORD, {"record": record, "stability": stability})
+    return record, stability
+
+
+JOB_RECORD = "compare_record.json"  # a run's record and stability curves, written once it is evaluated
+
+
+def finished_job(job: Job) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """(record, stability) of a run that an earlier, interrupted study finished and evaluated; None otherwise."""
+    cfg, spec, out_dir = job
+    path = Path(train_config(cfg, spec, out_dir).out_dir) / JOB_RECORD
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    return saved["record"], saved["stability"]
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)  # atomic: an interrupted write never looks like a finished run
+
+
+def validation_history(run_dir: Path) -> list[dict[str, Any]]:
+    """The validation records a run logged during training (metrics.jsonl), oldest first."""
+    lines = (run_dir / METRICS_FILE).read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") == "eval"]
+
+
+def evaluate_run(cfg: CompareConfig, record: dict[str, Any], model_dir: Path, device: torch.device,
+                 stability: list[dict[str, Any]], progress: bool) -> None:
+    """Test-split scores of one trained model in every mode (into ``record``); stability curves of feedback ones."""
+    t0 = time.perf_counter()
+    model = load_any(model_dir, device=device).eval()
+    tokenizer = load_tokenizer(model_dir)
+    test = load_tokens(cfg.data.source, "test", tokenizer)
+    batches = [w.to(device) for w in eval_windows(test.tokens, cfg.train.seq_len, cfg.eval_windows,
+                                                  cfg.eval_batch_size)]
+    exact = ExactSpec(cfg.exact_method, cfg.exact_tol or None, cfg.exact_chunk_size)
+    modes = evaluate_modes(model, batches, test, cfg.fused_passes, exact, progress=progress,
+                           desc=f"test {record['name']}")
+    record["parameters"] = model.num_parameters()
+    record["test"] = {name: dataclasses.asdict(r) for name, r in modes.items()}
+    record["test_windows"] = sum(b.shape[0] for b in batches)
+    if model.fusion is not None and cfg.exact_method != "sequential" and cfg.exact_check_windows:
+        check = torch.cat(batches)[: cfg.exact_check_windows]
+        record["exact_check"] = exact_agreement(model, check, exact)
+    record["eval_seconds"] = time.perf_counter() - t0
+    if model.fusion is None:
+        return
+    t0 = time.perf_counter()
+    val = load_tokens(cfg.data.source, "validation", tokenizer)
+    seq_len = cfg.stability_seq_len or cfg.train.seq_len
+    windows = [w.to(device) for w in eval_windows(val.tokens, seq_len, cfg.stability_windows, cfg.eval_batch_size)]
+    curve = stability_curve(model, windows, val, cfg.stability_passes, progress=progress,
+                            desc=f"stability {record['name']}")
+    stability.append({"name": record["name"], "seed": record["seed"], "window_len": curve.window_len,
+                      "windows": curve.windows, "passes": curve.passes, "loss": curve.loss,
+                      "bits_per_byte": curve.bits_per_byte, "delta_max": curve.delta_max,
+                      "delta_mean": curve.delta_mean, "state_norm": curve.state_norm})
+    record["stability_seconds"] = time.perf_counter() - t0
+
+
+def multipliers(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per feedback model, mode and seed: baseline tokens to match its test loss, and the two multipliers."""
+    out: dict[str, Any] = {}
+    for run in runs:
+        if run["kind"] == "baseline":
+            continue
+        baselines = [r for r in runs if r["kind"] == "baseline" and r["seed"] == run["seed"]]
+        tokens = [r["tokens"] for r in baselines]
+        losses = [r["test"]["standard"]["loss"] for r in baselines]
+        for mode, scores in run["test"].items():
+            match = tokens_to_match(tokens, losses, scores["loss"], run["tokens"])
+            compute = None if match.tokens is None else match.tokens / run["token_equiv_compute"]
+            out.setdefault(run["name"], {}).setdefault(mode, []).append(
+                {"seed": run["seed"], "loss": scores["loss"], "baseline_tokens": match.tokens,
+                 "token_multiplier": match.multiplier, "compute_multiplier": compute, "fit": match.flag})
+    return out
+
+
+def machine_info(device: torch.device, workers: int = 1) -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError, StopIteration):  # Linux names the CPU model; elsewhere keep the above
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": max(1, torch.get_num_threads() // workers),
+            "workers": workers, "device": str(device)}
+    if hasattr(os, "sched_getaffinity"):
+        info["usable_cores"] = len(os.sched_getaffinity(0))
+    threads = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ}
+    if threads:
+        info["thread_env"] = threads
+    if hasattr(os, "getloadavg"):  # other work on the machine slows the runs; say how busy it was
+        info["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def commands(cfg: CompareConfig, out_dir: Path) -> dict[str, str]:
+    return {"command": equivalent_command(cfg),
+            "reproduce": f"fullband compare --config {out_dir / 'config.toml'} --out_dir NEW_DIR",
+            "one_run": f"fullband train --config {out_dir}/seed{cfg.train.seed}/{FEEDBACK}/config.toml"}
+
+
+def equivalent_command(cfg: Any, command: str = "compare", base: Any = None, skip: tuple[str, ...] = ()) -> str:
+    """``fullband <command>`` with the preset and every flag whose value differs from ``base`` (by default the
+    compare preset's config): this run's command. Keys in ``skip`` are left out."""
+    base = _leaves(config_to_dict(base if base is not None else preset_config(cfg.preset)))
+    args = ["fullband", command] + (["--preset", cfg.preset] if cfg.preset != "default" else [])
+    for key, value in _leaves(config_to_dict(cfg)).items():
+        if key != "preset" and key not in skip and value != base.get(key):
+            args += [f"--{key}", _flag_value(value)]
+    return shlex.join(args)
+
+
+def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
+    return out
+
+
+def _flag_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(_flag_value, value))
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _say(progress: bool, message: str) -> None:
+    if progress:
+        print(message, flush=True)

@@ -1,0 +1,33 @@
+"""Reading a compare results dict: its runs by name, its modes, means over seeds, mode labels (for the report and the
+plots alike)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+MODE_LABELS = {"standard": "standard", "exact": "exact"}
+
+
+def mode_label(mode: str) -> str:
+    return MODE_LABELS.get(mode) or f"fused({mode.removeprefix('fused')})"
+
+
+def run_names(results: dict[str, Any]) -> list[str]:
+    return list(dict.fromkeys(r["name"] for r in results["runs"]))
+
+
+def runs_named(results: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [r for r in results["runs"] if r["name"] == name]
+
+
+def modes_of(results: dict[str, Any]) -> list[str]:
+    return list(dict.fromkeys(m for r in results["runs"] for m in r["test"]))
+
+
+def mean_sd(values: Iterable[float | None]) -> tuple[float | None, float | None]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None, None
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)

@@ -1,0 +1,209 @@
+"""State tracking at the input layer (the paper's Figure 7): where in depth is the state linearly decodable?
+
+``fullband eval-state`` runs the whole study:
+
+1. sequences of every task of :mod:`fullband.tasks.state_tracking` (all ending on ``?``), trained on
+   as prompt -> label (SFT, prompt masked) by the baseline and the full-bandwidth model on the same batches;
+2. fresh probe sets; for each model and prefill (``standard`` = one plain pass, ``one-step`` = two passes with
+   positions after the first fused, ``exact`` = full recurrence) the residual stream at the final token at every
+   depth, 0 (the input layer) to n_layers (:mod:`fullband.experiments.probes`);
+3. a closed-form ridge probe per (task, model, prefill, depth), fit on one set and scored on the other, and the
+   model's own answer accuracy (its next token at ``?``) under each prefill.
+
+The final token is shared by every sequence, so at depth 0 a plain position holds only its embedding: a probe
+there is at chance, and beats chance only where the input carries state, i.e. at a fused position. The baseline
+has no feedback: its prefills are all the same model, reported once as "baseline".
+
+    out_dir/
+      data/train.jsonl, data/test.jsonl     the training and validation sequences (prompt/completion JSONL)
+      baseline/, fullband/                  the training runs (model/ inside each)
+      results.json, report.md, probe_accuracy_vs_depth.png
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from fullband.data import ByteTokenizer
+from fullband.experiments.config import StateTrackingConfig
+from fullband.experiments.probes import PREFILLS, final_token_states, fit_ridge_probe
+from fullband.experiments.study import (
+    StudyModel,
+    line_style,
+    markdown_table,
+    pyplot,
+    set_threads,
+    train_both,
+    training_table,
+    write_json,
+)
+from fullband.model import FullBandwidthLM
+from fullband.model_io import load_any
+from fullband.tasks.state_tracking import Example, make_examples, num_classes
+
+
+def variant_name(kind: str, prefill: str) -> str:
+    return "baseline" if kind == "baseline" else f"fullband {prefill}"
+
+
+def build_data(cfg: StateTrackingConfig, data_dir: Path) -> tuple[Path, Path]:
+    """train.jsonl (``train_per_task`` per task, shuffled) and a small test.jsonl for the validation loss."""
+    rng = random.Random(cfg.seed)
+    train = make_examples(cfg.tasks, cfg.train_per_task, cfg.seq_len, rng)
+    rng.shuffle(train)
+    test = make_examples(cfg.tasks, max(1, cfg.probe_test // 4), cfg.seq_len, rng)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, examples in (("train", train), ("test", test)):
+        path = data_dir / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"prompt": e.text, "completion": e.label}) + "\n" for e in examples))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def probe_sets(cfg: StateTrackingConfig) -> dict[str, tuple[list[Example], list[Example]]]:
+    """Fresh (probe-fit, probe-test) examples per task, from a seed the training data does not use."""
+    rng = random.Random(cfg.seed + 1_000_003)
+    return {task: (make_examples((task,), cfg.probe_train, cfg.seq_len, rng),
+                   make_examples((task,), cfg.probe_test, cfg.seq_len, rng)) for task in cfg.tasks}
+
+
+def probe_model(
+    model: FullBandwidthLM, prefill: str, sets: tuple[list[Example], list[Example]], task: str, ridge: float
+) -> dict[str, Any]:
+    """Probe accuracy at every depth and the model's answer accuracy, for one task under one prefill."""
+    tokenizer = ByteTokenizer()
+    device = model.embed.weight.device
+    encoded = []
+    for examples in sets:
+        tokens = torch.tensor([tokenizer.encode(e.text) for e in examples], device=device)  # all of one length
+        states, logits = final_token_states(model, tokens, PREFILLS[prefill])
+        labels = torch.tensor([e.target for e in examples])
+        answers = torch.tensor([tokenizer.encode(e.label)[0] for e in examples], device=device)
+        encoded.append((states.cpu(), labels, (logits.argmax(-1) == answers).double().mean().item()))
+    (fit_states, fit_labels, _), (test_states, test_labels, answer_accuracy) = encoded
+    classes = num_classes(task)
+    depths = [fit_ridge_probe(fit_states[d], fit_labels, classes, ridge).accuracy(test_states[d], test_labels)
+              for d in range(fit_states.shape[0])]
+    # Chance = what a probe on a constant feature scores: the fit set's majority class, measured on the test set.
+    majority = int(torch.bincount(fit_labels, minlength=classes).argmax())
+    chance = float((test_labels == majority).double().mean())
+    return {"probe_accuracy": depths, "answer_accuracy": answer_accuracy, "chance": chance}
+
+
+def run_state_tracking(cfg: StateTrackingConfig) -> dict[str, Any]:
+    """The whole study (see the module docstring); returns what results.json holds."""
+    set_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    out_dir = Path(cfg.out_dir)
+    train_path, test_path = build_data(cfg, out_dir / "data")
+    spec = StudyModel(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.seq_len + 2, cfg.steps, cfg.batch_size, cfg.lr,
+                      cfg.feedback_start, cfg.pass_mix, cfg.seed, cfg.device)
+    training = train_both(spec, train_path, test_path, out_dir, cfg.progress, reuse=cfg.reuse_models)
+    models = {k: load_any(v["model_dir"], device=cfg.device) for k, v in training.items()}
+    sets = probe_sets(cfg)
+    variants = [("baseline", "standard")] + [("fullband", p) for p in cfg.prefills]
+    jobs = [(task, kind, prefill) for task in cfg.tasks for kind, prefill in variants]
+    cells = []
+    for task, kind, prefill in tqdm(jobs, desc="probing", disable=not cfg.progress):
+        result = probe_model(models[kind], prefill, sets[task], task, cfg.ridge)
+        cells.append({"task": task, "model": kind, "prefill": prefill, "variant": variant_name(kind, prefill),
+                      **result})
+    results = {
+        "study": "state tracking at the input layer",
+        "config": dataclasses.asdict(cfg),
+        "training": training,
+        "variants": [variant_name(k, p) for k, p in variants],
+        "cells": cells,
+    }
+    write_json(out_dir / "results.json", results)
+    plot(results, out_dir / "probe_accuracy_vs_depth.png")
+    (out_dir / "report.md").write_text(render_report(results))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def tables(results: dict[str, Any]) -> dict[str, str]:
+    """Markdown tables: training, probe accuracy per depth (one per task), answer accuracy."""
+    cells = results["cells"]
+    depths = len(cells[0]["probe_accuracy"])
+    out = {"training": training_table(results["training"])}
+    for task in dict.fromkeys(c["task"] for c in cells):
+        rows = [[c["variant"], f"{c['chance']:.2f}", *(f"{a:.2f}" for a in c["probe_accuracy"])]
+                for c in cells if c["task"] == task]
+        out[f"probe_{task}"] = markdown_table(["model / prefill", "chance", *[f"depth {d}" for d in range(depths)]],
+                                              rows)
+    answer_rows = [[v] + [next(f"{c['answer_accuracy']:.2f}" for c in cells if c["variant"] == v and c["task"] == t)
+                          for t in dict.fromkeys(c["task"] for c in cells)] for v in results["variants"]]
+    out["answer"] = markdown_table(["model / prefill", *dict.fromkeys(c["task"] for c in cells)], answer_rows)
+    return out
+
+
+def render_report(results: dict[str, Any]) -> str:
+    cfg, t = results["config"], tables(results)
+    probe_sections = "\n\n".join(f"### {task}\n\n{t[f'probe_{task}']}" for task in cfg["tasks"])
+    return f"""# State tracking at the input layer (paper Figure 7)
+
+Generated by `fullband eval-state --preset {cfg['preset']}` (fullband.experiments.state_tracking); every number
+below comes from `results.json` next to this file.
+
+**Setup.** Tasks {', '.join(cfg['tasks'])} (see fullband.tasks.state_tracking), {cfg['seq_len']}
+tokens each, all ending on the shared final token `?`; the model is trained to answer after it
+({cfg['train_per_task']} sequences per task, prompt masked). Both models: d_model={cfg['d_model']},
+{cfg['n_layers']} layers, {cfg['n_heads']} heads, {cfg['steps']} steps of batch {cfg['batch_size']} on the same
+batches; the full-bandwidth model trains multi-pass (pass mix {list(cfg['pass_mix'])}) after
+{cfg['feedback_start']:.0%} of the steps. Probes: closed-form ridge (penalty {cfg['ridge']} x N) on the
+standardised residual stream at the final token, fit on {cfg['probe_train']} fresh sequences per task and scored
+on {cfg['probe_test']} others; depth 0 = the input layer (embedding, or fused input), depth d = output of block d.
+Prefills: standard = one plain pass; one-step = two passes, positions after the first fused; exact = the fully
+recurrent states. The baseline has no feedback, so its prefills coincide (reported once). Chance = the test
+accuracy of always answering the fit set's majority class (what a probe on a constant feature scores).
+
+## Training
+
+{t['training']}
+
+## Probe accuracy at the final token, per depth
+
+{probe_sections}
+
+## The model's own answer accuracy (next token at `?`)
+
+{t['answer']}
+
+![probe accuracy vs depth](probe_accuracy_vs_depth.png)
+"""
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Probe accuracy vs depth, one panel per task, one line per model/prefill, chance dashed."""
+    plt = pyplot()
+    cells = results["cells"]
+    tasks = list(dict.fromkeys(c["task"] for c in cells))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False, sharey=True)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        here = [c for c in cells if c["task"] == task]
+        for c in here:
+            ax.plot(range(len(c["probe_accuracy"])), c["probe_accuracy"], marker="o", label=c["variant"],
+                    **line_style(c["variant"]))
+        ax.axhline(here[0]["chance"], color="gray", linestyle="--", linewidth=1, label="chance")
+        ax.set_title(task)
+        ax.set_xlabel("depth (0 = input layer)")
+        ax.set_xticks(range(len(here[0]["probe_accuracy"])))
+        ax.set_ylim(0, 1.03)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("probe accuracy at the final token")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,60 @@
+"""The options of ``fullband eval`` (torch-free, so the command line checks them before importing torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fullband.config import DECODING_MODES, DEFAULT_SCORE_MODE, _is_int, _require, doc, validate_device_name
+
+# ---------------------------------------------------------------------------------------------- fullband eval
+
+EVAL_DTYPES = ("float32", "float64", "bfloat16")
+
+
+@dataclass
+class LmEvalConfig:
+    """``fullband eval``: lm-evaluation-harness tasks on a checkpoint, through the ``fullband`` lm-eval model."""
+
+    checkpoint: str = doc("", "Model directory with its tokenizer (fullband train's out_dir/model); required.")
+    tasks: tuple[str, ...] = doc((), "Comma-separated lm-eval task (or group) names; required.")
+    num_fewshot: int | None = doc(None, "Few-shot examples per prompt; none = each task's default.")
+    include_path: str | None = doc(
+        None, "Directory of extra task YAML files (e.g. local tasks with dataset_path: json)."
+    )
+    include_defaults: bool = doc(
+        True, "Also index lm-eval's built-in tasks; false = only include_path (much faster to start)."
+    )
+    mode: str = doc(DEFAULT_SCORE_MODE, "Decoding mode: standard | soft | fused | exact (which positions are fused: "
+                    "see fullband.integrations.lm_eval.adapter).")
+    prefill_passes: int = doc(1, "fused mode: extra fused (Jacobi) passes over the context.")
+    exact_chunk_size: int = doc(1, "Exact parts (continuations; exact-mode contexts): chunk per exact Jacobi solve "
+                                "(1 = sequential).")
+    batch_size: int = doc(16, "Requests per model batch.")
+    limit: int | None = doc(None, "Evaluate only the first N documents of each task (none = all).")
+    max_gen_toks: int = doc(256, "Default cap on generated tokens for generate_until tasks.")
+    device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
+    dtype: str = doc("float32", f"Model dtype: one of {EVAL_DTYPES}.")
+    seed: int = doc(0, "Seed of the few-shot sampling and of every other random choice of lm-eval.")
+    log_samples: bool = doc(False, "Also save every request and response (samples.json).")
+    out_dir: str = doc("runs/eval", "Run directory: results.json (and samples.json).")
+
+    def __post_init__(self) -> None:
+        _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
+        validate_device_name(self.device)
+        self.tasks = tuple(self.tasks)
+        _require(len(self.tasks) > 0 and all(isinstance(t, str) and t for t in self.tasks), "tasks", self.tasks,
+                 "give one or more task names (--tasks a,b)")
+        if self.num_fewshot is not None:
+            _require(_is_int(self.num_fewshot) and self.num_fewshot >= 0, "num_fewshot", self.num_fewshot,
+                     "must be an integer >= 0 (or none)")
+        if self.limit is not None:
+            _require(_is_int(self.limit) and self.limit >= 1, "limit", self.limit, "must be an integer >= 1 (or none)")
+        _require(self.mode in DECODING_MODES, "mode", self.mode, f"must be one of {DECODING_MODES}")
+        for name, low in (("prefill_passes", 0), ("exact_chunk_size", 1), ("batch_size", 1), ("max_gen_toks", 1),
+                          ("seed", 0)):
+            value = getattr(self, name)
+            _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
+        _require(self.dtype in EVAL_DTYPES, "dtype", self.dtype, f"must be one of {EVAL_DTYPES}")
+        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
+
+

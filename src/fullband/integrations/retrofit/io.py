@@ -1,0 +1,101 @@
+"""Checkpoints of retrofitted models: the base in its own format, the fusion beside it, and what ties them (the
+layout: :mod:`fullband.integrations.retrofit.config`).
+
+Beside them, a transformers-form ``config.json``, the remote-code modules and a model card (fullband.model.hub) let
+``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` open the whole retrofitted model
+(fullband.integrations.hf_retrofit). The base stays a plain transformers checkpoint:
+``AutoModelForCausalLM.from_pretrained(dir / "base")`` loads the pretrained network alone, fine-tuned weights
+included.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from fullband.integrations.retrofit.config import (
+    RETROFIT_BASE,
+    RETROFIT_CONFIG,
+    RETROFIT_FUSION,
+    RetrofitConfig,
+    is_retrofit_checkpoint,
+)
+from fullband.model import hub
+from fullband.model.serialization import CONFIG_NAME, CheckpointError
+
+Retrofitted = TypeVar("Retrofitted", bound=nn.Module)
+
+FORMAT = "fullband-retrofit"
+FORMAT_VERSION = 1
+FUSION_WEIGHTS = RETROFIT_FUSION
+BASE_DIR = RETROFIT_BASE
+
+
+def save_retrofitted(model: nn.Module, directory: str | Path, **decoding: Any) -> None:
+    """Write ``model``; ``decoding`` overrides the decoding defaults recorded in config.json."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.base.save_pretrained(directory / BASE_DIR)
+    fusion = {k: v.detach().contiguous().cpu() for k, v in model.fusion.state_dict().items()}
+    save_file(fusion, str(directory / FUSION_WEIGHTS), metadata={"format": "pt"})
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "base_dir": BASE_DIR, **model.config.to_dict()}
+    (directory / RETROFIT_CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
+    dtype = str(model.embed.weight.dtype).removeprefix("torch.")
+    config = hub.hf_config_dict(model.config.to_dict(), dtype=dtype, tie_word_embeddings=False,
+                                model_type=hub.RETROFIT_MODEL_TYPE, **decoding)
+    hub.write_remote_code(directory, hub.RETROFIT_MODEL_TYPE)
+    hub.write_model_card(directory, config)
+    (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def load_retrofit_config(directory: str | Path) -> RetrofitConfig:
+    """The config a checkpoint's model was built with (what a trainer compares with ``model.config``)."""
+    meta = _read_meta(Path(directory))
+    return RetrofitConfig(**{f.name: meta[f.name] for f in fields(RetrofitConfig)})
+
+
+def load_weights_into(model: nn.Module, directory: str | Path) -> None:
+    """Load a checkpoint's weights into ``model`` in place (resume: the optimizer holds these parameters)."""
+    saved = load_retrofitted(type(model), directory)
+    if saved.config != model.config:
+        raise CheckpointError(f"{directory} holds a model with config {saved.config}, not {model.config}")
+    source = saved.state_dict()
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            tensor.copy_(source[name])
+
+
+def load_retrofitted(cls: type[Retrofitted], directory: str | Path, **base_kwargs: Any) -> Retrofitted:
+    """A ``cls`` (RetrofittedLM, which imports this module) built on the checkpoint's base, with its fusion weights."""
+    directory = Path(directory)
+    meta = _read_meta(directory)
+    base = AutoModelForCausalLM.from_pretrained(directory / meta["base_dir"], **base_kwargs)
+    if type(base).__name__ != meta["base_architecture"]:
+        raise CheckpointError(f"{directory}: base loads as {type(base).__name__}, but {RETROFIT_CONFIG} says "
+                              f"{meta['base_architecture']}")
+    model = cls(base, meta["feedback_source"], init_std=meta["init_std"])
+    try:
+        fusion = load_file(str(directory / FUSION_WEIGHTS))
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{directory / FUSION_WEIGHTS} is missing or corrupted: {err}") from None
+    p = model.embed.weight
+    model.fusion.load_state_dict({k: v.to(device=p.device, dtype=p.dtype) for k, v in fusion.items()}, strict=True)
+    return model.eval()
+
+
+def _read_meta(directory: Path) -> dict[str, Any]:
+    if not is_retrofit_checkpoint(directory):
+        raise CheckpointError(f"{directory} has no {RETROFIT_CONFIG}: not a retrofitted fullband checkpoint")
+    meta = json.loads((directory / RETROFIT_CONFIG).read_text())
+    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{directory / RETROFIT_CONFIG}: unknown format {meta.get('format')!r} "
+                              f"version {meta.get('format_version')!r}")
+    return meta

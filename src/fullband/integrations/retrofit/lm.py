@@ -1,0 +1,175 @@
+"""Retrofit latent feedback onto a pretrained transformers causal LM (Llama, Qwen2, GPT-2, ...).
+
+``retrofit(model)`` adds a :class:`~fullband.model.fusion.LatentFusion` in front of the pretrained network: it
+feeds ``inputs_embeds`` (plain token embeddings, or fused ones ``u_t = fuse(e_t, h_{t-1})``) and reads back the
+state chosen by ``feedback_source``. :class:`RetrofittedLM` is a :class:`~fullband.model.feedback.FeedbackLM`
+like the native model: it supplies the embedding, the blocks, the head and the cache of the pretrained network,
+and inherits the one forward, ``forward_exact``, the pass loop and ``generate`` / ``stream`` (so training, SFT
+included, uses the very same objective, and decoding runs in every mode on a transformers DynamicCache).
+
+With one pass (standard mode, or no fused position) the fusion is never called and the logits are the
+pretrained model's own: the token embeddings go in as ``inputs_embeds`` and positions are 0..T-1.
+
+Which state feeds back (``feedback_source``):
+
+- ``"last_hidden"``: the backbone's last hidden state. For Llama, Qwen2 and GPT-2 it comes *after* the final
+  norm (transformers' last ``hidden_states`` entry is the normed state, the head's input): the native
+  ``feedback_source="normed"``.
+- an int ``k`` in 1..L-1: ``hidden_states[k]``, the residual stream after block ``k`` (before any norm): the
+  native ``"layer:k"``. The top block's pre-norm output is not among transformers' hidden states (their last
+  entry is the normed one), so ``k = L`` is refused rather than silently meaning the normed state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+import fullband.generation  # noqa: F401 (binds generate / stream: a retrofitted model decodes)
+from fullband.integrations._hf_compat import cache_argument
+from fullband.integrations.retrofit.cache import RetrofitCache
+from fullband.integrations.retrofit.config import FeedbackSource, RetrofitConfig
+from fullband.integrations.retrofit.io import load_retrofitted, save_retrofitted
+from fullband.model import LatentFusion
+from fullband.model.feedback import FeedbackLM
+
+
+class RetrofittedLM(FeedbackLM):
+    def __init__(
+        self, base: PreTrainedModel, feedback_source: FeedbackSource = "last_hidden", *, init_std: float | None = None
+    ) -> None:
+        super().__init__()
+        _check_supported(base)
+        cfg = base.config
+        self.base = base
+        self.config = RetrofitConfig(
+            base_architecture=type(base).__name__,
+            feedback_source=feedback_source,
+            vocab_size=base.get_input_embeddings().num_embeddings,
+            d_model=cfg.hidden_size,
+            n_layers=cfg.num_hidden_layers,
+            max_seq_len=cfg.max_position_embeddings,
+            norm_eps=_norm_eps(cfg),
+            init_std=init_std if init_std is not None else (getattr(cfg, "initializer_range", None) or 0.02),
+        )
+        _check_feedback_source(feedback_source, self.config.n_layers)
+        p = self.embed.weight
+        # The pretrained network keeps its own plain inputs, so fused inputs start at its embeddings' scale.
+        embed_rms = float(p.detach().float().pow(2).mean().sqrt())
+        self.fusion = LatentFusion(d_model=self.config.d_model, norm_eps=self.config.norm_eps, out_gain=embed_rms)
+        for proj in (self.fusion.gate_proj, self.fusion.state_proj):
+            nn.init.normal_(proj.weight, mean=0.0, std=self.config.init_std)
+        self.fusion.to(device=p.device, dtype=p.dtype)
+        self._cache_arg = cache_argument(base.base_model.forward)  # "cache" from transformers 5.24 on
+
+    # ------------------------------------------------------------------ the pretrained network
+
+    @property
+    def fuse(self) -> LatentFusion:
+        """The fusion as the pass loop calls it (its own gate norm and RMSNorm_in)."""
+        return self.fusion
+
+    @property
+    def embed(self) -> nn.Embedding:
+        return self.base.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.base.get_output_embeddings()
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The decoder layers (what ``torch.compile`` of fullband's trainer compiles one by one)."""
+        for name in ("layers", "h", "blocks"):
+            layers = getattr(self.base.base_model, name, None)
+            if isinstance(layers, nn.ModuleList):
+                return layers
+        raise AttributeError(f"cannot find the decoder layers of {self.config.base_architecture}")
+
+    def _empty_cache(self, batch_size: int, max_len: int) -> RetrofitCache:
+        return RetrofitCache(self.base.config, batch_size, max_len, self.embed.weight.device)
+
+    def run_stack(
+        self,
+        inputs: torch.Tensor,  # (B, T, D) input vectors u_t
+        positions: torch.Tensor,  # (B, T)
+        mask: torch.Tensor | None = None,  # (B, S) 1 = real token, over cached + new positions; None = causal
+        cache: RetrofitCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass of the pretrained network -> (carried states h (B, T, D), head input (B, T, D))."""
+        cache_kwargs = {}
+        if cache is not None:
+            cache.rewind()
+            cache_kwargs = {self._cache_arg: cache.kv}
+        source = self.config.feedback_source
+        out = self.base.base_model(inputs_embeds=inputs, attention_mask=mask, position_ids=positions,
+                                   use_cache=cache is not None, output_hidden_states=source != "last_hidden",
+                                   **cache_kwargs)
+        top = out.last_hidden_state  # after the final norm (Llama, Qwen2, GPT-2): the head's input
+        carried = top if source == "last_hidden" else out.hidden_states[source]
+        return carried.to(inputs.device), top  # the fusion sits with the embedding (a model split over devices)
+
+    def depth_states(self, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(L + 1, B, T, D): the pretrained network's own hidden states for ``inputs``, whose last entry is after
+        its final norm (Llama, Qwen2, GPT-2), the head's input."""
+        out = self.base.base_model(inputs_embeds=inputs, position_ids=positions, output_hidden_states=True)
+        return torch.stack(out.hidden_states)
+
+    def logits_of_top(self, state: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(state)  # transformers' last hidden state is already normed
+
+    def _stack_mask(self, key_valid: torch.Tensor, T: int) -> torch.Tensor:
+        """The 2D mask transformers expects: (B, S) 1 = real token, over cached + new positions."""
+        return key_valid.long()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_pretrained(self, directory: str | Path, **decoding: Any) -> None:
+        """Base model (its own save_pretrained, in ``base/``) + fusion weights + ``retrofit.json``, and what
+        transformers needs to open it (config.json, remote code; ``decoding`` sets its decoding defaults)."""
+        save_retrofitted(self, directory, **decoding)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, **base_kwargs: Any) -> RetrofittedLM:
+        """Load what :meth:`save_pretrained` wrote; ``base_kwargs`` go to the base's from_pretrained (dtype, ...)."""
+        return load_retrofitted(cls, directory, **base_kwargs)
+
+
+def retrofit(model: PreTrainedModel, feedback_source: FeedbackSource = "last_hidden", **kwargs: Any) -> RetrofittedLM:
+    """Wrap a transformers causal LM with latent feedback; see :mod:`fullband.integrations.retrofit.lm`."""
+    return RetrofittedLM(model, feedback_source, **kwargs)
+
+
+def _check_supported(base: PreTrainedModel) -> None:
+    cfg = base.config
+    if getattr(cfg, "is_encoder_decoder", False) or base.get_output_embeddings() is None:
+        raise ValueError(f"retrofit needs a decoder-only causal LM with an LM head, got {type(base).__name__}")
+    # The head is applied outside the model's forward, so a transform of the logits after it would be lost.
+    for name in ("final_logit_softcapping", "logit_scale"):
+        if getattr(cfg, name, None) not in (None, 1.0):
+            raise NotImplementedError(f"retrofit does not support {type(base).__name__}: it post-processes the "
+                                      f"logits ({name}={getattr(cfg, name)!r})")
+
+
+def _check_feedback_source(source: FeedbackSource, n_layers: int) -> None:
+    if source == "last_hidden":
+        return
+    if isinstance(source, int) and not isinstance(source, bool) and 1 <= source < n_layers:
+        return
+    raise ValueError(
+        f"feedback_source={source!r} is invalid: use 'last_hidden' (the state after the final norm) or a block "
+        f"index 1..{n_layers - 1} (the residual stream after that block); transformers does not expose the top "
+        "block's pre-norm output"
+    )
+
+
+def _norm_eps(cfg: Any) -> float:
+    for name in ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_eps"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, float):
+            return value
+    return 1e-5

@@ -1,0 +1,267 @@
+"""FeedbackLM: the one feedback forward, ``forward_exact``, the pass loop and the decoding hooks of every network.
+
+A subclass supplies the network: ``embed`` (token embedding), ``lm_head``, ``blocks``, ``fuse`` (the fusion as
+the loop calls it; None without feedback), ``run_stack`` (one pass through the blocks), ``depth_states`` (every
+depth of one pass), ``logits_of_top`` (logits from the top depth state), its cache (``_empty_cache``) and the
+attention mask its blocks read (``_stack_mask``). :class:`~fullband.model.lm.FullBandwidthLM` is the native
+network; ``fullband.integrations.retrofit.lm.RetrofittedLM`` wraps a pretrained transformers model.
+
+One forward computes every execution mode of DESIGN.md §2 by running the multi-pass loop of
+:mod:`fullband.model.recurrence` over a chunk of positions. Run enough passes and the chunk is exact:
+
+- a whole sequence with ``passes = T - p + 1``           -> multi-pass (Jacobi) == sequential;
+- chunks of a prompt on top of the KV cache               -> chunked prefill;
+- chunks of one token, one pass each                      -> sequential reference == KV-cache decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from fullband.config import DEFAULT_MODE
+from fullband.model.kv_cache import CacheSlots
+from fullband.model.recurrence import (
+    LMOutput,
+    Pass,
+    PlainPrefix,
+    exact_pass_count,
+    fused_positions,
+    pass_inputs,
+    pass_loop,
+    run_passes,
+)
+
+
+class FeedbackLM(nn.Module):
+    config: Any  # vocab_size, d_model, n_layers, max_seq_len (ModelConfig or RetrofitConfig)
+    embed: nn.Embedding
+    lm_head: nn.Module
+
+    # ------------------------------------------------------------------ what a network supplies
+
+    @property
+    def fuse(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+        """(e_t, h_{t-1}) -> the fused input x_t, as the pass loop calls it; None without feedback."""
+        raise NotImplementedError
+
+    def run_stack(
+        self, inputs: torch.Tensor, positions: torch.Tensor, mask: Any = None, cache: CacheSlots | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass of the network over inputs (B, T, D) -> (carried states h (B, T, D), head input (B, T, D))."""
+        raise NotImplementedError
+
+    def depth_states(self, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(L + 1, B, T, D): what the first block sees, then every depth, for one pass without cache or mask."""
+        raise NotImplementedError
+
+    def logits_of_top(self, state: torch.Tensor) -> torch.Tensor:
+        """Logits from the last entry of :meth:`depth_states`."""
+        raise NotImplementedError
+
+    def _empty_cache(self, batch_size: int, max_len: int) -> CacheSlots:
+        raise NotImplementedError
+
+    def _stack_mask(self, key_valid: torch.Tensor, T: int) -> Any:
+        """The attention mask the blocks read, from which keys are real tokens (B, S), S = cached + T."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ shared setup
+
+    def num_parameters(self, include_embedding: bool = True) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n if include_embedding else n - self.embed.weight.numel()
+
+    def new_cache(self, batch_size: int, max_len: int | None = None) -> CacheSlots:
+        """An empty decoding cache for ``batch_size`` rows of at most ``max_len`` tokens."""
+        max_len = max_len or self.config.max_seq_len
+        if max_len > self.config.max_seq_len:
+            raise ValueError(f"cache length {max_len} exceeds the model context max_seq_len={self.config.max_seq_len}")
+        return self._empty_cache(batch_size, max_len)
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # (B, T) token ids
+        passes: int = 1,
+        plain_prefix: PlainPrefix = 1,
+        labels: torch.Tensor | None = None,  # (B, T), aligned with tokens; shifted here; -100 = ignore
+        *,
+        attention_mask: torch.Tensor | None = None,  # (B, T) 1 = real token, 0 = left padding
+        cache: CacheSlots | None = None,
+        carried_state: torch.Tensor | None = None,  # (B, D) state of the position before this chunk
+        tol: float | None = None,
+        jitter: float = 0.0,
+        detach_passes: bool = False,
+        feedback_weight: float = 1.0,
+        logits_to_keep: int = 0,
+    ) -> LMOutput:
+        """Multi-pass forward over ``tokens`` (see the module docstring).
+
+        ``plain_prefix`` counts absolute positions from the start of the sequence (cached ones included);
+        positions before it get plain embeddings. ``tol`` stops early once ``max|h^(k) - h^(k-1)| < tol``.
+        ``jitter`` adds Uniform(-jitter, jitter) noise to the states before they are fused (training).
+        """
+        B, T = self._check_tokens(tokens, cache)
+        if passes < 1:
+            raise ValueError(f"passes must be >= 1, got {passes}")
+        fuse = self.fuse
+        if fuse is None:
+            passes, carried_state = 1, None  # the baseline ignores feedback entirely
+        offset = cache.length if cache is not None else 0
+        positions, mask = self._positions_and_mask(B, T, attention_mask, cache, tokens.device)
+        fused = fused_positions(plain_prefix, B, T, offset, tokens.device)  # (B, T) bool
+        if carried_state is not None and carried_state.shape != (B, self.config.d_model):
+            raise ValueError(
+                f"carried_state must have shape {(B, self.config.d_model)}, got {tuple(carried_state.shape)}"
+            )
+        out = run_passes(
+            lambda inputs: self.run_stack(inputs, positions, mask, cache), self.lm_head, fuse,
+            self.embed(tokens), fused, passes, labels=labels, carried_state=carried_state, tol=tol, jitter=jitter,
+            detach_passes=detach_passes, feedback_weight=feedback_weight, logits_to_keep=logits_to_keep,
+        )
+        if cache is not None:
+            cache.commit(attention_mask.bool() if attention_mask is not None else torch.ones_like(fused))
+        return out
+
+    def iterate_passes(self, tokens: torch.Tensor, max_passes: int, plain_prefix: int = 1) -> Iterator[Pass]:
+        """The forward's pass loop over tokens (B, T) without cache or mask, yielding after every pass, so pass
+        ``k`` is ``self(tokens, passes=k, plain_prefix=plain_prefix)``'s. Without feedback only pass 1 comes."""
+        B, T = tokens.shape
+        positions, mask = self._positions_and_mask(B, T, None, None, tokens.device)
+        fused = fused_positions(plain_prefix, B, T, 0, tokens.device)  # (B, T) bool
+        fuse = self.fuse
+        yield from pass_loop(lambda inputs: self.run_stack(inputs, positions, mask), fuse, self.embed(tokens), fused,
+                             max_passes if fuse is not None else 1)
+
+    def stack_inputs(self, tokens: torch.Tensor, previous: torch.Tensor | None, plain_prefix: int = 1) -> torch.Tensor:
+        """The inputs (B, T, D) of the loop's pass after one whose states were ``previous`` (None: pass 1)."""
+        B, T = tokens.shape
+        fused = fused_positions(plain_prefix, B, T, 0, tokens.device)
+        return pass_inputs(self.fuse, self.embed(tokens), fused, previous, None)
+
+    # ------------------------------------------------------------------ exact evaluation
+
+    @torch.no_grad()
+    def forward_exact(
+        self,
+        tokens: torch.Tensor,
+        plain_prefix: PlainPrefix = 1,
+        *,
+        method: str = "sequential",
+        chunk_size: int = 64,
+        tol: float | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> LMOutput:
+        """The fully recurrent states: ``sequential`` (one position at a time through the KV cache, the
+        definition), ``jacobi`` (whole-sequence passes until exact, or until ``max|Δh| < tol``), or
+        ``chunked`` (Jacobi per chunk of ``chunk_size`` on top of the cache of earlier chunks)."""
+        B, T = self._check_tokens(tokens, None)
+        if method == "jacobi":
+            cap = exact_pass_count(plain_prefix, T, offset=0, has_incoming=False)
+            return self(tokens, passes=cap, plain_prefix=plain_prefix, tol=tol, attention_mask=attention_mask)
+        if method == "sequential":
+            chunk_size = 1
+        elif method != "chunked":
+            raise ValueError(f"method must be 'sequential', 'jacobi' or 'chunked', got {method!r}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        cache = self.new_cache(B, T)
+        out = self.prefill(tokens, cache, plain_prefix, chunk_size=chunk_size, tol=tol, attention_mask=attention_mask)
+        return out
+
+    def prefill(
+        self,
+        tokens: torch.Tensor,
+        cache: CacheSlots,
+        plain_prefix: PlainPrefix,
+        *,
+        chunk_size: int,
+        carried_state: torch.Tensor | None = None,
+        tol: float | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> LMOutput:
+        """Exact (chunked) prefill into ``cache``: each chunk runs until it is exact (or ``max|Δh| < tol``)."""
+        logits, hidden, passes = [], [], 0
+        for start in range(0, tokens.shape[1], chunk_size):
+            chunk = tokens[:, start : start + chunk_size]
+            chunk_mask = attention_mask[:, start : start + chunk_size] if attention_mask is not None else None
+            cap = exact_pass_count(plain_prefix, chunk.shape[1], cache.length, carried_state is not None)
+            out = self(chunk, passes=cap, plain_prefix=plain_prefix, cache=cache, carried_state=carried_state,
+                       tol=tol, attention_mask=chunk_mask)
+            carried_state = out.hidden[:, -1] if self.fuse is not None else None
+            logits.append(out.logits)
+            hidden.append(out.hidden)
+            passes += out.passes
+        return LMOutput(logits=torch.cat(logits, 1), hidden=torch.cat(hidden, 1), passes=passes)
+
+    # ------------------------------------------------------------------ decoding
+
+    # Decoding lives in fullband.generation, which binds its functions here when it is imported (the model
+    # package imports nothing from it). ``import fullband`` users get it with the model classes.
+    _decoding: ClassVar[dict[str, Callable[..., Any]]] = {}
+
+    @staticmethod
+    def bind_decoding(generate: Callable[..., Any], stream: Callable[..., Any]) -> None:
+        """Called by :mod:`fullband.generation` on import: what :meth:`generate` and :meth:`stream` run."""
+        FeedbackLM._decoding.update(generate=generate, stream=stream)
+
+    def _decoder(self, name: str) -> Callable[..., Any]:
+        if name not in FeedbackLM._decoding:
+            raise RuntimeError(f"{type(self).__name__}.{name} needs fullband.generation: import fullband.generation "
+                               "(or take the model from `import fullband`, which does)")
+        return FeedbackLM._decoding[name]
+
+    def generate(
+        self, prompt_ids: torch.Tensor | list, max_new_tokens: int = 64, mode: str = DEFAULT_MODE, **kwargs: Any
+    ) -> torch.Tensor | list:
+        """Decode in ``mode`` (standard | soft | fused | exact); see :func:`fullband.generation.generate`."""
+        return self._decoder("generate")(self, prompt_ids, max_new_tokens, mode, **kwargs)
+
+    def stream(
+        self, prompt_ids: torch.Tensor | list, max_new_tokens: int = 64, mode: str = DEFAULT_MODE, **kwargs: Any
+    ) -> Iterator[torch.Tensor]:
+        """Yield each step's tokens (B,); see :func:`fullband.generation.stream`."""
+        return self._decoder("stream")(self, prompt_ids, max_new_tokens, mode, **kwargs)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_tokens(self, tokens: torch.Tensor, cache: CacheSlots | None) -> tuple[int, int]:
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int):
+            raise ValueError("tokens must be an integer tensor of shape (batch, seq_len)")
+        B, T = tokens.shape
+        if T == 0:
+            raise ValueError("tokens is empty: need at least one position")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} out of range: the model's vocab_size is {self.config.vocab_size} "
+                             f"(ids must be in 0..{self.config.vocab_size - 1})")
+        total = T + (cache.length if cache is not None else 0)
+        if total > self.config.max_seq_len:
+            raise ValueError(f"sequence of {total} tokens is longer than the model context max_seq_len="
+                             f"{self.config.max_seq_len}; shorten the input")
+        if cache is not None:
+            if cache.batch_size != B:
+                raise ValueError(f"cache holds {cache.batch_size} rows but tokens has {B}")
+            cache.check_room(T)
+        return B, T
+
+    def _positions_and_mask(
+        self, B: int, T: int, attention_mask: torch.Tensor | None, cache: CacheSlots | None, device: torch.device
+    ) -> tuple[torch.Tensor, Any]:
+        """Positions (B, T) counting real tokens only (RoPE), and the blocks' attention mask (None = causal)."""
+        if attention_mask is None and cache is None:
+            return torch.arange(T, device=device).expand(B, T), None
+        if attention_mask is not None and tuple(attention_mask.shape) != (B, T):
+            raise ValueError(f"attention_mask must have shape {(B, T)}, got {tuple(attention_mask.shape)}")
+        chunk_valid = attention_mask.bool() if attention_mask is not None else torch.ones(B, T, dtype=torch.bool,
+                                                                                           device=device)
+        start = cache.next_position[:, None] if cache is not None else 0
+        positions = (start + chunk_valid.long().cumsum(1) - 1).clamp(min=0)
+        key_valid = chunk_valid if cache is None else torch.cat((cache.valid[:, : cache.length], chunk_valid), 1)
+        return positions, self._stack_mask(key_valid, T)  # key_valid: (B, S)
