@@ -108,7 +108,7 @@ def study_command(cfg: RecipeConfig) -> str:
 
 def rewrite_report(out_dir: Path) -> dict[str, Any]:
     """Analyse the runs recorded in ``out_dir/results.json`` again and rewrite results.json, plots and report."""
-    from fullband.evaluation.recipe_report import verdict, write_recipe_report
+    from fullband.experiments.recipe_report import verdict, write_recipe_report
 
     path = out_dir / "results.json"
     if not path.is_file():
