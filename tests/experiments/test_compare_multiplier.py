@@ -1,4 +1,5 @@
-"""The baseline fit behind the effective token multiplier: interpolation in log tokens, flagged extrapolation."""
+"""The baseline fit behind the effective token multiplier: interpolation in log tokens, flagged extrapolation;
+the verdict drawn from it."""
 
 import math
 
@@ -14,6 +15,7 @@ from fullband.experiments.multiplier import (
     baseline_loss_at,
     tokens_to_match,
 )
+from fullband.experiments.report import verdict
 
 TOKENS = [1000.0, 1500.0, 2000.0]
 
@@ -78,3 +80,15 @@ def test_bad_curves_are_rejected():
         tokens_to_match([1000.0], [2.0], 2.0, 1000.0)
     with pytest.raises(ValueError, match="distinct"):
         tokens_to_match([1000.0, 1000.0], [2.0, 1.9], 2.0, 1000.0)
+
+
+@pytest.mark.parametrize(("multipliers", "expected"), [
+    ((1.10, 1.12), "feedback buys training tokens"),
+    ((0.99, 1.01), "neither buys nor costs"),  # 1.00x ± 0.014: a tie
+    ((0.90, 0.92), "does not buy training tokens"),
+    ((1.01,), "feedback buys training tokens"),  # one seed: no spread to hide behind
+])
+def test_verdict_calls_a_multiplier_within_the_seed_spread_a_tie(multipliers, expected):
+    per_seed = [{"token_multiplier": m, "compute_multiplier": m / 2, "fit": INTERPOLATED} for m in multipliers]
+    lines = verdict({"multipliers": {"feedback": {"standard": per_seed}}, "stability": []})
+    assert len(lines) == 1 and expected in lines[0]

@@ -114,6 +114,7 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         results["stability"] += stability
     results["multipliers"] = multipliers(results["runs"])
     results["seconds"] = time.perf_counter() - start
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M %Z")
     write_report(results, out_dir)
     print_summary(results)
     return results

@@ -96,6 +96,7 @@ def run_recipe(cfg: RecipeConfig, progress: bool = True) -> dict[str, Any]:
         results["stability"] += stability
     results.update(analyse(cfg, results["runs"], results["stability"]))
     results["seconds"] = time.perf_counter() - start
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M %Z")
     results["verdict_lines"] = verdict(results)
     write_recipe_report(results, out_dir, plots=have_matplotlib())
     return results

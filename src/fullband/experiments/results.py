@@ -4,6 +4,7 @@ plots alike)."""
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,6 +25,11 @@ def runs_named(results: dict[str, Any], name: str) -> list[dict[str, Any]]:
 
 def modes_of(results: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(m for r in results["runs"] for m in r["test"]))
+
+
+def finished_at(results: dict[str, Any]) -> str:
+    """When the study finished (recorded in results.json), so a report re-rendered later keeps its date."""
+    return results.get("finished") or time.strftime("%Y-%m-%d %H:%M %Z")
 
 
 def mean_sd(values: Iterable[float | None]) -> tuple[float | None, float | None]:
