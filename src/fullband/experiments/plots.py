@@ -1,4 +1,5 @@
-"""The compare plots, with matplotlib (the ``plot`` extra), imported only here and drawn off-screen (Agg)."""
+"""The compare plots (and the one pyplot every study draws with), with matplotlib (the ``plot`` extra), imported
+only here and drawn off-screen (Agg)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ def have_matplotlib() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, imported only when a study draws (it is an optional dependency)."""
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("the compare plots need matplotlib: pip install 'fullband[plot]'") from None
+        raise ImportError("the study plots need matplotlib: pip install 'fullband[plot]'") from None
     matplotlib.use("Agg")  # files only: no display needed (CI, servers)
     import matplotlib.pyplot as plt
 
@@ -43,7 +45,7 @@ def _tokens_text(v: float) -> str:
 def plot_loss_vs_tokens(results: dict[str, Any], path: Path) -> None:
     """Baseline test loss against training tokens (points, ± sd over seeds, and the fitted piecewise-linear
     curve), with every mode of each feedback model at the tokens it saw."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 5))
     names = run_names(results)
     base = [(mean_sd(r["tokens"] for r in runs_named(results, n))[0],
@@ -91,7 +93,7 @@ def plot_loss_vs_tokens(results: dict[str, Any], path: Path) -> None:
 
 def plot_stability(results: dict[str, Any], path: Path) -> None:
     """Validation loss and state change against the number of fused prefill passes, one line per model."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax_loss, ax_delta) = plt.subplots(1, 2, figsize=(11, 4.5))
     curves = results["stability"]
     colors = ["tab:red", "tab:blue", "tab:green", "tab:purple"]

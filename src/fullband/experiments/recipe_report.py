@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
 from typing import Any
 
-from fullband.experiments.report import _finite, _row
+from fullband.experiments.plots import pyplot
+from fullband.experiments.report import _row
 from fullband.experiments.results import mode_label
 
 GAPS_PLOT = "gap_by_variant.png"
@@ -16,14 +16,11 @@ WIDTH_PLOT = "gap_vs_width.png"
 STEPS_PLOT = "gap_vs_steps.png"
 
 
-def write_recipe_report(results: dict[str, Any], out_dir: Path, plots: bool = True) -> None:
-    (out_dir / "results.json").write_text(json.dumps(_finite(results), indent=2) + "\n")
-    if plots:
-        plot_gaps(results, out_dir / GAPS_PLOT)
-        plot_widths(results, out_dir / WIDTH_PLOT)
-        if results["steps"]:
-            plot_steps(results, out_dir / STEPS_PLOT)
-    (out_dir / "report.md").write_text(render(results, plots))
+def plot_recipe(results: dict[str, Any], out_dir: Path) -> None:
+    plot_gaps(results, out_dir / GAPS_PLOT)
+    plot_widths(results, out_dir / WIDTH_PLOT)
+    if results["steps"]:
+        plot_steps(results, out_dir / STEPS_PLOT)
 
 
 def _f(pair: tuple[float | None, float | None] | list, digits: int = 4, signed: bool = False) -> str:
@@ -207,14 +204,8 @@ def render(results: dict[str, Any], plots: bool) -> str:
 
 # ---------------------------------------------------------------------------------------------- plots
 
-def _pyplot() -> Any:
-    from fullband.experiments.plots import _pyplot as pyplot
-
-    return pyplot()
-
-
 def plot_gaps(results: dict[str, Any], path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     modes = _modes(results)
     names = list(results["variants"])
     fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(names)), 4.5))
@@ -229,7 +220,7 @@ def plot_gaps(results: dict[str, Any], path: Path) -> None:
 
 
 def plot_widths(results: dict[str, Any], path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     widths = results["widths"]
     xs = [int(w) for w in widths]
     fig, ax = plt.subplots(figsize=(6, 4.5))
@@ -244,7 +235,7 @@ def plot_widths(results: dict[str, Any], path: Path) -> None:
 
 
 def plot_steps(results: dict[str, Any], path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     steps = results["steps"]
     xs = [s["step"] for s in steps]
     fig, ax = plt.subplots(figsize=(6, 4.5))

@@ -4,10 +4,8 @@ regenerated from results.json alone."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
-import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,7 @@ from typing import Any
 from fullband.experiments import plots as plotting
 from fullband.experiments.multiplier import BETTER_THAN_LARGEST, INTERPOLATED, WORSE_THAN_SMALLEST
 from fullband.experiments.results import mean_sd, mode_label, modes_of, run_names, runs_named
+from fullband.experiments.study import write_study
 
 LOSS_PLOT = "loss_vs_tokens.png"
 STABILITY_PLOT = "stability.png"
@@ -22,16 +21,13 @@ STABILITY_PLOT = "stability.png"
 
 def write_report(results: dict[str, Any], out_dir: Path) -> None:
     """results.json, then the plots (skipped, with a warning, without matplotlib), then report.md."""
-    (out_dir / "results.json").write_text(json.dumps(_finite(results), indent=2) + "\n")
-    plots = plotting.have_matplotlib()
-    if plots:
-        plotting.plot_loss_vs_tokens(results, out_dir / LOSS_PLOT)
-        if results["stability"]:
-            plotting.plot_stability(results, out_dir / STABILITY_PLOT)
-    else:
-        warnings.warn("matplotlib is not installed, so the report has no plots: pip install 'fullband[plot]'",
-                      stacklevel=2)
-    (out_dir / "report.md").write_text(render_markdown(results, plots))
+    write_study(out_dir, results, lambda r: plot_compare(r, out_dir), render_markdown)
+
+
+def plot_compare(results: dict[str, Any], out_dir: Path) -> None:
+    plotting.plot_loss_vs_tokens(results, out_dir / LOSS_PLOT)
+    if results["stability"]:
+        plotting.plot_stability(results, out_dir / STABILITY_PLOT)
 
 
 def fmt(values: Iterable[float | None], digits: int | str = 4, suffix: str = "") -> str:
@@ -326,17 +322,6 @@ def _exact_text(cfg: dict[str, Any]) -> str:
 
 def _row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no NaN/inf: write them as null (a diverged loss, say)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 # ---------------------------------------------------------------------------------------------- terminal

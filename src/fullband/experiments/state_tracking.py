@@ -22,7 +22,6 @@ has no feedback: its prefills are all the same model, reported once as "baseline
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from pathlib import Path
@@ -33,20 +32,14 @@ from tqdm.auto import tqdm
 
 from fullband.data import ByteTokenizer
 from fullband.experiments.config import StateTrackingConfig
+from fullband.experiments.plots import pyplot
 from fullband.experiments.probes import PREFILLS, final_token_states, fit_ridge_probe
-from fullband.experiments.study import (
-    StudyModel,
-    line_style,
-    markdown_table,
-    pyplot,
-    set_threads,
-    train_both,
-    training_table,
-    write_json,
-)
+from fullband.experiments.study import PairStudy, line_style, markdown_table, training_table
 from fullband.model import FullBandwidthLM
 from fullband.model_io import load_any
 from fullband.tasks.state_tracking import Example, make_examples, num_classes
+
+PLOT = "probe_accuracy_vs_depth.png"
 
 
 def variant_name(kind: str, prefill: str) -> str:
@@ -98,35 +91,41 @@ def probe_model(
     return {"probe_accuracy": depths, "answer_accuracy": answer_accuracy, "chance": chance}
 
 
+class StateTrackingStudy(PairStudy):
+    """``fullband eval-state`` (see the module doc)."""
+
+    command = "eval-state"
+    title = "state tracking at the input layer"
+
+    def build_data(self, data_dir: Path) -> tuple[Path, Path]:
+        return build_data(self.cfg, data_dir)
+
+    def context_length(self) -> int:
+        return self.cfg.seq_len + 2
+
+    def evaluate(self, training: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        cfg = self.cfg
+        models = {k: load_any(v["model_dir"], device=cfg.device) for k, v in training.items()}
+        sets = probe_sets(cfg)
+        variants = [("baseline", "standard")] + [("fullband", p) for p in cfg.prefills]
+        jobs = [(task, kind, prefill) for task in cfg.tasks for kind, prefill in variants]
+        cells = []
+        for task, kind, prefill in tqdm(jobs, desc="probing", disable=not cfg.progress):
+            result = probe_model(models[kind], prefill, sets[task], task, cfg.ridge)
+            cells.append({"task": task, "model": kind, "prefill": prefill, "variant": variant_name(kind, prefill),
+                          **result})
+        return {"variants": [variant_name(k, p) for k, p in variants], "cells": cells}
+
+    def plot(self, results: dict[str, Any]) -> None:
+        plot(results, self.out_dir / PLOT)
+
+    def render(self, results: dict[str, Any], plots: bool) -> str:
+        return render_report(results, self.command_line(), plots)
+
+
 def run_state_tracking(cfg: StateTrackingConfig) -> dict[str, Any]:
     """The whole study (see the module docstring); returns what results.json holds."""
-    set_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    out_dir = Path(cfg.out_dir)
-    train_path, test_path = build_data(cfg, out_dir / "data")
-    spec = StudyModel(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.seq_len + 2, cfg.steps, cfg.batch_size, cfg.lr,
-                      cfg.feedback_start, cfg.pass_mix, cfg.seed, cfg.device)
-    training = train_both(spec, train_path, test_path, out_dir, cfg.progress, reuse=cfg.reuse_models)
-    models = {k: load_any(v["model_dir"], device=cfg.device) for k, v in training.items()}
-    sets = probe_sets(cfg)
-    variants = [("baseline", "standard")] + [("fullband", p) for p in cfg.prefills]
-    jobs = [(task, kind, prefill) for task in cfg.tasks for kind, prefill in variants]
-    cells = []
-    for task, kind, prefill in tqdm(jobs, desc="probing", disable=not cfg.progress):
-        result = probe_model(models[kind], prefill, sets[task], task, cfg.ridge)
-        cells.append({"task": task, "model": kind, "prefill": prefill, "variant": variant_name(kind, prefill),
-                      **result})
-    results = {
-        "study": "state tracking at the input layer",
-        "config": dataclasses.asdict(cfg),
-        "training": training,
-        "variants": [variant_name(k, p) for k, p in variants],
-        "cells": cells,
-    }
-    write_json(out_dir / "results.json", results)
-    plot(results, out_dir / "probe_accuracy_vs_depth.png")
-    (out_dir / "report.md").write_text(render_report(results))
-    return results
+    return StateTrackingStudy(cfg, cfg.progress).run()
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -148,13 +147,14 @@ def tables(results: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def render_report(results: dict[str, Any]) -> str:
+def render_report(results: dict[str, Any], command: str, plots: bool = True) -> str:
     cfg, t = results["config"], tables(results)
     probe_sections = "\n\n".join(f"### {task}\n\n{t[f'probe_{task}']}" for task in cfg["tasks"])
+    figure = f"![probe accuracy vs depth]({PLOT})" if plots else "(No plot: matplotlib is not installed.)"
     return f"""# State tracking at the input layer (paper Figure 7)
 
-Generated by `fullband eval-state --preset {cfg['preset']}` (fullband.experiments.state_tracking); every number
-below comes from `results.json` next to this file.
+Generated by `{command}` (fullband.experiments.state_tracking); every number below comes from `results.json` next
+to this file.
 
 **Setup.** Tasks {', '.join(cfg['tasks'])} (see fullband.tasks.state_tracking), {cfg['seq_len']}
 tokens each, all ending on the shared final token `?`; the model is trained to answer after it
@@ -180,7 +180,7 @@ accuracy of always answering the fit set's majority class (what a probe on a con
 
 {t['answer']}
 
-![probe accuracy vs depth](probe_accuracy_vs_depth.png)
+{figure}
 """
 
 
@@ -204,6 +204,5 @@ def plot(results: dict[str, Any], path: Path) -> None:
     axes[0][0].set_ylabel("probe accuracy at the final token")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
