@@ -20,7 +20,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,16 @@ from fullband.experiments.plots import pyplot
 from fullband.experiments.study import PairStudy, line_style, markdown_table, summarize, training_table
 from fullband.model import FullBandwidthLM
 from fullband.model_io import load_any
-from fullband.tasks.reasoning import Problem, parse_answer, prompt, random_problem, sample_problems, trace
+from fullband.tasks.base import write_jsonl
+from fullband.tasks.reasoning import (
+    Problem,
+    ReasoningTask,
+    TracedProblem,
+    prompt,
+    random_problem,
+    sample_problems,
+    trace,
+)
 
 TOLERANCE = 0.05  # "equal accuracy" = within 5 points of the baseline's best
 TEST_SHARE = 0.5  # at most half of the problems of a length are held out, the rest can be trained on
@@ -68,25 +76,25 @@ def variant_name(kind: str, mode: str, fused_passes: int) -> str:
 # ---------------------------------------------------------------------------------------------- data
 
 
+def task_of(cfg: ReasoningConfig) -> ReasoningTask:
+    return ReasoningTask(cfg.family, tuple(range(cfg.min_length, cfg.max_length + 1)), cfg.strides, cfg.modulus)
+
+
 def build_data(cfg: ReasoningConfig, data_dir: Path) -> tuple[list[Problem], Path, Path]:
     """Held-out test problems, ``train.jsonl`` (random lengths and strides, test problems excluded) and
     ``test.jsonl`` (every test problem at every stride)."""
     rng = random.Random(cfg.seed)
-    lengths = range(cfg.min_length, cfg.max_length + 1)
-    test = sample_problems(cfg.family, lengths, cfg.test_per_length, rng, cfg.modulus, max_share=TEST_SHARE)
+    task = task_of(cfg)
+    test = sample_problems(cfg.family, range(cfg.min_length, cfg.max_length + 1), cfg.test_per_length, rng,
+                           cfg.modulus, max_share=TEST_SHARE)
     held_out = frozenset(test)
     rows = []
     while len(rows) < cfg.train_examples:
-        problem = random_problem(cfg.family, rng.choice(lengths), rng, cfg.modulus)
+        problem = task.problem(rng)
         if problem not in held_out:
-            stride = rng.choice(cfg.strides)
-            rows.append({"prompt": prompt(problem, stride), "completion": trace(problem, stride)})
-    data_dir.mkdir(parents=True, exist_ok=True)
-    train_path = data_dir / "train.jsonl"
-    train_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    test_rows = [{"prompt": prompt(p, s), "completion": trace(p, s)} for p in test for s in cfg.strides]
-    test_path = data_dir / "test.jsonl"
-    test_path.write_text("".join(json.dumps(r) + "\n" for r in test_rows))
+            rows.append(task.row(TracedProblem(problem, rng.choice(cfg.strides))))
+    train_path = write_jsonl(data_dir / "train.jsonl", rows)
+    test_path = write_jsonl(data_dir / "test.jsonl", [task.row(TracedProblem(p, s)) for p in test for s in cfg.strides])
     return test, train_path, test_path
 
 
@@ -104,21 +112,23 @@ def context_length(cfg: ReasoningConfig) -> int:
 
 @torch.no_grad()
 def decode_cell(
-    model: FullBandwidthLM, tokenizer: Tokenizer, problems: list[Problem], stride: int, mode: str, fused_passes: int
+    model: FullBandwidthLM, tokenizer: Tokenizer, task: ReasoningTask, problems: list[Problem], stride: int,
+    mode: str, fused_passes: int
 ) -> dict[str, Any]:
     """Greedy solutions of ``problems`` (all of one length) at ``stride`` -> accuracy and trace lengths."""
-    prompts = [tokenizer.encode(prompt(p, stride)) for p in problems]
+    examples = [TracedProblem(p, stride) for p in problems]
+    prompts = [tokenizer.encode(task.prompt(e)) for e in examples]
     # Room for the reference trace and a few tokens more, so an overlong answer shows in the lengths.
     room = model.config.max_seq_len - max(len(ids) for ids in prompts)
-    max_new_tokens = min(room, max(len(trace(p, stride)) for p in problems) + 1 + EXTRA_TOKENS)
+    max_new_tokens = min(room, max(len(task.completion(e)) for e in examples) + 1 + EXTRA_TOKENS)
     outputs = model.generate(prompts, max_new_tokens=max_new_tokens, mode=mode, prefill_passes=fused_passes,
                              stop_token_ids=[tokenizer.eos_id])
     correct, exact, lengths = 0, 0, []
-    for problem, ids, out in zip(problems, prompts, outputs, strict=True):
+    for example, ids, out in zip(examples, prompts, outputs, strict=True):
         generated = [t for t in out[len(ids) :] if t != tokenizer.eos_id]
         text = tokenizer.decode(generated)
-        correct += parse_answer(text) == problem.answer
-        exact += text == trace(problem, stride)
+        correct += task.score(example, text)
+        exact += text == task.completion(example)
         lengths.append(len(generated))
     stats = summarize(lengths)
     return {"n": len(problems), "accuracy": correct / len(problems), "exact_trace": exact / len(problems),
@@ -127,7 +137,7 @@ def decode_cell(
 
 def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Problem]) -> list[dict[str, Any]]:
     """Every (model, mode, stride, length) cell."""
-    tokenizer = ByteTokenizer()
+    tokenizer, task = ByteTokenizer(), task_of(cfg)
     by_length: dict[int, list[Problem]] = {}
     for p in test:
         by_length.setdefault(p.n, []).append(p)
@@ -136,7 +146,7 @@ def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Proble
     models = {kind: load_any(path, device=cfg.device) for kind, path in model_dirs.items()}  # native or retrofitted
     cells = []
     for kind, mode, stride, n in tqdm(jobs, desc="decoding", disable=not cfg.progress):
-        cell = decode_cell(models[kind], tokenizer, by_length[n], stride, mode, cfg.fused_passes)
+        cell = decode_cell(models[kind], tokenizer, task, by_length[n], stride, mode, cfg.fused_passes)
         cells.append({"model": kind, "mode": mode, "variant": variant_name(kind, mode, cfg.fused_passes),
                       "stride": stride, "length": n, **cell})
     return cells

@@ -22,7 +22,6 @@ has no feedback: its prefills are all the same model, reported once as "baseline
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,8 @@ from fullband.experiments.probes import PREFILLS, final_token_states, fit_ridge_
 from fullband.experiments.study import PairStudy, line_style, markdown_table, training_table
 from fullband.model import FullBandwidthLM
 from fullband.model_io import load_any
-from fullband.tasks.state_tracking import Example, make_examples, num_classes
+from fullband.tasks.base import write_jsonl
+from fullband.tasks.state_tracking import Example, StateTask, make_examples, num_classes
 
 PLOT = "probe_accuracy_vs_depth.png"
 
@@ -52,13 +52,9 @@ def build_data(cfg: StateTrackingConfig, data_dir: Path) -> tuple[Path, Path]:
     train = make_examples(cfg.tasks, cfg.train_per_task, cfg.seq_len, rng)
     rng.shuffle(train)
     test = make_examples(cfg.tasks, max(1, cfg.probe_test // 4), cfg.seq_len, rng)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, examples in (("train", train), ("test", test)):
-        path = data_dir / f"{name}.jsonl"
-        path.write_text("".join(json.dumps({"prompt": e.text, "completion": e.label}) + "\n" for e in examples))
-        paths.append(path)
-    return paths[0], paths[1]
+    tasks = {name: StateTask(name, cfg.seq_len) for name in cfg.tasks}
+    return tuple(write_jsonl(data_dir / f"{name}.jsonl", [tasks[e.task].row(e) for e in examples])
+                 for name, examples in (("train", train), ("test", test)))
 
 
 def probe_sets(cfg: StateTrackingConfig) -> dict[str, tuple[list[Example], list[Example]]]:
@@ -79,7 +75,7 @@ def probe_model(
         tokens = torch.tensor([tokenizer.encode(e.text) for e in examples], device=device)  # all of one length
         states, logits = final_token_states(model, tokens, PREFILLS[prefill])
         labels = torch.tensor([e.target for e in examples])
-        answers = torch.tensor([tokenizer.encode(e.label)[0] for e in examples], device=device)
+        answers = torch.tensor([tokenizer.encode(e.label)[0] for e in examples], device=device)  # one byte each
         encoded.append((states.cpu(), labels, (logits.argmax(-1) == answers).double().mean().item()))
     (fit_states, fit_labels, _), (test_states, test_labels, answer_accuracy) = encoded
     classes = num_classes(task)
