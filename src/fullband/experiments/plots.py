@@ -30,6 +30,13 @@ def pyplot() -> Any:
     return plt
 
 
+def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
+    """Lay out, write and close a finished figure (closed, so a long study does not keep every figure open)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+
+
 def _plain_log_ticks(axis: Any, fmt: Any) -> None:
     """Label a log axis with plain numbers (1, 2, 5, 10 / 512k, 1M), not 2 x 10^0."""
     from matplotlib import ticker
@@ -86,9 +93,7 @@ def plot_loss_vs_tokens(results: dict[str, Any], path: Path) -> None:
     ax.set_title("Test loss against training tokens")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_stability(results: dict[str, Any], path: Path) -> None:
@@ -125,6 +130,4 @@ def plot_stability(results: dict[str, Any], path: Path) -> None:
     ax_delta.set_title("State change per pass")
     ax_loss.legend(fontsize=8)
     ax_delta.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

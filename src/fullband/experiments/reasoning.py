@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from fullband.data import ByteTokenizer, Tokenizer
 from fullband.experiments.config import ReasoningConfig
-from fullband.experiments.plots import pyplot
+from fullband.experiments.plots import pyplot, save_figure
 from fullband.experiments.study import PairStudy, line_style, markdown_table, summarize, training_table
 from fullband.model import FullBandwidthLM
 from fullband.model_io import load_any
@@ -183,40 +183,6 @@ def equal_accuracy(cells: list[dict[str, Any]], variants: list[str]) -> list[dic
     return rows
 
 
-# ---------------------------------------------------------------------------------------------- run
-
-
-class ReasoningStudy(PairStudy):
-    """``fullband eval-reasoning`` (see the module doc)."""
-
-    command = "eval-reasoning"
-    title = "reasoning traces"
-
-    def build_data(self, data_dir: Path) -> tuple[Path, Path]:
-        self.test, train_path, test_path = build_data(self.cfg, data_dir)
-        return train_path, test_path
-
-    def context_length(self) -> int:
-        return context_length(self.cfg)
-
-    def evaluate(self, training: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        cells = evaluate(self.cfg, {k: v["model_dir"] for k, v in training.items()}, self.test)
-        variants = list(dict.fromkeys(c["variant"] for c in cells))
-        all_cells = cells + pooled(cells)
-        return {"variants": variants, "cells": all_cells, "equal_accuracy": equal_accuracy(all_cells, variants)}
-
-    def plot(self, results: dict[str, Any]) -> None:
-        plot(results, self.out_dir / PLOT)
-
-    def render(self, results: dict[str, Any], plots: bool) -> str:
-        return render_report(results, self.command_line(), plots)
-
-
-def run_reasoning(cfg: ReasoningConfig) -> dict[str, Any]:
-    """The whole study (see the module docstring); returns what results.json holds."""
-    return ReasoningStudy(cfg, cfg.progress).run()
-
-
 # ---------------------------------------------------------------------------------------------- output
 
 
@@ -319,6 +285,36 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("accuracy")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle("Accuracy vs mean trace length (one point per trace granularity)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
+
+
+# ---------------------------------------------------------------------------------------------- the study
+
+
+class ReasoningStudy(PairStudy):
+    """``fullband eval-reasoning`` (see the module doc)."""
+
+    command = "eval-reasoning"
+    title = "reasoning traces"
+
+    figure = PLOT
+    draw = staticmethod(plot)
+    report = staticmethod(render_report)
+
+    def build_data(self, data_dir: Path) -> tuple[Path, Path]:
+        self.test, train_path, test_path = build_data(self.cfg, data_dir)
+        return train_path, test_path
+
+    def context_length(self) -> int:
+        return context_length(self.cfg)
+
+    def evaluate(self, training: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        cells = evaluate(self.cfg, {k: v["model_dir"] for k, v in training.items()}, self.test)
+        variants = list(dict.fromkeys(c["variant"] for c in cells))
+        all_cells = cells + pooled(cells)
+        return {"variants": variants, "cells": all_cells, "equal_accuracy": equal_accuracy(all_cells, variants)}
+
+
+def run_reasoning(cfg: ReasoningConfig) -> dict[str, Any]:
+    """The whole study (see the module docstring); returns what results.json holds."""
+    return ReasoningStudy(cfg, cfg.progress).run()

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from fullband.data import ByteTokenizer
 from fullband.experiments.config import StateTrackingConfig
-from fullband.experiments.plots import pyplot
+from fullband.experiments.plots import pyplot, save_figure
 from fullband.experiments.probes import PREFILLS, final_token_states, fit_ridge_probe
 from fullband.experiments.study import PairStudy, line_style, markdown_table, training_table
 from fullband.model import FullBandwidthLM
@@ -85,43 +85,6 @@ def probe_model(
     majority = int(torch.bincount(fit_labels, minlength=classes).argmax())
     chance = float((test_labels == majority).double().mean())
     return {"probe_accuracy": depths, "answer_accuracy": answer_accuracy, "chance": chance}
-
-
-class StateTrackingStudy(PairStudy):
-    """``fullband eval-state`` (see the module doc)."""
-
-    command = "eval-state"
-    title = "state tracking at the input layer"
-
-    def build_data(self, data_dir: Path) -> tuple[Path, Path]:
-        return build_data(self.cfg, data_dir)
-
-    def context_length(self) -> int:
-        return self.cfg.seq_len + 2
-
-    def evaluate(self, training: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        cfg = self.cfg
-        models = {k: load_any(v["model_dir"], device=cfg.device) for k, v in training.items()}
-        sets = probe_sets(cfg)
-        variants = [("baseline", "standard")] + [("fullband", p) for p in cfg.prefills]
-        jobs = [(task, kind, prefill) for task in cfg.tasks for kind, prefill in variants]
-        cells = []
-        for task, kind, prefill in tqdm(jobs, desc="probing", disable=not cfg.progress):
-            result = probe_model(models[kind], prefill, sets[task], task, cfg.ridge)
-            cells.append({"task": task, "model": kind, "prefill": prefill, "variant": variant_name(kind, prefill),
-                          **result})
-        return {"variants": [variant_name(k, p) for k, p in variants], "cells": cells}
-
-    def plot(self, results: dict[str, Any]) -> None:
-        plot(results, self.out_dir / PLOT)
-
-    def render(self, results: dict[str, Any], plots: bool) -> str:
-        return render_report(results, self.command_line(), plots)
-
-
-def run_state_tracking(cfg: StateTrackingConfig) -> dict[str, Any]:
-    """The whole study (see the module docstring); returns what results.json holds."""
-    return StateTrackingStudy(cfg, cfg.progress).run()
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -199,6 +162,42 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("probe accuracy at the final token")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
+
+
+# ---------------------------------------------------------------------------------------------- the study
+
+
+class StateTrackingStudy(PairStudy):
+    """``fullband eval-state`` (see the module doc)."""
+
+    command = "eval-state"
+    title = "state tracking at the input layer"
+
+    figure = PLOT
+    draw = staticmethod(plot)
+    report = staticmethod(render_report)
+
+    def build_data(self, data_dir: Path) -> tuple[Path, Path]:
+        return build_data(self.cfg, data_dir)
+
+    def context_length(self) -> int:
+        return self.cfg.seq_len + 2
+
+    def evaluate(self, training: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        cfg = self.cfg
+        models = {k: load_any(v["model_dir"], device=cfg.device) for k, v in training.items()}
+        sets = probe_sets(cfg)
+        variants = [("baseline", "standard")] + [("fullband", p) for p in cfg.prefills]
+        jobs = [(task, kind, prefill) for task in cfg.tasks for kind, prefill in variants]
+        cells = []
+        for task, kind, prefill in tqdm(jobs, desc="probing", disable=not cfg.progress):
+            result = probe_model(models[kind], prefill, sets[task], task, cfg.ridge)
+            cells.append({"task": task, "model": kind, "prefill": prefill, "variant": variant_name(kind, prefill),
+                          **result})
+        return {"variants": [variant_name(k, p) for k, p in variants], "cells": cells}
+
+
+def run_state_tracking(cfg: StateTrackingConfig) -> dict[str, Any]:
+    """The whole study (see the module docstring); returns what results.json holds."""
+    return StateTrackingStudy(cfg, cfg.progress).run()

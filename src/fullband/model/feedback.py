@@ -26,6 +26,7 @@ from fullband.config import DEFAULT_MODE
 from fullband.model.kv_cache import CacheSlots
 from fullband.model.recurrence import (
     LMOutput,
+    LoopOptions,
     Pass,
     PlainPrefix,
     exact_pass_count,
@@ -121,8 +122,8 @@ class FeedbackLM(nn.Module):
             )
         out = run_passes(
             lambda inputs: self.run_stack(inputs, positions, mask, cache), self.lm_head, fuse,
-            self.embed(tokens), fused, passes, labels=labels, carried_state=carried_state, tol=tol, jitter=jitter,
-            detach_passes=detach_passes, feedback_weight=feedback_weight, logits_to_keep=logits_to_keep,
+            self.embed(tokens), fused, passes, labels=labels, carried_state=carried_state,
+            options=LoopOptions(tol, jitter, detach_passes, feedback_weight, logits_to_keep),
         )
         if cache is not None:
             cache.commit(attention_mask.bool() if attention_mask is not None else torch.ones_like(fused))
