@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from fullband.config import TrainRunConfig
 from fullband.configio import build_config, config_to_dict
 from fullband.data import eval_windows, load_tokenizer, load_tokens
 from fullband.experiments.config import CompareConfig
@@ -39,6 +38,7 @@ from fullband.experiments.results import write_json
 from fullband.experiments.stability import stability_curve
 from fullband.experiments.study import Study
 from fullband.model_io import load_any
+from fullband.training.config import TrainRunConfig
 from fullband.training.run import resolve_device, run_train
 from fullband.training.trainer import METRICS_FILE
 

@@ -10,20 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from fullband.config import (
-    DECODING_MODES,
-    DataConfig,
-    OptimConfig,
-    ScheduleConfig,
-    TrainConfig,
-    TrainModelConfig,
-    _is_int,
-    _is_number,
-    _require,
-    apply_preset,
-    doc,
-    validate_device_name,
-)
+from fullband.config import DECODING_MODES, _is_int, _is_number, _require, apply_preset, doc, validate_device_name
+from fullband.training.config import DataConfig, OptimConfig, ScheduleConfig, TrainConfig, TrainModelConfig
 
 
 def _require_ints(config: Any, limits: dict[str, int]) -> None:

@@ -20,8 +20,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from fullband.config import (
-    ConfigError,
+from fullband.config import ConfigError
+from fullband.configio import config_to_dict, save_resolved_config
+from fullband.experiments import plots as plotting
+from fullband.experiments.results import write_json
+from fullband.training.config import (
     DataConfig,
     OptimConfig,
     ScheduleConfig,
@@ -29,9 +32,6 @@ from fullband.config import (
     TrainModelConfig,
     TrainRunConfig,
 )
-from fullband.configio import config_to_dict, save_resolved_config
-from fullband.experiments import plots as plotting
-from fullband.experiments.results import write_json
 
 MODEL_KINDS = ("baseline", "fullband")
 SUMMARY_FILE = "study_training.json"

@@ -202,19 +202,19 @@ class FeedbackLM(nn.Module):
 
     # ------------------------------------------------------------------ decoding
 
-    # Decoding lives in fullband.generation, which binds its functions here when it is imported (the model
-    # package imports nothing from it). ``import fullband`` users get it with the model classes.
+    # Decoding lives in fullband.generation.decoding, which binds its functions here when it is imported (the
+    # model package imports nothing from it). ``import fullband`` users get it with the model classes.
     _decoding: ClassVar[dict[str, Callable[..., Any]]] = {}
 
     @staticmethod
     def bind_decoding(generate: Callable[..., Any], stream: Callable[..., Any]) -> None:
-        """Called by :mod:`fullband.generation` on import: what :meth:`generate` and :meth:`stream` run."""
+        """Called by :mod:`fullband.generation.decoding` on import: what :meth:`generate` and :meth:`stream` run."""
         FeedbackLM._decoding.update(generate=generate, stream=stream)
 
     def _decoder(self, name: str) -> Callable[..., Any]:
         if name not in FeedbackLM._decoding:
-            raise RuntimeError(f"{type(self).__name__}.{name} needs fullband.generation: import fullband.generation "
-                               "(or take the model from `import fullband`, which does)")
+            raise RuntimeError(f"{type(self).__name__}.{name} needs fullband.generation: import "
+                               "fullband.generation.decoding (or take the model from `import fullband`, which does)")
         return FeedbackLM._decoding[name]
 
     def generate(
