@@ -179,9 +179,9 @@ def test_validation_errors_name_the_section() -> None:
 def test_the_shipped_recipe_config_is_the_compare_default():
     from pathlib import Path
 
-    from fullband.config import TrainRunConfig
     from fullband.configio import build_config, load_config_file
     from fullband.experiments.config import CompareConfig
+    from fullband.training.config import TrainRunConfig
 
     recipe = Path(__file__).resolve().parents[1] / "configs" / "recipe.toml"
     train = build_config(TrainRunConfig, load_config_file(recipe), {})

@@ -14,7 +14,7 @@ def __getattr__(name: str) -> Any:
     # torch is imported on first use of the model, not with fullband: the command line checks its options (and
     # answers a bad one) before paying for it. fullband.retrofit needs transformers (the hf extra).
     if name in _MODEL_NAMES:
-        import fullband.generation  # binds the models' generate / stream
+        import fullband.generation.decoding  # binds the models' generate / stream
         import fullband.model
 
         return getattr(fullband.model, name)

@@ -10,10 +10,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from fullband.config import CheckConfig, ConfigError, GenerateConfig, TrainRunConfig
+from fullband.config import CheckConfig, ConfigError
 from fullband.configio import add_dataclass_arguments, config_from_args
 from fullband.experiments.config import CompareConfig, ReasoningConfig, RecipeConfig, StateTrackingConfig
+from fullband.generation.config import GenerateConfig
 from fullband.integrations.lm_eval.config import LmEvalConfig
+from fullband.training.config import TrainRunConfig
 
 
 def _parse_ids(text: str) -> list[int]:

@@ -1,6 +1,7 @@
-"""Typed configuration dataclasses of the model, decoding and training, and what every config shares: validation
-helpers, the mode names and defaults, the preset mechanism. The studies' configs live in fullband.experiments.config,
-those of ``fullband eval`` in fullband.integrations.lm_eval.config.
+"""ModelConfig and what every config shares: validation helpers, the decoding mode names and defaults, the preset
+mechanism. The other configs live beside the code they configure: fullband.training.config (``fullband train``),
+fullband.generation.config (``fullband generate``), fullband.experiments.config (the studies),
+fullband.integrations.lm_eval.config (``fullband eval``).
 
 Every field carries a ``help`` string in its metadata; the CLI builds its ``--help`` from it. Bad values
 raise :class:`ConfigError` naming the field and what is allowed.
@@ -123,6 +124,9 @@ class ModelConfig:
         return cls.from_dict(data)
 
 
+HF_PREFIX = "hf:"  # a model argument "hf:PATH": the transformers model saved in PATH (retrofitted)
+
+
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
 _DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
@@ -135,6 +139,10 @@ def validate_device_name(name: Any, field: str = "device") -> None:
 def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"{name}={value!r} is invalid: {allowed}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_int(value: Any) -> bool:
@@ -203,30 +211,6 @@ def validate_decoding_options(
 
 
 @dataclass
-class GenerateConfig:
-    """Options of ``fullband generate``."""
-
-    checkpoint: str = doc("", "Model directory written by save_pretrained / fullband train (required).")
-    prompt: str = doc("", "Prompt text (or space/comma-separated token ids when no tokenizer is saved).")
-    mode: str = doc(DEFAULT_MODE, "Decoding mode: standard | soft | fused | exact (DESIGN.md section 4).")
-    max_new_tokens: int = doc(64, "Tokens to generate.")
-    prefill_passes: int = doc(1, "fused mode: extra fused (Jacobi) passes over the prompt.")
-    exact_chunk_size: int = doc(1, "exact mode: prompt chunk per exact Jacobi solve (1 = sequential).")
-    temperature: float = doc(0.0, "Sampling temperature; 0 = greedy.")
-    top_k: int = doc(0, "Keep the k most likely tokens (0 = off).")
-    top_p: float = doc(1.0, "Nucleus sampling mass (1 = off).")
-    seed: int | None = doc(None, "Sampling seed for reproducible draws.")
-    stop_at_eos: bool = doc(True, "Stop at the tokenizer's end-of-sequence token.")
-    device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
-
-    def __post_init__(self) -> None:
-        _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
-        validate_device_name(self.device)
-        validate_decoding_options(self.mode, self.prefill_passes, self.temperature, self.top_k, self.top_p,
-                                  self.max_new_tokens, self.exact_chunk_size)
-
-
-@dataclass
 class CheckConfig:
     """Options of ``fullband check``."""
 
@@ -255,356 +239,6 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
         return cls(**data)
     except TypeError as err:
         raise ConfigError(f"bad {cls.__name__}: {err}") from None
-
-
-# ---------------------------------------------------------------------------------------------- training
-
-LR_SCHEDULES = ("cosine", "wsd", "constant")
-Z_LOSS_WHEN = ("always", "cooldown", "off")
-AUTOCAST = ("auto", "bf16", "off")
-PARALLEL = ("ddp", "fsdp")
-
-
-@dataclass
-class ScheduleConfig:
-    """Feedback schedule: how many passes each training batch runs (DESIGN.md §3)."""
-
-    feedback_start: float = doc(
-        0.75,
-        "Fraction of all training steps after which multi-pass batches start; before it every batch is "
-        "single-pass. 0 = feedback from the first step (fine-tuning), 1 = never.",
-    )
-    feedback_end: float = doc(
-        1.0,
-        "Fraction of all training steps at which multi-pass batches stop (1 = at the end of the run): a value "
-        "below 1 places the feedback phase before a single-pass finish, independently of the LR cool-down.",
-    )
-    pass_mix: tuple[float, ...] = doc(
-        (0.88, 0.12),
-        "Probabilities of 2, 3, ... passes per batch after feedback_start (must sum to 1). The default "
-        "0.88,0.12 with feedback_start=0.75 is the paper's overall 75%/22%/3% single/two/three-pass split; "
-        "0,1 with feedback_start=0 always runs 3 passes.",
-    )
-    ramp_steps: int = doc(
-        0,
-        "Steps over which the multi-pass share ramps linearly from 0 to 1 after feedback_start (the rest of "
-        "the batches stay single-pass during the ramp); 0 = switch at once.",
-    )
-    two_pass_until: float = doc(
-        0.0,
-        "Progressive introduction (paper section 3.3): until this fraction of the run every multi-pass batch runs "
-        "2 passes; deeper passes from pass_mix start here. 0 = pass_mix from feedback_start on.",
-    )
-
-    def __post_init__(self) -> None:
-        validate_schedule_config(self)
-        self.pass_mix = tuple(float(x) for x in self.pass_mix)  # a list from a file or caller -> hashable tuple
-
-
-OPTIMIZERS = ("adamw", "muon")
-
-
-@dataclass
-class OptimConfig:
-    """The optimiser (AdamW, or Muon + AdamW) and the learning-rate schedule."""
-
-    optimizer: str = doc(
-        "adamw",
-        "adamw = AdamW on every parameter; muon = torch.optim.Muon on the 2-D weights of muon_params (the paper's "
-        "NorMuon split, section 4) and AdamW at lr on the rest (embedding/head, norms).",
-    )
-    lr: float = doc(3e-4, "Peak learning rate of AdamW (reached at the end of warmup).")
-    muon_lr: float = doc(0.02, "optimizer=muon: peak learning rate of Muon (follows the same schedule).")
-    muon_weight_decay: float = doc(0.01, "optimizer=muon: Muon's decoupled weight decay (scaled by its LR).")
-    muon_momentum: float = doc(0.95, "optimizer=muon: Muon's (Nesterov) momentum, in [0, 1).")
-    muon_params: tuple[str, ...] = doc(
-        ("blocks", "fusion"),
-        "optimizer=muon: modules whose 2-D weights Muon updates (names as in the model's state dict); their "
-        "1-D gains stay with AdamW.",
-    )
-    fusion_lr_mult: float = doc(1.0, "Learning-rate multiplier of the fusion's parameters (W_U, W_G, its norms), > 0.")
-    min_lr_ratio: float = doc(0.1, "Final learning rate as a fraction of lr, in [0, 1].")
-    betas: tuple[float, float] = doc((0.9, 0.95), "AdamW beta1,beta2, each in [0, 1).")
-    eps: float = doc(1e-8, "AdamW epsilon, > 0.")
-    weight_decay: float = doc(
-        0.1, "Decoupled AdamW weight decay on weight matrices (>= 2-D, embeddings included); norms get none."
-    )
-    warmup_steps: int = doc(100, "Linear warmup steps from ~0 to lr.")
-    schedule: str = doc(
-        "wsd",
-        "Learning rate after warmup: 'wsd' = constant then linear decay to min_lr over the last decay_fraction "
-        "of steps (the paper's warmup-stable-decay), 'cosine' = cosine to min_lr at the last step, "
-        "'constant' = lr throughout.",
-    )
-    decay_fraction: float = doc(
-        0.2, "Fraction of all steps in the final cool-down: the WSD decay phase and the z-loss window, in (0, 1]."
-    )
-    grad_clip: float = doc(1.0, "Clip the global gradient norm to this value; 0 = no clipping.")
-    z_loss: float = doc(1e-5, "Weight of the z-loss mean(logsumexp(logits)^2) on the last pass's logits, >= 0.")
-    z_loss_when: str = doc(
-        "cooldown",
-        "When the z-loss applies: 'always', 'cooldown' (only in the last decay_fraction of steps, as in the "
-        "paper) or 'off'.",
-    )
-
-    def __post_init__(self) -> None:
-        if isinstance(self.muon_params, str):
-            self.muon_params = (self.muon_params,)
-        self.muon_params = tuple(self.muon_params)
-        validate_optim_config(self)
-        self.betas = (float(self.betas[0]), float(self.betas[1]))
-
-
-@dataclass
-class TrainConfig:
-    """The training loop: length, batch, logging, checkpoints and the multi-pass objective's knobs."""
-
-    max_steps: int = doc(1000, "Optimizer steps to train for (ignored when token_budget is set).")
-    token_budget: int | None = doc(
-        None,
-        "Train for this many input tokens instead of max_steps: steps = ceil(budget / (batch_size * seq_len "
-        "* grad_accum * world_size)). Counts tokens, not token-equivalent compute.",
-    )
-    batch_size: int = doc(8, "Rows per micro-batch on each process.")
-    seq_len: int = doc(256, "Tokens per row, >= 2 (at most the model's max_seq_len).")
-    grad_accum: int = doc(1, "Micro-batches accumulated per optimizer step.")
-    seed: int = doc(0, "Seed of everything random in training: schedule, prefix lengths, jitter; >= 0.")
-    eval_every: int = doc(0, "Run validation every N steps (and at the end); 0 = never.")
-    eval_batches: int = doc(8, "Batches per validation run.")
-    checkpoint_every: int = doc(500, "Write a checkpoint every N steps; 0 = only at the end.")
-    keep_last: int = doc(3, "Complete checkpoints to keep; older ones are deleted.")
-    log_every: int = doc(10, "Write a metrics.jsonl record (and TensorBoard scalars) every N steps.")
-    wandb_project: str | None = doc(
-        None, "Also log every metrics record to this Weights & Biases project (pip install 'fullband[wandb]'); "
-        "none = off. WANDB_MODE=offline keeps the run on disk (out_dir/wandb) for a later `wandb sync`.",
-    )
-    compile: bool = doc(False, "torch.compile each transformer block (the Python loop over passes stays eager).")
-    autocast: str = doc(
-        "auto", "Mixed precision: 'auto' = bf16 autocast on CUDA, none elsewhere; 'bf16' = require it; 'off'."
-    )
-    parallel: str = doc(
-        "ddp",
-        "How torchrun's processes share the model: 'ddp' = a full replica (weights, gradients, AdamW state) on "
-        "each process, fastest while it fits in memory; 'fsdp' = FSDP2, each process holds 1/world_size of them "
-        "and gathers a block's weights when it runs it, for models too large to replicate (checkpoints then hold "
-        "sharded torch.distributed.checkpoint files plus a full model.safetensors). One process: no effect.",
-    )
-    feedback_weight: float = doc(1.0, "λ in L = NTP(pass 1) + λ * mean_{k>=2} NTP(pass k); >= 0 (the paper uses 1).")
-    jitter: float = doc(0.02, "σ of the Uniform(-σ, σ) noise on carried states before fusing; >= 0.")
-    detach_passes: bool = doc(
-        False, "Stop gradients between passes (saves memory; the paper backpropagates through all passes)."
-    )
-    prefix_mixin: bool = doc(
-        True,
-        "Give each row a random plain prefix p ~ Uniform{1..seq_len-1} (prompt-then-generate, DESIGN.md §3); "
-        "false = p = 1 (every position after the first fused).",
-    )
-    prefix_per_pass: bool = doc(
-        False,
-        "With prefix_mixin: draw a new plain prefix for every pass after the first (as the paper's training code "
-        "applies the mixin inside its pass loop); false = one prefix per row for all its passes.",
-    )
-
-    def __post_init__(self) -> None:
-        validate_train_config(self)
-
-    def tokens_per_step(self, world_size: int = 1) -> int:
-        """Input tokens consumed by one optimizer step over all processes."""
-        return self.batch_size * self.seq_len * self.grad_accum * world_size
-
-    def total_steps(self, world_size: int = 1) -> int:
-        """Steps of the whole run: max_steps, or enough steps to consume token_budget."""
-        if self.token_budget is None:
-            return self.max_steps
-        return max(1, math.ceil(self.token_budget / self.tokens_per_step(world_size)))
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def validate_schedule_config(c: ScheduleConfig) -> None:
-    _require(_is_number(c.feedback_start) and 0 <= c.feedback_start <= 1, "feedback_start", c.feedback_start,
-             "must be a fraction of the run in [0, 1]")
-    _require(_is_number(c.feedback_end) and 0 <= c.feedback_end <= 1, "feedback_end", c.feedback_end,
-             "must be a fraction of the run in [0, 1]: the feedback phase cannot outlast the run")
-    _require(c.feedback_start == 1 or c.feedback_end > c.feedback_start, "feedback_end", c.feedback_end,
-             f"must be after feedback_start={c.feedback_start}: the feedback phase needs at least one step")
-    mix = c.pass_mix
-    _require(isinstance(mix, (list, tuple)) and len(mix) >= 1 and all(_is_number(x) and 0 <= x <= 1 for x in mix),
-             "pass_mix", mix, "must be a non-empty list of probabilities in [0, 1] for 2, 3, ... passes")
-    _require(abs(sum(mix) - 1) <= 1e-6, "pass_mix", mix, f"must sum to 1 (sums to {sum(mix):.6g})")
-    _require(_is_int(c.ramp_steps) and c.ramp_steps >= 0, "ramp_steps", c.ramp_steps, "must be an integer >= 0")
-    _require(_is_number(c.two_pass_until) and 0 <= c.two_pass_until <= 1, "two_pass_until", c.two_pass_until,
-             "must be a fraction of the run in [0, 1]")
-    _require(c.two_pass_until == 0 or c.two_pass_until >= c.feedback_start, "two_pass_until", c.two_pass_until,
-             f"must be 0 or at least feedback_start={c.feedback_start}: 2-pass batches come first, after it")
-
-
-def validate_optim_config(c: OptimConfig) -> None:
-    _require(c.optimizer in OPTIMIZERS, "optimizer", c.optimizer, f"must be one of {OPTIMIZERS}")
-    _require(_is_number(c.lr) and c.lr > 0, "lr", c.lr, "must be > 0")
-    _require(_is_number(c.muon_lr) and c.muon_lr > 0, "muon_lr", c.muon_lr, "must be > 0")
-    _require(_is_number(c.muon_weight_decay) and c.muon_weight_decay >= 0, "muon_weight_decay", c.muon_weight_decay,
-             "must be >= 0")
-    _require(_is_number(c.muon_momentum) and 0 <= c.muon_momentum < 1, "muon_momentum", c.muon_momentum,
-             "must be in [0, 1)")
-    _require(len(c.muon_params) > 0 and all(isinstance(x, str) and x for x in c.muon_params), "muon_params",
-             c.muon_params, "must be a non-empty list of module names, e.g. blocks,fusion")
-    _require(_is_number(c.fusion_lr_mult) and c.fusion_lr_mult > 0, "fusion_lr_mult", c.fusion_lr_mult, "must be > 0")
-    _require(_is_number(c.min_lr_ratio) and 0 <= c.min_lr_ratio <= 1, "min_lr_ratio", c.min_lr_ratio,
-             "must be in [0, 1]")
-    betas = c.betas
-    _require(isinstance(betas, (list, tuple)) and len(betas) == 2 and all(_is_number(b) and 0 <= b < 1 for b in betas),
-             "betas", betas, "must be two values in [0, 1)")
-    _require(_is_number(c.eps) and c.eps > 0, "eps", c.eps, "must be > 0")
-    _require(_is_number(c.weight_decay) and c.weight_decay >= 0, "weight_decay", c.weight_decay, "must be >= 0")
-    _require(_is_int(c.warmup_steps) and c.warmup_steps >= 0, "warmup_steps", c.warmup_steps,
-             "must be an integer >= 0")
-    _require(c.schedule in LR_SCHEDULES, "schedule", c.schedule, f"must be one of {LR_SCHEDULES}")
-    _require(_is_number(c.decay_fraction) and 0 < c.decay_fraction <= 1, "decay_fraction", c.decay_fraction,
-             "must be in (0, 1]")
-    _require(_is_number(c.grad_clip) and c.grad_clip >= 0, "grad_clip", c.grad_clip, "must be >= 0 (0 = off)")
-    _require(_is_number(c.z_loss) and c.z_loss >= 0, "z_loss", c.z_loss, "must be >= 0")
-    _require(c.z_loss_when in Z_LOSS_WHEN, "z_loss_when", c.z_loss_when, f"must be one of {Z_LOSS_WHEN}")
-
-
-def validate_train_config(c: TrainConfig) -> None:
-    for name, low in (("max_steps", 1), ("batch_size", 1), ("seq_len", 2), ("grad_accum", 1), ("seed", 0),
-                      ("eval_every", 0), ("eval_batches", 1), ("checkpoint_every", 0), ("keep_last", 1),
-                      ("log_every", 1)):
-        value = getattr(c, name)
-        _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
-    if c.token_budget is not None:
-        _require(_is_int(c.token_budget) and c.token_budget >= 1, "token_budget", c.token_budget,
-                 "must be an integer >= 1 (or None)")
-    for name in ("compile", "detach_passes", "prefix_mixin", "prefix_per_pass"):
-        _require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
-    _require(c.autocast in AUTOCAST, "autocast", c.autocast, f"must be one of {AUTOCAST}")
-    _require(c.parallel in PARALLEL, "parallel", c.parallel, f"must be one of {PARALLEL}")
-    _require(_is_number(c.feedback_weight) and c.feedback_weight >= 0, "feedback_weight", c.feedback_weight,
-             "must be >= 0")
-    _require(_is_number(c.jitter) and c.jitter >= 0, "jitter", c.jitter, "must be >= 0")
-    if c.wandb_project is not None:
-        ok = isinstance(c.wandb_project, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", c.wandb_project)
-        _require(bool(ok), "wandb_project", c.wandb_project,
-                 "must be a W&B project name: letters, digits, '_', '-', '.' (at most 128), or none")
-
-
-# ---------------------------------------------------------------------------------------------- fullband train
-
-TOKENIZERS = ("byte", "bpe")
-DATA_FORMATS = ("text", "sft")
-
-
-@dataclass
-class TrainModelConfig(ModelConfig):
-    """Architecture ([model]); vocab_size 0 takes the tokenizer's vocabulary."""
-
-    vocab_size: int = doc(0, "Number of token ids; 0 = the tokenizer's vocabulary rounded up to a multiple of 64.")
-
-    def __post_init__(self) -> None:
-        _require(_is_int(self.vocab_size) and self.vocab_size >= 0, "vocab_size", self.vocab_size,
-                 "must be an integer >= 0 (0 = from the tokenizer)")
-        self.resolve(max(self.vocab_size, 1))  # validates every other field
-
-    def resolve(self, tokenizer_vocab: int) -> ModelConfig:
-        """The ModelConfig to build, with vocab_size filled in (and checked) against the tokenizer."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig)}
-        if self.vocab_size == 0:
-            fields["vocab_size"] = 64 * math.ceil(tokenizer_vocab / 64)
-        elif self.vocab_size < tokenizer_vocab:
-            raise ConfigError(f"model.vocab_size={self.vocab_size} is invalid: the tokenizer has {tokenizer_vocab} "
-                              "tokens; set model.vocab_size >= that, or 0 to take it from the tokenizer")
-        return ModelConfig(**fields)
-
-
-@dataclass
-class DataConfig:
-    """Training data ([data])."""
-
-    source: str = doc("shakespeare", "Corpus: 'shakespeare' (embedded default), a text file or directory, "
-                      "'hf:NAME[:field]' (Hugging Face datasets), or with format=sft a JSONL file.")
-    format: str = doc("text", "text = language modelling on the corpus; sft = prompt/completion or chat JSONL "
-                      "with the prompt masked out of the loss.")
-    validation_source: str | None = doc(None, "sft: JSONL for validation (text sources bring their own split).")
-    tokenizer: str = doc("byte", "byte (UTF-8 bytes, no training) or bpe (trained on the train split).")
-    bpe_vocab_size: int = doc(2048, "Vocabulary size of a trained BPE tokenizer.")
-
-    def __post_init__(self) -> None:
-        _require(isinstance(self.source, str) and bool(self.source), "data.source", self.source,
-                 "give a corpus name, a path or hf:NAME")
-        _require(self.format in DATA_FORMATS, "data.format", self.format, f"must be one of {DATA_FORMATS}")
-        _require(self.tokenizer in TOKENIZERS, "data.tokenizer", self.tokenizer, f"must be one of {TOKENIZERS}")
-        _require(_is_int(self.bpe_vocab_size) and 260 <= self.bpe_vocab_size <= 1_000_000, "data.bpe_vocab_size",
-                 self.bpe_vocab_size, "must be an integer in 260..1000000")
-
-
-HF_PREFIX = "hf:"  # init_from="hf:PATH": retrofit the transformers causal LM saved in PATH
-RETROFIT_LAST_HIDDEN = "last_hidden"
-
-
-@dataclass
-class RetrofitTrainConfig:
-    """Retrofitting a transformers causal LM ([retrofit]; read only with init_from='hf:PATH')."""
-
-    feedback_source: str = doc(
-        RETROFIT_LAST_HIDDEN,
-        "Hidden state of the pretrained model that feeds back: 'last_hidden' = its last hidden state (after the "
-        "final norm for Llama, Qwen2, GPT-2), or N = the residual stream after block N, 1..n_layers-1 (quoted in a "
-        'config file: feedback_source = "2").',
-    )
-
-    def __post_init__(self) -> None:
-        source = self.feedback_source
-        ok = isinstance(source, str) and (source == RETROFIT_LAST_HIDDEN or (source.isdigit() and int(source) >= 1))
-        _require(ok, "feedback_source", source, "must be 'last_hidden' or a block index N >= 1 (at most the "
-                 "pretrained model's n_layers - 1)")
-        if source != RETROFIT_LAST_HIDDEN:
-            self.feedback_source = str(int(source))
-
-    def resolve(self) -> str | int:
-        """The ``feedback_source`` argument of :func:`fullband.retrofit`: 'last_hidden' or an int."""
-        return RETROFIT_LAST_HIDDEN if self.feedback_source == RETROFIT_LAST_HIDDEN else int(self.feedback_source)
-
-
-@dataclass
-class TrainRunConfig:
-    """``fullband train``: all sections of one run."""
-
-    model: TrainModelConfig = field(default_factory=TrainModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(eval_every=250))
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig())
-    schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig())
-    retrofit: RetrofitTrainConfig = field(default_factory=RetrofitTrainConfig)
-    out_dir: str = doc("runs/train", "Run directory: checkpoints/, metrics.jsonl, config.toml, model/ at the end.")
-    resume: bool = doc(False, "Continue from the latest complete checkpoint in out_dir.")
-    init_from: str | None = doc(
-        None, "Start from this model directory (its architecture replaces [model]; model.feedback decides whether "
-        "fusion weights are added; a retrofitted model's directory continues it), or from 'hf:PATH': the "
-        "transformers causal LM (Llama, Qwen2, GPT-2, ...) saved with save_pretrained, with its tokenizer, in the "
-        "local directory PATH, retrofitted with latent feedback ([retrofit]) and tokenized with its own tokenizer.",
-    )
-    device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
-    eval_passes: tuple[int, ...] = doc(
-        (1, 2, 3), "Pass counts validated: 1 = standard, k = fused prefill with k-1 extra passes.",
-    )
-
-    def __post_init__(self) -> None:
-        validate_device_name(self.device)
-        _require(bool(self.eval_passes) and all(_is_int(k) and k >= 1 for k in self.eval_passes), "eval_passes",
-                 self.eval_passes, "must be a non-empty list of integers >= 1")
-        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
-        hf = isinstance(self.init_from, str) and self.init_from.startswith(HF_PREFIX)
-        if hf:
-            _require(bool(self.init_from[len(HF_PREFIX):].strip()), "init_from", self.init_from,
-                     "give the directory after hf: (init_from='hf:PATH')")
-            _require(self.model.feedback, "model.feedback", self.model.feedback,
-                     "a retrofitted model always has the fusion; use schedule.feedback_start=1 to train it single-pass")
-        _require(hf or self.retrofit.feedback_source == RETROFIT_LAST_HIDDEN, "retrofit.feedback_source",
-                 self.retrofit.feedback_source, "applies only to init_from='hf:PATH' (a retrofitted model's "
-                 "directory keeps the source it was built with)")
 
 
 # ---------------------------------------------------------------------------------------------- presets

@@ -19,15 +19,13 @@ from pathlib import Path
 
 import torch
 
-import fullband.generation  # noqa: F401 (binds generate / stream: every loaded model decodes)
+import fullband.generation.decoding  # noqa: F401 (binds generate / stream: every loaded model decodes)
+from fullband.config import HF_PREFIX
 from fullband.integrations.retrofit.config import is_retrofit_checkpoint
 from fullband.model import FeedbackLM, FullBandwidthLM
 from fullband.model.serialization import CheckpointError
 
 AnyLM = FeedbackLM  # a FullBandwidthLM or a RetrofittedLM (fullband.integrations.retrofit.lm)
-
-
-HF_PREFIX = "hf:"
 
 
 def checkpoint_dir(spec: str | Path) -> Path:

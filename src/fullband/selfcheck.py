@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-import fullband.generation  # noqa: F401 (binds generate / stream)
+import fullband.generation.decoding  # noqa: F401 (binds generate / stream)
 from fullband.config import ModelConfig
 from fullband.model import FullBandwidthLM, LMOutput
 

@@ -13,9 +13,9 @@ import torch.multiprocessing as mp
 from conftest import make_model
 
 from fullband import FullBandwidthLM
-from fullband.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training import Trainer
 from fullband.training.checkpoint import checkpoint_path
+from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training.distributed import wrap_ddp
 
 GLOBAL_ROWS, T, STEPS = 4, 12, 4

@@ -4,8 +4,8 @@ from collections import Counter
 
 import pytest
 
-from fullband.config import ScheduleConfig
 from fullband.training import FeedbackSchedule
+from fullband.training.config import ScheduleConfig
 
 
 def fractions(schedule: FeedbackSchedule) -> dict[int, float]:

@@ -14,9 +14,9 @@ import torch.multiprocessing as mp
 from conftest import make_model
 
 from fullband import FullBandwidthLM
-from fullband.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training import CheckpointError, Trainer, build_optimizer, load_checkpoint
 from fullband.training.checkpoint import checkpoint_path, is_sharded, list_checkpoints
+from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training.distributed import wrap_fsdp
 
 GLOBAL_ROWS, T, STEPS = 4, 12, 6

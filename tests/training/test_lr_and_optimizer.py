@@ -6,8 +6,9 @@ import pytest
 import torch
 from conftest import make_model
 
-from fullband.config import ConfigError, OptimConfig
+from fullband.config import ConfigError
 from fullband.training import build_optimizer, lr_at
+from fullband.training.config import OptimConfig
 from fullband.training.optim import decay_start, in_cooldown, set_lr
 
 

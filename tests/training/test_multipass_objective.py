@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from conftest import make_model
 
-from fullband.config import TrainConfig
 from fullband.training import multipass_loss, sample_plain_prefix
+from fullband.training.config import TrainConfig
 from fullband.training.objective import z_loss
 
 B, T = 4, 12

@@ -8,7 +8,6 @@ import pytest
 import torch
 from conftest import make_model
 
-from fullband.config import OptimConfig
 from fullband.training import (
     CheckpointError,
     CheckpointWarning,
@@ -21,6 +20,7 @@ from fullband.training import (
     verify_checkpoint,
 )
 from fullband.training.checkpoint import checkpoint_path, list_checkpoints
+from fullband.training.config import OptimConfig
 
 
 def trained_pair(seed: int = 0):

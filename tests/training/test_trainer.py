@@ -8,9 +8,9 @@ import torch
 from conftest import make_model
 from test_training_metrics import tensorboard_scalars
 
-from fullband.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training import CheckpointWarning, NonFiniteLossError, Trainer, TrainingError, loss_eval
 from fullband.training.checkpoint import list_checkpoints
+from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 
 VOCAB, T = 61, 16
 # Deterministic quantities of a step (timing-based ones like tokens_per_s are left out).

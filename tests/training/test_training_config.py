@@ -4,8 +4,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from fullband.config import ConfigError, OptimConfig, ScheduleConfig, TrainConfig
+from fullband.config import ConfigError
 from fullband.configio import build_config, config_to_dict
+from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 
 
 @dataclass

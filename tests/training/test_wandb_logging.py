@@ -4,7 +4,8 @@
 import pytest
 
 from fullband.cli import main
-from fullband.config import ConfigError, TrainConfig
+from fullband.config import ConfigError
+from fullband.training.config import TrainConfig
 
 pytest.importorskip("wandb")
 

@@ -18,7 +18,6 @@ import math
 import multiprocessing
 import os
 import platform
-import shlex
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
@@ -28,16 +27,18 @@ from typing import Any
 
 import torch
 
-from fullband.config import ConfigError, TrainRunConfig
-from fullband.configio import build_config, config_to_dict, save_resolved_config
+from fullband.configio import build_config, config_to_dict
 from fullband.data import eval_windows, load_tokenizer, load_tokens
 from fullband.experiments.config import CompareConfig
 from fullband.experiments.multiplier import tokens_to_match
 from fullband.experiments.perplexity import ExactSpec, evaluate_modes, exact_agreement
 from fullband.experiments.plots import have_matplotlib
-from fullband.experiments.report import print_summary, write_report
+from fullband.experiments.report import plot_compare, print_summary, render_markdown
+from fullband.experiments.results import write_json
 from fullband.experiments.stability import stability_curve
+from fullband.experiments.study import Study
 from fullband.model_io import load_any
+from fullband.training.config import TrainRunConfig
 from fullband.training.run import resolve_device, run_train
 from fullband.training.trainer import METRICS_FILE
 
@@ -94,30 +95,53 @@ def train_config(cfg: CompareConfig, spec: RunSpec, out_dir: Path) -> TrainRunCo
     )
 
 
+class CompareStudy(Study):
+    """``fullband compare`` (see the module doc): every run of :meth:`plan` trained and evaluated
+    (:func:`run_jobs`), the multipliers read off the baseline curve, the report of :mod:`.report`."""
+
+    command = "compare"
+
+    def prepare(self) -> None:
+        if not have_matplotlib():  # say so now, not after the training
+            warnings.warn("matplotlib is not installed, so the report will have no plots: pip install "
+                          "'fullband[plot]'", stacklevel=4)
+        super().prepare()
+
+    def plan(self) -> list[Job]:
+        return [(self.cfg, spec, self.out_dir) for spec in plan_runs(self.cfg)]
+
+    def header(self, jobs: list[Job]) -> dict[str, Any]:
+        """What results.json holds before the runs: the machine and the commands."""
+        return {"machine": machine_info(resolve_device(self.cfg.device), self.cfg.workers),
+                "commands": commands(self.cfg, self.out_dir)}
+
+    def collect(self) -> dict[str, Any]:
+        jobs = self.plan()
+        results: dict[str, Any] = {"config": config_to_dict(self.cfg), **self.header(jobs), "runs": [],
+                                   "stability": []}
+        for record, stability in run_jobs(jobs, self.cfg.workers, self.progress,
+                                          resume=getattr(self.cfg, "resume", False)):
+            results["runs"].append(record)
+            results["stability"] += stability
+        return results
+
+    def analyse(self, results: dict[str, Any]) -> dict[str, Any]:
+        return {"multipliers": multipliers(results["runs"])}
+
+    def plot(self, results: dict[str, Any]) -> None:
+        plot_compare(results, self.out_dir)
+
+    def render(self, results: dict[str, Any], plots: bool) -> str:
+        return render_markdown(results, plots)
+
+    def write(self, results: dict[str, Any], plots: bool | None = None) -> None:
+        super().write(results, plots)
+        print_summary(results)
+
+
 def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     """Train, evaluate and report (see the module doc); returns what results.json holds."""
-    start = time.perf_counter()
-    if not have_matplotlib():  # say so now, not after the training
-        warnings.warn("matplotlib is not installed, so the report will have no plots: pip install 'fullband[plot]'",
-                      stacklevel=2)
-    out_dir = Path(cfg.out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise ConfigError(f"out_dir={cfg.out_dir!r} is invalid: it is not empty; pick a new --out_dir (or delete it)")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_resolved_config(cfg, out_dir / "config.toml")
-    device = resolve_device(cfg.device)
-    results: dict[str, Any] = {"config": config_to_dict(cfg), "machine": machine_info(device, cfg.workers),
-                               "commands": commands(cfg, out_dir), "runs": [], "stability": []}
-    jobs = [(cfg, spec, out_dir) for spec in plan_runs(cfg)]
-    for record, stability in run_jobs(jobs, cfg.workers, progress):
-        results["runs"].append(record)
-        results["stability"] += stability
-    results["multipliers"] = multipliers(results["runs"])
-    results["seconds"] = time.perf_counter() - start
-    results["finished"] = time.strftime("%Y-%m-%d %H:%M %Z")
-    write_report(results, out_dir)
-    print_summary(results)
-    return results
+    return CompareStudy(cfg, progress).run()
 
 
 Job = tuple[CompareConfig, RunSpec, Path]  # the compare settings of the run, the run, the study's out_dir
@@ -169,7 +193,7 @@ def train_and_evaluate(job: Job, index: int, count: int,
         record["validation_history"] = validation_history(trained.out_dir)
     stability: list[dict[str, Any]] = []
     evaluate_run(cfg, record, trained.model_dir, resolve_device(cfg.device), stability, progress)
-    _write_json(Path(run_cfg.out_dir) / JOB_RECORD, {"record": record, "stability": stability})
+    write_json(Path(run_cfg.out_dir) / JOB_RECORD, {"record": record, "stability": stability})
     return record, stability
 
 
@@ -184,12 +208,6 @@ def finished_job(job: Job) -> tuple[dict[str, Any], list[dict[str, Any]]] | None
         return None
     saved = json.loads(path.read_text())
     return saved["record"], saved["stability"]
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)  # atomic: an interrupted write never looks like a finished run
 
 
 def validation_history(run_dir: Path) -> list[dict[str, Any]]:
@@ -271,33 +289,9 @@ def machine_info(device: torch.device, workers: int = 1) -> dict[str, Any]:
 
 
 def commands(cfg: CompareConfig, out_dir: Path) -> dict[str, str]:
-    return {"command": equivalent_command(cfg),
+    return {"command": CompareStudy(cfg).command_line(),
             "reproduce": f"fullband compare --config {out_dir / 'config.toml'} --out_dir NEW_DIR",
             "one_run": f"fullband train --config {out_dir}/seed{cfg.train.seed}/{FEEDBACK}/config.toml"}
-
-
-def equivalent_command(cfg: Any, command: str = "compare", base: Any = None, skip: tuple[str, ...] = ()) -> str:
-    """``fullband <command>`` with the preset and every flag whose value differs from ``base`` (by default the
-    compare preset's config): this run's command. Keys in ``skip`` are left out."""
-    base = _leaves(config_to_dict(base if base is not None else preset_config(cfg.preset)))
-    args = ["fullband", command] + (["--preset", cfg.preset] if cfg.preset != "default" else [])
-    for key, value in _leaves(config_to_dict(cfg)).items():
-        if key != "preset" and key not in skip and value != base.get(key):
-            args += [f"--{key}", _flag_value(value)]
-    return shlex.join(args)
-
-
-def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(_leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
-    return out
-
-
-def _flag_value(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return ",".join(map(_flag_value, value))
-    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _say(progress: bool, message: str) -> None:

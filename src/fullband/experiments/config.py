@@ -8,22 +8,17 @@ preset="smoke")`` in Python, a config file and the command line all mean the sam
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from fullband.config import (
-    DECODING_MODES,
-    DataConfig,
-    OptimConfig,
-    ScheduleConfig,
-    TrainConfig,
-    TrainModelConfig,
-    _is_int,
-    _is_number,
-    _require,
-    apply_preset,
-    doc,
-    validate_device_name,
-)
+from fullband.config import DECODING_MODES, _is_int, _is_number, _require, apply_preset, doc, validate_device_name
+from fullband.training.config import DataConfig, OptimConfig, ScheduleConfig, TrainConfig, TrainModelConfig
+
+
+def _require_ints(config: Any, limits: dict[str, int]) -> None:
+    for name, low in limits.items():
+        value = getattr(config, name)
+        _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
+
 
 # ---------------------------------------------------------------------------------------------- fullband compare
 
@@ -202,6 +197,51 @@ class RecipeConfig:
         _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
 
 
+# ---------------------------------------------------------------------------------------------- the synthetic studies
+
+@dataclass
+class SyntheticStudyConfig:
+    """What ``fullband eval-reasoning`` and ``eval-state`` share: two models (baseline and full-bandwidth) of one
+    size trained on the same batches of a synthetic task (fullband.experiments.study.PairStudy). The sizes left
+    at none come from the preset."""
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    preset: str = doc("default", "Sizes of everything left at none: one of the presets (see preset's choices).")
+    out_dir: str = doc("runs/study", "Run directory: data/, baseline/, fullband/, results.json, report.md, PNG.")
+    d_model: int | None = doc(None, "Model width (both models).")
+    n_layers: int | None = doc(None, "Transformer blocks (both models; eval-state probes depths 0..n_layers).")
+    n_heads: int | None = doc(None, "Attention heads (both models).")
+    steps: int | None = doc(None, "Training steps (both models, the same batches).")
+    batch_size: int | None = doc(None, "Training batch size.")
+    lr: float | None = doc(None, "Peak learning rate.")
+    feedback_start: float = doc(
+        0.75, "fullband model: fraction of the steps trained single-pass before multi-pass (the paper's 75%)."
+    )
+    pass_mix: tuple[float, ...] = doc((0.88, 0.12), "fullband model: probabilities of 2, 3, ... passes afterwards.")
+    seed: int = doc(0, "Seed of the data, the initial weights and the batches.")
+    threads: int = doc(1, "torch CPU threads (1 is fastest for tiny models on a shared CPU).")
+    device: str = doc("cpu", "Torch device for training and evaluation: auto, cpu, cuda, cuda:N or mps.")
+    progress: bool = doc(True, "Progress bars.")
+    reuse_models: bool = doc(False, "Evaluate the models an earlier run left in out_dir instead of training.")
+
+    def __post_init__(self) -> None:
+        validate_device_name(self.device)
+        apply_preset(self, self.PRESETS)
+        self.pass_mix = tuple(float(x) for x in self.pass_mix)
+        _require_ints(self, {"d_model": 2, "n_layers": 1, "n_heads": 1, "steps": 1, "batch_size": 1, "seed": 0,
+                             "threads": 1})
+        self.validate()
+        _require(_is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be > 0")
+        _require(_is_number(self.feedback_start) and 0 <= self.feedback_start < 1, "feedback_start",
+                 self.feedback_start, "must be in [0, 1): the fullband model needs some multi-pass steps")
+        ScheduleConfig(feedback_start=self.feedback_start, pass_mix=self.pass_mix)  # validates pass_mix
+        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
+
+    def validate(self) -> None:
+        """The study's own fields (after the preset is applied)."""
+
+
 # ---------------------------------------------------------------------------------------------- fullband eval-reasoning
 
 # Each preset fills the fields left at None. smoke: the tests (seconds); default: the committed report (minutes on
@@ -217,15 +257,11 @@ REASONING_PRESETS: dict[str, dict[str, Any]] = {
 REASONING_FAMILIES = ("swaps", "sum")
 
 
-def _require_ints(config: Any, limits: dict[str, int]) -> None:
-    for name, low in limits.items():
-        value = getattr(config, name)
-        _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
-
-
 @dataclass
-class ReasoningConfig:
+class ReasoningConfig(SyntheticStudyConfig):
     """``fullband eval-reasoning``: shorter traces at equal accuracy? (fullband.experiments.reasoning)."""
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = REASONING_PRESETS
 
     preset: str = doc("default", f"Sizes of everything left at none: one of {tuple(REASONING_PRESETS)}.")
     out_dir: str = doc("runs/reasoning", "Run directory: data/, baseline/, fullband/, results.json, report.md, PNGs.")
@@ -238,32 +274,13 @@ class ReasoningConfig:
     )
     train_examples: int | None = doc(None, "Training examples (random length and stride; test problems excluded).")
     test_per_length: int | None = doc(None, "Test problems per length, each solved at every stride.")
-    d_model: int | None = doc(None, "Model width (both models).")
-    n_layers: int | None = doc(None, "Transformer blocks (both models).")
-    n_heads: int | None = doc(None, "Attention heads (both models).")
-    steps: int | None = doc(None, "Training steps (both models, the same batches).")
-    batch_size: int | None = doc(None, "Training batch size.")
-    lr: float | None = doc(None, "Peak learning rate.")
-    feedback_start: float = doc(
-        0.75, "fullband model: fraction of the steps trained single-pass before multi-pass (the paper's 75%)."
-    )
-    pass_mix: tuple[float, ...] = doc((0.88, 0.12), "fullband model: probabilities of 2, 3, ... passes afterwards.")
     modes: tuple[str, ...] = doc(("standard", "soft", "fused"), "Decoding modes of the fullband model (greedy).")
     fused_passes: int = doc(2, "fused mode: extra fused passes over the prompt.")
-    seed: int = doc(0, "Seed of the problems, the initial weights and the batches.")
-    threads: int = doc(1, "torch CPU threads (1 is fastest for tiny models on a shared CPU).")
-    device: str = doc("cpu", "Torch device for training and decoding: auto, cpu, cuda, cuda:N or mps.")
-    progress: bool = doc(True, "Progress bars.")
-    reuse_models: bool = doc(False, "Evaluate the models an earlier run left in out_dir instead of training.")
 
-    def __post_init__(self) -> None:
-        validate_device_name(self.device)
-        apply_preset(self, REASONING_PRESETS)
+    def validate(self) -> None:
         self.strides = tuple(self.strides)
         self.modes = tuple(self.modes)
-        self.pass_mix = tuple(float(x) for x in self.pass_mix)
-        _require_ints(self, {"min_length": 1, "train_examples": 1, "test_per_length": 1, "d_model": 2, "n_layers": 1,
-                             "n_heads": 1, "steps": 1, "batch_size": 1, "fused_passes": 0, "seed": 0, "threads": 1})
+        _require_ints(self, {"min_length": 1, "train_examples": 1, "test_per_length": 1, "fused_passes": 0})
         _require(self.family in REASONING_FAMILIES, "family", self.family, f"must be one of {REASONING_FAMILIES}")
         _require(_is_int(self.modulus) and 2 <= self.modulus <= 10, "modulus", self.modulus, "must be in 2..10")
         _require(_is_int(self.max_length) and self.min_length <= self.max_length <= 26, "max_length",
@@ -272,11 +289,6 @@ class ReasoningConfig:
                  self.strides, "must be a non-empty list of integers >= 0 (0 = answer only)")
         _require(len(self.modes) > 0 and all(m in DECODING_MODES for m in self.modes), "modes", self.modes,
                  f"must be a non-empty list from {DECODING_MODES}")
-        _require(_is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be > 0")
-        _require(_is_number(self.feedback_start) and 0 <= self.feedback_start < 1, "feedback_start",
-                 self.feedback_start, "must be in [0, 1): the fullband model needs some multi-pass steps")
-        ScheduleConfig(feedback_start=self.feedback_start, pass_mix=self.pass_mix)  # validates pass_mix
-        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
 
 
 # ---------------------------------------------------------------------------------------------- fullband eval-state
@@ -294,8 +306,10 @@ STATE_PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class StateTrackingConfig:
+class StateTrackingConfig(SyntheticStudyConfig):
     """``fullband eval-state``: linear probes of the final token's residual stream at every depth (paper Figure 7)."""
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = STATE_PRESETS
 
     preset: str = doc("default", f"Sizes of everything left at none: one of {tuple(STATE_PRESETS)}.")
     out_dir: str = doc("runs/state-tracking", "Run directory: data/, baseline/, fullband/, results.json, report.md, "
@@ -305,40 +319,16 @@ class StateTrackingConfig:
     train_per_task: int | None = doc(None, "Training sequences per task.")
     probe_train: int | None = doc(None, "Fresh sequences per task to fit each probe on.")
     probe_test: int | None = doc(None, "Fresh sequences per task to measure each probe on.")
-    d_model: int | None = doc(None, "Model width (both models).")
-    n_layers: int | None = doc(None, "Transformer blocks (both models); depths 0..n_layers are probed.")
-    n_heads: int | None = doc(None, "Attention heads (both models).")
-    steps: int | None = doc(None, "Training steps (both models, the same batches).")
-    batch_size: int | None = doc(None, "Training batch size.")
-    lr: float | None = doc(None, "Peak learning rate.")
-    feedback_start: float = doc(
-        0.75, "fullband model: fraction of the steps trained single-pass before multi-pass (the paper's 75%)."
-    )
-    pass_mix: tuple[float, ...] = doc((0.88, 0.12), "fullband model: probabilities of 2, 3, ... passes afterwards.")
     prefills: tuple[str, ...] = doc(STATE_PREFILLS, "Prefills probed: standard (1 pass), one-step (2 passes), exact.")
     ridge: float = doc(1e-2, "Ridge penalty of the probes (times the number of examples).")
-    seed: int = doc(0, "Seed of the data, the initial weights and the batches.")
-    threads: int = doc(1, "torch CPU threads (1 is fastest for tiny models on a shared CPU).")
-    device: str = doc("cpu", "Torch device for training and probing: auto, cpu, cuda, cuda:N or mps.")
-    progress: bool = doc(True, "Progress bars.")
-    reuse_models: bool = doc(False, "Probe the models an earlier run left in out_dir instead of training.")
 
-    def __post_init__(self) -> None:
-        validate_device_name(self.device)
-        apply_preset(self, STATE_PRESETS)
+    def validate(self) -> None:
         self.tasks, self.prefills = tuple(self.tasks), tuple(self.prefills)
-        self.pass_mix = tuple(float(x) for x in self.pass_mix)
-        _require_ints(self, {"train_per_task": 1, "probe_train": 2, "probe_test": 1, "d_model": 2, "n_layers": 1,
-                             "n_heads": 1, "steps": 1, "batch_size": 1, "seed": 0, "threads": 1})
+        _require_ints(self, {"train_per_task": 1, "probe_train": 2, "probe_test": 1})
         _require(_is_int(self.seq_len) and self.seq_len >= 6 and self.seq_len % 2 == 0, "seq_len", self.seq_len,
                  "must be an even integer >= 6 (an odd one can never end with every bracket closed)")
         _require(len(self.tasks) > 0 and all(t in STATE_TASKS for t in self.tasks), "tasks", self.tasks,
                  f"must be a non-empty list from {STATE_TASKS}")
         _require(len(self.prefills) > 0 and all(p in STATE_PREFILLS for p in self.prefills), "prefills",
                  self.prefills, f"must be a non-empty list from {STATE_PREFILLS}")
-        _require(_is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be > 0")
         _require(_is_number(self.ridge) and self.ridge > 0, "ridge", self.ridge, "must be > 0")
-        _require(_is_number(self.feedback_start) and 0 <= self.feedback_start < 1, "feedback_start",
-                 self.feedback_start, "must be in [0, 1): the fullband model needs some multi-pass steps")
-        ScheduleConfig(feedback_start=self.feedback_start, pass_mix=self.pass_mix)  # validates pass_mix
-        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")

@@ -1,4 +1,5 @@
-"""The compare plots, with matplotlib (the ``plot`` extra), imported only here and drawn off-screen (Agg)."""
+"""The compare plots (and the one pyplot every study draws with), with matplotlib (the ``plot`` extra), imported
+only here and drawn off-screen (Agg)."""
 
 from __future__ import annotations
 
@@ -17,15 +18,23 @@ def have_matplotlib() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, imported only when a study draws (it is an optional dependency)."""
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("the compare plots need matplotlib: pip install 'fullband[plot]'") from None
+        raise ImportError("the study plots need matplotlib: pip install 'fullband[plot]'") from None
     matplotlib.use("Agg")  # files only: no display needed (CI, servers)
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
+    """Lay out, write and close a finished figure (closed, so a long study does not keep every figure open)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
 
 
 def _plain_log_ticks(axis: Any, fmt: Any) -> None:
@@ -43,7 +52,7 @@ def _tokens_text(v: float) -> str:
 def plot_loss_vs_tokens(results: dict[str, Any], path: Path) -> None:
     """Baseline test loss against training tokens (points, ± sd over seeds, and the fitted piecewise-linear
     curve), with every mode of each feedback model at the tokens it saw."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 5))
     names = run_names(results)
     base = [(mean_sd(r["tokens"] for r in runs_named(results, n))[0],
@@ -84,14 +93,12 @@ def plot_loss_vs_tokens(results: dict[str, Any], path: Path) -> None:
     ax.set_title("Test loss against training tokens")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_stability(results: dict[str, Any], path: Path) -> None:
     """Validation loss and state change against the number of fused prefill passes, one line per model."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax_loss, ax_delta) = plt.subplots(1, 2, figsize=(11, 4.5))
     curves = results["stability"]
     colors = ["tab:red", "tab:blue", "tab:green", "tab:purple"]
@@ -123,6 +130,4 @@ def plot_stability(results: dict[str, Any], path: Path) -> None:
     ax_delta.set_title("State change per pass")
     ax_loss.legend(fontsize=8)
     ax_delta.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

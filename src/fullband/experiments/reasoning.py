@@ -20,8 +20,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -31,24 +29,25 @@ from tqdm.auto import tqdm
 
 from fullband.data import ByteTokenizer, Tokenizer
 from fullband.experiments.config import ReasoningConfig
-from fullband.experiments.study import (
-    StudyModel,
-    line_style,
-    markdown_table,
-    pyplot,
-    set_threads,
-    summarize,
-    train_both,
-    training_table,
-    write_json,
-)
+from fullband.experiments.plots import pyplot, save_figure
+from fullband.experiments.study import PairStudy, line_style, markdown_table, summarize, training_table
 from fullband.model import FullBandwidthLM
 from fullband.model_io import load_any
-from fullband.tasks.reasoning import Problem, parse_answer, prompt, random_problem, sample_problems, trace
+from fullband.tasks.base import write_jsonl
+from fullband.tasks.reasoning import (
+    Problem,
+    ReasoningTask,
+    TracedProblem,
+    prompt,
+    random_problem,
+    sample_problems,
+    trace,
+)
 
 TOLERANCE = 0.05  # "equal accuracy" = within 5 points of the baseline's best
 TEST_SHARE = 0.5  # at most half of the problems of a length are held out, the rest can be trained on
 EXTRA_TOKENS = 8  # decoding budget beyond the reference trace
+PLOT = "accuracy_vs_trace_length.png"
 
 
 TASK_TEXT = {
@@ -77,25 +76,25 @@ def variant_name(kind: str, mode: str, fused_passes: int) -> str:
 # ---------------------------------------------------------------------------------------------- data
 
 
+def task_of(cfg: ReasoningConfig) -> ReasoningTask:
+    return ReasoningTask(cfg.family, tuple(range(cfg.min_length, cfg.max_length + 1)), cfg.strides, cfg.modulus)
+
+
 def build_data(cfg: ReasoningConfig, data_dir: Path) -> tuple[list[Problem], Path, Path]:
     """Held-out test problems, ``train.jsonl`` (random lengths and strides, test problems excluded) and
     ``test.jsonl`` (every test problem at every stride)."""
     rng = random.Random(cfg.seed)
-    lengths = range(cfg.min_length, cfg.max_length + 1)
-    test = sample_problems(cfg.family, lengths, cfg.test_per_length, rng, cfg.modulus, max_share=TEST_SHARE)
+    task = task_of(cfg)
+    test = sample_problems(cfg.family, range(cfg.min_length, cfg.max_length + 1), cfg.test_per_length, rng,
+                           cfg.modulus, max_share=TEST_SHARE)
     held_out = frozenset(test)
     rows = []
     while len(rows) < cfg.train_examples:
-        problem = random_problem(cfg.family, rng.choice(lengths), rng, cfg.modulus)
+        problem = task.problem(rng)
         if problem not in held_out:
-            stride = rng.choice(cfg.strides)
-            rows.append({"prompt": prompt(problem, stride), "completion": trace(problem, stride)})
-    data_dir.mkdir(parents=True, exist_ok=True)
-    train_path = data_dir / "train.jsonl"
-    train_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    test_rows = [{"prompt": prompt(p, s), "completion": trace(p, s)} for p in test for s in cfg.strides]
-    test_path = data_dir / "test.jsonl"
-    test_path.write_text("".join(json.dumps(r) + "\n" for r in test_rows))
+            rows.append(task.row(TracedProblem(problem, rng.choice(cfg.strides))))
+    train_path = write_jsonl(data_dir / "train.jsonl", rows)
+    test_path = write_jsonl(data_dir / "test.jsonl", [task.row(TracedProblem(p, s)) for p in test for s in cfg.strides])
     return test, train_path, test_path
 
 
@@ -113,21 +112,23 @@ def context_length(cfg: ReasoningConfig) -> int:
 
 @torch.no_grad()
 def decode_cell(
-    model: FullBandwidthLM, tokenizer: Tokenizer, problems: list[Problem], stride: int, mode: str, fused_passes: int
+    model: FullBandwidthLM, tokenizer: Tokenizer, task: ReasoningTask, problems: list[Problem], stride: int,
+    mode: str, fused_passes: int
 ) -> dict[str, Any]:
     """Greedy solutions of ``problems`` (all of one length) at ``stride`` -> accuracy and trace lengths."""
-    prompts = [tokenizer.encode(prompt(p, stride)) for p in problems]
+    examples = [TracedProblem(p, stride) for p in problems]
+    prompts = [tokenizer.encode(task.prompt(e)) for e in examples]
     # Room for the reference trace and a few tokens more, so an overlong answer shows in the lengths.
     room = model.config.max_seq_len - max(len(ids) for ids in prompts)
-    max_new_tokens = min(room, max(len(trace(p, stride)) for p in problems) + 1 + EXTRA_TOKENS)
+    max_new_tokens = min(room, max(len(task.completion(e)) for e in examples) + 1 + EXTRA_TOKENS)
     outputs = model.generate(prompts, max_new_tokens=max_new_tokens, mode=mode, prefill_passes=fused_passes,
                              stop_token_ids=[tokenizer.eos_id])
     correct, exact, lengths = 0, 0, []
-    for problem, ids, out in zip(problems, prompts, outputs, strict=True):
+    for example, ids, out in zip(examples, prompts, outputs, strict=True):
         generated = [t for t in out[len(ids) :] if t != tokenizer.eos_id]
         text = tokenizer.decode(generated)
-        correct += parse_answer(text) == problem.answer
-        exact += text == trace(problem, stride)
+        correct += task.score(example, text)
+        exact += text == task.completion(example)
         lengths.append(len(generated))
     stats = summarize(lengths)
     return {"n": len(problems), "accuracy": correct / len(problems), "exact_trace": exact / len(problems),
@@ -136,7 +137,7 @@ def decode_cell(
 
 def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Problem]) -> list[dict[str, Any]]:
     """Every (model, mode, stride, length) cell."""
-    tokenizer = ByteTokenizer()
+    tokenizer, task = ByteTokenizer(), task_of(cfg)
     by_length: dict[int, list[Problem]] = {}
     for p in test:
         by_length.setdefault(p.n, []).append(p)
@@ -145,7 +146,7 @@ def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Proble
     models = {kind: load_any(path, device=cfg.device) for kind, path in model_dirs.items()}  # native or retrofitted
     cells = []
     for kind, mode, stride, n in tqdm(jobs, desc="decoding", disable=not cfg.progress):
-        cell = decode_cell(models[kind], tokenizer, by_length[n], stride, mode, cfg.fused_passes)
+        cell = decode_cell(models[kind], tokenizer, task, by_length[n], stride, mode, cfg.fused_passes)
         cells.append({"model": kind, "mode": mode, "variant": variant_name(kind, mode, cfg.fused_passes),
                       "stride": stride, "length": n, **cell})
     return cells
@@ -182,35 +183,6 @@ def equal_accuracy(cells: list[dict[str, Any]], variants: list[str]) -> list[dic
     return rows
 
 
-# ---------------------------------------------------------------------------------------------- run
-
-
-def run_reasoning(cfg: ReasoningConfig) -> dict[str, Any]:
-    """The whole study (see the module docstring); returns what results.json holds."""
-    set_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    out_dir = Path(cfg.out_dir)
-    test, train_path, test_path = build_data(cfg, out_dir / "data")
-    spec = StudyModel(cfg.d_model, cfg.n_layers, cfg.n_heads, context_length(cfg), cfg.steps, cfg.batch_size, cfg.lr,
-                      cfg.feedback_start, cfg.pass_mix, cfg.seed, cfg.device)
-    training = train_both(spec, train_path, test_path, out_dir, cfg.progress, reuse=cfg.reuse_models)
-    cells = evaluate(cfg, {k: v["model_dir"] for k, v in training.items()}, test)
-    variants = list(dict.fromkeys(c["variant"] for c in cells))
-    all_cells = cells + pooled(cells)
-    results = {
-        "study": "reasoning traces",
-        "config": dataclasses.asdict(cfg),
-        "training": training,
-        "variants": variants,
-        "cells": all_cells,
-        "equal_accuracy": equal_accuracy(all_cells, variants),
-    }
-    write_json(out_dir / "results.json", results)
-    plot(results, out_dir / "accuracy_vs_trace_length.png")
-    (out_dir / "report.md").write_text(render_report(results))
-    return results
-
-
 # ---------------------------------------------------------------------------------------------- output
 
 
@@ -240,12 +212,13 @@ def tables(results: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def render_report(results: dict[str, Any]) -> str:
+def render_report(results: dict[str, Any], command: str, plots: bool = True) -> str:
     cfg, t = results["config"], tables(results)
+    figure = f"![accuracy vs trace length]({PLOT})" if plots else "(No plot: matplotlib is not installed.)"
     return f"""# Reasoning traces: shorter traces at equal accuracy?
 
-Generated by `fullband eval-reasoning --preset {cfg['preset']}` (fullband.experiments.reasoning); every number
-below comes from `results.json` next to this file.
+Generated by `{command}` (fullband.experiments.reasoning); every number below comes from `results.json` next to
+this file.
 
 **Task.** {TASK_TEXT[cfg['family']].format(**cfg)} The prompt ends with the trace granularity: stride s writes
 the state after every s-th step, stride 0 the answer only (`{_example(cfg)}`). Training mixes strides
@@ -283,7 +256,7 @@ feedback, so all its modes are one model (reported once, as "baseline").
 
 — = this model/mode never reaches the target at that length with any stride.
 
-![accuracy vs trace length](accuracy_vs_trace_length.png)
+{figure}
 """
 
 
@@ -312,7 +285,36 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("accuracy")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle("Accuracy vs mean trace length (one point per trace granularity)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
+
+
+# ---------------------------------------------------------------------------------------------- the study
+
+
+class ReasoningStudy(PairStudy):
+    """``fullband eval-reasoning`` (see the module doc)."""
+
+    command = "eval-reasoning"
+    title = "reasoning traces"
+
+    figure = PLOT
+    draw = staticmethod(plot)
+    report = staticmethod(render_report)
+
+    def build_data(self, data_dir: Path) -> tuple[Path, Path]:
+        self.test, train_path, test_path = build_data(self.cfg, data_dir)
+        return train_path, test_path
+
+    def context_length(self) -> int:
+        return context_length(self.cfg)
+
+    def evaluate(self, training: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        cells = evaluate(self.cfg, {k: v["model_dir"] for k, v in training.items()}, self.test)
+        variants = list(dict.fromkeys(c["variant"] for c in cells))
+        all_cells = cells + pooled(cells)
+        return {"variants": variants, "cells": all_cells, "equal_accuracy": equal_accuracy(all_cells, variants)}
+
+
+def run_reasoning(cfg: ReasoningConfig) -> dict[str, Any]:
+    """The whole study (see the module docstring); returns what results.json holds."""
+    return ReasoningStudy(cfg, cfg.progress).run()

@@ -16,26 +16,25 @@ The *gap* of a mode is its test loss minus the reference baseline's (negative = 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 from fullband.config import ConfigError
-from fullband.configio import config_to_dict, save_resolved_config
+from fullband.configio import config_to_dict
 from fullband.experiments.compare import (
     FEEDBACK,
+    CompareStudy,
     Job,
     RunSpec,
-    equivalent_command,
     machine_info,
     multipliers,
     plan_runs,
     preset_config,
-    run_jobs,
 )
 from fullband.experiments.config import RECIPE_VARIANTS, CompareConfig, RecipeConfig
 from fullband.experiments.plots import have_matplotlib
 from fullband.experiments.results import mean_sd
+from fullband.experiments.study import Study
 from fullband.training.run import resolve_device
 
 BEST = "best"
@@ -69,57 +68,70 @@ def plan(cfg: RecipeConfig, out_dir: Path) -> list[Job]:
     return jobs
 
 
+class RecipeStudy(CompareStudy):
+    """``fullband recipe``: compare runs of :func:`plan`, analysed per variant, width and step
+    (:func:`analyse`), written down by :mod:`.recipe_report`. ``report_only`` re-analyses a finished study."""
+
+    command = "recipe"
+    command_skip = ("resume", "report_only")
+
+    def run(self) -> dict[str, Any]:
+        if self.cfg.report_only:
+            return rewrite_report(self.out_dir)
+        return super().run()
+
+    def prepare(self) -> None:
+        Study.prepare(self)  # the plots are optional here: no warning
+
+    def plan(self) -> list[Job]:
+        jobs = plan(self.cfg, self.out_dir)
+        if self.progress:
+            print(f"fullband recipe: {len(jobs)} training runs, {self.cfg.workers} at a time -> {self.out_dir}",
+                  flush=True)
+        return jobs
+
+    def header(self, jobs: list[Job]) -> dict[str, Any]:
+        return {"compare_config": config_to_dict(jobs[0][0]),
+                "machine": machine_info(resolve_device(self.cfg.device), self.cfg.workers),
+                "command": self.command_line()}
+
+    def analyse(self, results: dict[str, Any]) -> dict[str, Any]:
+        return analyse(self.cfg, results["runs"], results["stability"])
+
+    def plot(self, results: dict[str, Any]) -> None:
+        from fullband.experiments.recipe_report import plot_recipe
+
+        plot_recipe(results, self.out_dir)
+
+    def render(self, results: dict[str, Any], plots: bool) -> str:
+        from fullband.experiments.recipe_report import render
+
+        return render(results, plots)
+
+    def write(self, results: dict[str, Any], plots: bool | None = None) -> None:
+        from fullband.experiments.recipe_report import verdict
+
+        results["verdict_lines"] = verdict(results)
+        Study.write(self, results, have_matplotlib() if plots is None else plots)
+
+
 def run_recipe(cfg: RecipeConfig, progress: bool = True) -> dict[str, Any]:
     """Train and evaluate every run, analyse, write results.json, plots and report.md; returns the results."""
-    from fullband.experiments.recipe_report import verdict, write_recipe_report
-
-    start = time.perf_counter()
-    out_dir = Path(cfg.out_dir)
-    if cfg.report_only:
-        return rewrite_report(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()) and not cfg.resume:
-        raise ConfigError(f"out_dir={cfg.out_dir!r} is invalid: it is not empty; pick a new --out_dir (or delete it), "
-                          "or --resume true to continue an interrupted study")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_resolved_config(cfg, out_dir / "config.toml")
-    jobs = plan(cfg, out_dir)
-    if progress:
-        print(f"fullband recipe: {len(jobs)} training runs, {cfg.workers} at a time -> {out_dir}", flush=True)
-    results: dict[str, Any] = {
-        "config": config_to_dict(cfg), "compare_config": config_to_dict(jobs[0][0]),
-        "machine": machine_info(resolve_device(cfg.device), cfg.workers),
-        "command": study_command(cfg),
-        "runs": [], "stability": [],
-    }
-    for record, stability in run_jobs(jobs, cfg.workers, progress, resume=cfg.resume):
-        results["runs"].append(record)
-        results["stability"] += stability
-    results.update(analyse(cfg, results["runs"], results["stability"]))
-    results["seconds"] = time.perf_counter() - start
-    results["finished"] = time.strftime("%Y-%m-%d %H:%M %Z")
-    results["verdict_lines"] = verdict(results)
-    write_recipe_report(results, out_dir, plots=have_matplotlib())
-    return results
-
-
-def study_command(cfg: RecipeConfig) -> str:
-    """The one command that reruns this study from scratch."""
-    return equivalent_command(cfg, "recipe", RecipeConfig(preset=cfg.preset), skip=("resume", "report_only"))
+    return RecipeStudy(cfg, progress).run()
 
 
 def rewrite_report(out_dir: Path) -> dict[str, Any]:
     """Analyse the runs recorded in ``out_dir/results.json`` again and rewrite results.json, plots and report."""
-    from fullband.experiments.recipe_report import verdict, write_recipe_report
-
     path = out_dir / "results.json"
     if not path.is_file():
         raise ConfigError(f"out_dir={str(out_dir)!r} holds no results.json: run the study first (without report_only)")
     results = json.loads(path.read_text())
     cfg = RecipeConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["config"].items()})
-    results.update(analyse(cfg, results["runs"], results["stability"]))
-    results["command"] = study_command(cfg)
-    results["verdict_lines"] = verdict(results)
-    write_recipe_report(results, out_dir, plots=have_matplotlib())
+    study = RecipeStudy(cfg)
+    study.out_dir = out_dir
+    results.update(study.analyse(results))
+    results["command"] = study.command_line()
+    study.write(results)
     return results
 
 

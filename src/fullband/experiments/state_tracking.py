@@ -22,8 +22,6 @@ has no feedback: its prefills are all the same model, reported once as "baseline
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -33,20 +31,15 @@ from tqdm.auto import tqdm
 
 from fullband.data import ByteTokenizer
 from fullband.experiments.config import StateTrackingConfig
+from fullband.experiments.plots import pyplot, save_figure
 from fullband.experiments.probes import PREFILLS, final_token_states, fit_ridge_probe
-from fullband.experiments.study import (
-    StudyModel,
-    line_style,
-    markdown_table,
-    pyplot,
-    set_threads,
-    train_both,
-    training_table,
-    write_json,
-)
+from fullband.experiments.study import PairStudy, line_style, markdown_table, training_table
 from fullband.model import FullBandwidthLM
 from fullband.model_io import load_any
-from fullband.tasks.state_tracking import Example, make_examples, num_classes
+from fullband.tasks.base import write_jsonl
+from fullband.tasks.state_tracking import Example, StateTask, make_examples, num_classes
+
+PLOT = "probe_accuracy_vs_depth.png"
 
 
 def variant_name(kind: str, prefill: str) -> str:
@@ -59,13 +52,9 @@ def build_data(cfg: StateTrackingConfig, data_dir: Path) -> tuple[Path, Path]:
     train = make_examples(cfg.tasks, cfg.train_per_task, cfg.seq_len, rng)
     rng.shuffle(train)
     test = make_examples(cfg.tasks, max(1, cfg.probe_test // 4), cfg.seq_len, rng)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, examples in (("train", train), ("test", test)):
-        path = data_dir / f"{name}.jsonl"
-        path.write_text("".join(json.dumps({"prompt": e.text, "completion": e.label}) + "\n" for e in examples))
-        paths.append(path)
-    return paths[0], paths[1]
+    tasks = {name: StateTask(name, cfg.seq_len) for name in cfg.tasks}
+    return tuple(write_jsonl(data_dir / f"{name}.jsonl", [tasks[e.task].row(e) for e in examples])
+                 for name, examples in (("train", train), ("test", test)))
 
 
 def probe_sets(cfg: StateTrackingConfig) -> dict[str, tuple[list[Example], list[Example]]]:
@@ -86,7 +75,7 @@ def probe_model(
         tokens = torch.tensor([tokenizer.encode(e.text) for e in examples], device=device)  # all of one length
         states, logits = final_token_states(model, tokens, PREFILLS[prefill])
         labels = torch.tensor([e.target for e in examples])
-        answers = torch.tensor([tokenizer.encode(e.label)[0] for e in examples], device=device)
+        answers = torch.tensor([tokenizer.encode(e.label)[0] for e in examples], device=device)  # one byte each
         encoded.append((states.cpu(), labels, (logits.argmax(-1) == answers).double().mean().item()))
     (fit_states, fit_labels, _), (test_states, test_labels, answer_accuracy) = encoded
     classes = num_classes(task)
@@ -96,37 +85,6 @@ def probe_model(
     majority = int(torch.bincount(fit_labels, minlength=classes).argmax())
     chance = float((test_labels == majority).double().mean())
     return {"probe_accuracy": depths, "answer_accuracy": answer_accuracy, "chance": chance}
-
-
-def run_state_tracking(cfg: StateTrackingConfig) -> dict[str, Any]:
-    """The whole study (see the module docstring); returns what results.json holds."""
-    set_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    out_dir = Path(cfg.out_dir)
-    train_path, test_path = build_data(cfg, out_dir / "data")
-    spec = StudyModel(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.seq_len + 2, cfg.steps, cfg.batch_size, cfg.lr,
-                      cfg.feedback_start, cfg.pass_mix, cfg.seed, cfg.device)
-    training = train_both(spec, train_path, test_path, out_dir, cfg.progress, reuse=cfg.reuse_models)
-    models = {k: load_any(v["model_dir"], device=cfg.device) for k, v in training.items()}
-    sets = probe_sets(cfg)
-    variants = [("baseline", "standard")] + [("fullband", p) for p in cfg.prefills]
-    jobs = [(task, kind, prefill) for task in cfg.tasks for kind, prefill in variants]
-    cells = []
-    for task, kind, prefill in tqdm(jobs, desc="probing", disable=not cfg.progress):
-        result = probe_model(models[kind], prefill, sets[task], task, cfg.ridge)
-        cells.append({"task": task, "model": kind, "prefill": prefill, "variant": variant_name(kind, prefill),
-                      **result})
-    results = {
-        "study": "state tracking at the input layer",
-        "config": dataclasses.asdict(cfg),
-        "training": training,
-        "variants": [variant_name(k, p) for k, p in variants],
-        "cells": cells,
-    }
-    write_json(out_dir / "results.json", results)
-    plot(results, out_dir / "probe_accuracy_vs_depth.png")
-    (out_dir / "report.md").write_text(render_report(results))
-    return results
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -148,13 +106,14 @@ def tables(results: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def render_report(results: dict[str, Any]) -> str:
+def render_report(results: dict[str, Any], command: str, plots: bool = True) -> str:
     cfg, t = results["config"], tables(results)
     probe_sections = "\n\n".join(f"### {task}\n\n{t[f'probe_{task}']}" for task in cfg["tasks"])
+    figure = f"![probe accuracy vs depth]({PLOT})" if plots else "(No plot: matplotlib is not installed.)"
     return f"""# State tracking at the input layer (paper Figure 7)
 
-Generated by `fullband eval-state --preset {cfg['preset']}` (fullband.experiments.state_tracking); every number
-below comes from `results.json` next to this file.
+Generated by `{command}` (fullband.experiments.state_tracking); every number below comes from `results.json` next
+to this file.
 
 **Setup.** Tasks {', '.join(cfg['tasks'])} (see fullband.tasks.state_tracking), {cfg['seq_len']}
 tokens each, all ending on the shared final token `?`; the model is trained to answer after it
@@ -180,7 +139,7 @@ accuracy of always answering the fit set's majority class (what a probe on a con
 
 {t['answer']}
 
-![probe accuracy vs depth](probe_accuracy_vs_depth.png)
+{figure}
 """
 
 
@@ -203,7 +162,42 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("probe accuracy at the final token")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
+
+
+# ---------------------------------------------------------------------------------------------- the study
+
+
+class StateTrackingStudy(PairStudy):
+    """``fullband eval-state`` (see the module doc)."""
+
+    command = "eval-state"
+    title = "state tracking at the input layer"
+
+    figure = PLOT
+    draw = staticmethod(plot)
+    report = staticmethod(render_report)
+
+    def build_data(self, data_dir: Path) -> tuple[Path, Path]:
+        return build_data(self.cfg, data_dir)
+
+    def context_length(self) -> int:
+        return self.cfg.seq_len + 2
+
+    def evaluate(self, training: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        cfg = self.cfg
+        models = {k: load_any(v["model_dir"], device=cfg.device) for k, v in training.items()}
+        sets = probe_sets(cfg)
+        variants = [("baseline", "standard")] + [("fullband", p) for p in cfg.prefills]
+        jobs = [(task, kind, prefill) for task in cfg.tasks for kind, prefill in variants]
+        cells = []
+        for task, kind, prefill in tqdm(jobs, desc="probing", disable=not cfg.progress):
+            result = probe_model(models[kind], prefill, sets[task], task, cfg.ridge)
+            cells.append({"task": task, "model": kind, "prefill": prefill, "variant": variant_name(kind, prefill),
+                          **result})
+        return {"variants": [variant_name(k, p) for k, p in variants], "cells": cells}
+
+
+def run_state_tracking(cfg: StateTrackingConfig) -> dict[str, Any]:
+    """The whole study (see the module docstring); returns what results.json holds."""
+    return StateTrackingStudy(cfg, cfg.progress).run()

@@ -1,20 +1,30 @@
-"""What the synthetic studies (reasoning traces, state tracking) share: training the baseline and the
-full-bandwidth model on the same data, tables, JSON and figures in a run directory."""
+"""The one shape of every study (compare, recipe, reasoning traces, state tracking): train several models, evaluate
+them, then write results.json, the plots and report.md into a run directory. Torch-free at import (the report
+code imports it).
+
+:class:`Study` is that shape; a study supplies what differs: ``collect`` (train and evaluate -> the results dict),
+``analyse``, ``plot`` and ``render``. :class:`PairStudy` is the synthetic-task study of two models, the baseline
+and the full-bandwidth model, trained on the same data (reasoning traces, state tracking).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import shlex
 import statistics
-from collections.abc import Sequence
+import time
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import torch
-
-from fullband.config import (
-    ConfigError,
+from fullband.config import ConfigError
+from fullband.configio import config_to_dict, save_resolved_config
+from fullband.experiments import plots as plotting
+from fullband.experiments.results import write_json
+from fullband.training.config import (
     DataConfig,
     OptimConfig,
     ScheduleConfig,
@@ -26,6 +36,114 @@ from fullband.config import (
 MODEL_KINDS = ("baseline", "fullband")
 SUMMARY_FILE = "study_training.json"
 VALIDATION_BATCHES = 4
+RESULTS = "results.json"
+REPORT = "report.md"
+
+
+class Study:
+    """Run many models, then report. :meth:`run`: check ``out_dir`` (:meth:`prepare`), train and evaluate every
+    model (:meth:`collect`), :meth:`analyse`, then write results.json, the plots and report.md (:meth:`write`).
+
+    ``cfg`` is the study's config dataclass (torch-free, in :mod:`fullband.experiments.config`): it has a
+    ``preset`` and an ``out_dir``; ``resume`` where the study can continue an interrupted run.
+    """
+
+    command: ClassVar[str]  # the ``fullband`` subcommand
+    fresh_out_dir: ClassVar[bool] = True  # refuse an out_dir that is not empty (unless cfg.resume)
+    timed: ClassVar[bool] = True  # results["seconds"]: the wall time of this invocation
+    command_skip: ClassVar[tuple[str, ...]] = ()  # config keys that never go into the rerun command
+
+    def __init__(self, cfg: Any, progress: bool = True) -> None:
+        self.cfg = cfg
+        self.progress = progress
+        self.out_dir = Path(cfg.out_dir)
+
+    def run(self) -> dict[str, Any]:
+        start = time.perf_counter()
+        self.prepare()
+        results = self.collect()
+        results.update(self.analyse(results))
+        if self.timed:
+            results["seconds"] = time.perf_counter() - start
+        results["finished"] = time.strftime("%Y-%m-%d %H:%M %Z")  # a report re-rendered later keeps this date
+        self.write(results)
+        return results
+
+    def prepare(self) -> None:
+        """A fresh (or, with ``resume``, an interrupted) run directory holding the resolved config."""
+        if not self.fresh_out_dir:
+            return
+        resume = getattr(self.cfg, "resume", False)
+        if self.out_dir.exists() and any(self.out_dir.iterdir()) and not resume:
+            hint = ", or --resume true to continue an interrupted study" if hasattr(self.cfg, "resume") else ""
+            raise ConfigError(f"out_dir={self.cfg.out_dir!r} is invalid: it is not empty; pick a new --out_dir (or "
+                              f"delete it){hint}")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        save_resolved_config(self.cfg, self.out_dir / "config.toml")
+
+    def collect(self) -> dict[str, Any]:
+        """Train and evaluate every model -> the results dict (what results.json holds)."""
+        raise NotImplementedError
+
+    def analyse(self, results: dict[str, Any]) -> dict[str, Any]:
+        """What the report reads off the runs, added to ``results``."""
+        return {}
+
+    def plot(self, results: dict[str, Any]) -> None:
+        """Draw the study's figures into ``out_dir`` (matplotlib is there)."""
+
+    def render(self, results: dict[str, Any], plots: bool) -> str:
+        """report.md, from ``results`` alone; ``plots``: whether the figures were drawn."""
+        raise NotImplementedError
+
+    def write(self, results: dict[str, Any], plots: bool | None = None) -> None:
+        write_study(self.out_dir, results, self.plot, self.render, plots)
+
+    def command_line(self) -> str:
+        """The one command that reruns this study from scratch."""
+        return equivalent_command(self.cfg, self.command, type(self.cfg)(preset=self.cfg.preset),
+                                  skip=self.command_skip)
+
+
+def write_study(out_dir: Path, results: dict[str, Any], plot: Callable[[dict[str, Any]], None],
+                render: Callable[[dict[str, Any], bool], str], plots: bool | None = None) -> None:
+    """results.json, then the plots (skipped, with a warning, without matplotlib), then report.md."""
+    write_json(out_dir / RESULTS, results)
+    if plots is None:
+        plots = plotting.have_matplotlib()
+        if not plots:
+            warnings.warn("matplotlib is not installed, so the report has no plots: pip install 'fullband[plot]'",
+                          stacklevel=3)
+    if plots:
+        plot(results)
+    (out_dir / REPORT).write_text(render(results, plots))
+
+
+def equivalent_command(cfg: Any, command: str, base: Any, skip: tuple[str, ...] = ()) -> str:
+    """``fullband <command>`` with the preset and every flag whose value differs from ``base`` (the preset's
+    config): the command of this run. Keys in ``skip`` are left out."""
+    defaults = _leaves(config_to_dict(base))
+    args = ["fullband", command] + (["--preset", cfg.preset] if cfg.preset != "default" else [])
+    for key, value in _leaves(config_to_dict(cfg)).items():
+        if key != "preset" and key not in skip and value != defaults.get(key):
+            args += [f"--{key}", _flag_value(value)]
+    return shlex.join(args)
+
+
+def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
+    return out
+
+
+def _flag_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(_flag_value, value))
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# ---------------------------------------------------------------------------------------------- two-model studies
 
 
 @dataclasses.dataclass
@@ -43,6 +161,57 @@ class StudyModel:
     pass_mix: tuple[float, ...]
     seed: int = 0
     device: str = "cpu"
+
+
+class PairStudy(Study):
+    """A synthetic-task study: data files (:meth:`build_data`), the baseline and the full-bandwidth model trained
+    on the same batches (:func:`train_both`), then every model/mode evaluated (:meth:`evaluate`).
+
+    ``cfg`` is a :class:`fullband.experiments.config.SyntheticStudyConfig`. The run directory may hold the models
+    of an earlier run: ``reuse_models`` evaluates them again.
+    """
+
+    fresh_out_dir = False
+    timed = False
+    command_skip = ("reuse_models",)
+    title: ClassVar[str]  # results["study"]
+    figure: ClassVar[str]  # the one plot's file name
+    # draw(results, path) draws the plot; report(results, command, plots) renders report.md
+    draw: ClassVar[Callable[[dict[str, Any], Path], None]]
+    report: ClassVar[Callable[[dict[str, Any], str, bool], str]]
+
+    def prepare(self) -> None:
+        import torch
+
+        set_threads(self.cfg.threads)
+        torch.manual_seed(self.cfg.seed)
+
+    def collect(self) -> dict[str, Any]:
+        cfg = self.cfg
+        train_path, test_path = self.build_data(self.out_dir / "data")
+        spec = StudyModel(cfg.d_model, cfg.n_layers, cfg.n_heads, self.context_length(), cfg.steps, cfg.batch_size,
+                          cfg.lr, cfg.feedback_start, cfg.pass_mix, cfg.seed, cfg.device)
+        training = train_both(spec, train_path, test_path, self.out_dir, cfg.progress, reuse=cfg.reuse_models)
+        return {"study": self.title, "config": dataclasses.asdict(cfg), "training": training,
+                **self.evaluate(training)}
+
+    def plot(self, results: dict[str, Any]) -> None:
+        self.draw(results, self.out_dir / self.figure)
+
+    def render(self, results: dict[str, Any], plots: bool) -> str:
+        return self.report(results, self.command_line(), plots)
+
+    def build_data(self, data_dir: Path) -> tuple[Path, Path]:
+        """Write the training and validation JSONL (prompt/completion) -> their paths."""
+        raise NotImplementedError
+
+    def context_length(self) -> int:
+        """The models' max_seq_len."""
+        raise NotImplementedError
+
+    def evaluate(self, training: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Score the trained models (``training[kind]["model_dir"]``) -> the rest of the results."""
+        raise NotImplementedError
 
 
 def sft_run_config(spec: StudyModel, data: Path, validation: Path, out_dir: Path, feedback: bool) -> TrainRunConfig:
@@ -100,8 +269,13 @@ def _read_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def set_threads(threads: int) -> None:
+    import torch
+
     # On a shared CPU, tiny models run several times faster on one thread than on two (no contention).
     torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------------- report pieces
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
@@ -118,6 +292,14 @@ def training_table(training: dict[str, dict[str, Any]]) -> str:
                            "seconds"], rows)
 
 
+def report_head(title: str, command: str, finished: str, details: str, verdict: Sequence[str]) -> list[str]:
+    """The opening lines of a report.md: title, the command that generated it and when it finished (``details``
+    follows the date), the verdict, then the "Setup" heading."""
+    return [f"# {title}", "",
+            f"Generated by `{command}` on {finished}{details} Do not edit by hand; rerun "
+            "the command.", "", "## Verdict", "", *verdict, "", "## Setup", ""]
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def cell(value: Any) -> str:
         return f"{value:.3f}" if isinstance(value, float) else str(value)
@@ -127,23 +309,6 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     return "\n".join(lines)
 
 
-def write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
-
-
 def line_style(variant: str) -> dict[str, Any]:
     # The baseline is drawn wide and pale underneath, so it stays visible where a fullband line covers it.
     return {"linewidth": 5, "alpha": 0.35, "zorder": 1} if variant == "baseline" else {"linewidth": 1.5, "zorder": 2}
-
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend, imported only when a study draws (it is an optional dependency)."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ImportError("the study plots need matplotlib: pip install matplotlib") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt

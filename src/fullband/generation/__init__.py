@@ -1,13 +1,20 @@
 """Sampling and decoding modes (standard / soft / fused / exact), batched and streaming.
 
-Importing this package binds :func:`generate` and :func:`stream` as the models' ``generate`` / ``stream``
-methods: the model package imports nothing from here.
+:mod:`fullband.generation.decoding` binds its :func:`generate` and :func:`stream` as the models' ``generate`` /
+``stream`` methods when it is imported (the model package imports nothing from here). The names below load it on
+first use, so ``fullband.generation.config`` (torch-free) can be imported without it.
 """
 
-from fullband.generation.decoding import MODES, DecodeState, decode_step, generate, left_pad, prefill, stream
-from fullband.generation.sampling import sample_next
-from fullband.model import FeedbackLM
+from typing import Any
 
-FeedbackLM.bind_decoding(generate, stream)
+_EXPORTS = {"MODES": "decoding", "DecodeState": "decoding", "decode_step": "decoding", "generate": "decoding",
+            "left_pad": "decoding", "prefill": "decoding", "stream": "decoding", "sample_next": "sampling"}
+__all__ = sorted(_EXPORTS)
 
-__all__ = ["MODES", "DecodeState", "decode_step", "generate", "left_pad", "prefill", "sample_next", "stream"]
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'fullband.generation' has no attribute {name!r}")
+    from fullband.generation import decoding, sampling
+
+    return getattr({"decoding": decoding, "sampling": sampling}[_EXPORTS[name]], name)

@@ -19,7 +19,7 @@ import torch
 
 from fullband.config import DECODING_MODES, DEFAULT_MODE, validate_decoding_options
 from fullband.generation.sampling import sample_next
-from fullband.model import FullBandwidthLM, KVCache
+from fullband.model import FeedbackLM, FullBandwidthLM, KVCache
 
 MODES = DECODING_MODES
 
@@ -181,3 +181,8 @@ def generate(
         rows.append(prompt + generated)
     single = len(prompt_ids) > 0 and isinstance(prompt_ids[0], int)
     return rows[0] if single else rows
+
+
+# Importing this module makes every model's generate / stream run the functions above (the model package imports
+# nothing from generation).
+FeedbackLM.bind_decoding(generate, stream)

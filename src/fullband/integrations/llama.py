@@ -36,22 +36,28 @@ def llama_name(native_name: str) -> str:
     raise KeyError(f"no Llama counterpart for {native_name!r}")
 
 
+# LlamaConfig key -> (the ModelConfig field it sets, the ModelConfig attribute that gives its value)
+_CONFIG_KEYS = {
+    "vocab_size": ("vocab_size", "vocab_size"),
+    "hidden_size": ("d_model", "d_model"),
+    "intermediate_size": ("d_ff", "ffn_dim"),
+    "num_hidden_layers": ("n_layers", "n_layers"),
+    "num_attention_heads": ("n_heads", "n_heads"),
+    "num_key_value_heads": ("n_kv_heads", "kv_heads"),
+    "max_position_embeddings": ("max_seq_len", "max_seq_len"),
+    "rms_norm_eps": ("norm_eps", "norm_eps"),
+    "initializer_range": ("init_std", "init_std"),
+}
+
+
 def llama_config(config: ModelConfig) -> LlamaConfig:
     """The LlamaConfig of a baseline ModelConfig (no special tokens: fullband models carry none)."""
     _require(not config.feedback, "feedback", config.feedback, "to_llama needs a baseline (feedback=False) model")
     return LlamaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.d_model,
-        intermediate_size=config.ffn_dim,
-        num_hidden_layers=config.n_layers,
-        num_attention_heads=config.n_heads,
-        num_key_value_heads=config.kv_heads,
+        **{key: getattr(config, attr) for key, (_, attr) in _CONFIG_KEYS.items()},
         head_dim=config.head_dim,
-        max_position_embeddings=config.max_seq_len,
         rope_theta=config.rope_theta,
-        rms_norm_eps=config.norm_eps,
         tie_word_embeddings=config.tie_embeddings and not config.input_norm,  # folded norm: untied
-        initializer_range=config.init_std,
         hidden_act="silu",
         attention_bias=False,
         mlp_bias=False,
@@ -75,17 +81,9 @@ def model_config(llama: LlamaConfig) -> ModelConfig:
     _require(rope.get("rope_type", "default") == "default", "rope_scaling", rope,
              "fullband implements the default (unscaled) RoPE only")
     return ModelConfig(
-        vocab_size=llama.vocab_size,
-        d_model=llama.hidden_size,
-        n_layers=llama.num_hidden_layers,
-        n_heads=llama.num_attention_heads,
-        n_kv_heads=llama.num_key_value_heads,
-        d_ff=llama.intermediate_size,
-        max_seq_len=llama.max_position_embeddings,
+        **{name: getattr(llama, key) for key, (name, _) in _CONFIG_KEYS.items()},
         rope_theta=float(rope["rope_theta"]),
-        norm_eps=llama.rms_norm_eps,
         tie_embeddings=bool(llama.tie_word_embeddings),
-        init_std=llama.initializer_range,
         feedback=False,
         input_norm=False,  # a Llama feeds its raw embeddings
     )

@@ -26,6 +26,7 @@ from fullband.config import DEFAULT_MODE
 from fullband.model.kv_cache import CacheSlots
 from fullband.model.recurrence import (
     LMOutput,
+    LoopOptions,
     Pass,
     PlainPrefix,
     exact_pass_count,
@@ -121,8 +122,8 @@ class FeedbackLM(nn.Module):
             )
         out = run_passes(
             lambda inputs: self.run_stack(inputs, positions, mask, cache), self.lm_head, fuse,
-            self.embed(tokens), fused, passes, labels=labels, carried_state=carried_state, tol=tol, jitter=jitter,
-            detach_passes=detach_passes, feedback_weight=feedback_weight, logits_to_keep=logits_to_keep,
+            self.embed(tokens), fused, passes, labels=labels, carried_state=carried_state,
+            options=LoopOptions(tol, jitter, detach_passes, feedback_weight, logits_to_keep),
         )
         if cache is not None:
             cache.commit(attention_mask.bool() if attention_mask is not None else torch.ones_like(fused))
@@ -201,19 +202,19 @@ class FeedbackLM(nn.Module):
 
     # ------------------------------------------------------------------ decoding
 
-    # Decoding lives in fullband.generation, which binds its functions here when it is imported (the model
-    # package imports nothing from it). ``import fullband`` users get it with the model classes.
+    # Decoding lives in fullband.generation.decoding, which binds its functions here when it is imported (the
+    # model package imports nothing from it). ``import fullband`` users get it with the model classes.
     _decoding: ClassVar[dict[str, Callable[..., Any]]] = {}
 
     @staticmethod
     def bind_decoding(generate: Callable[..., Any], stream: Callable[..., Any]) -> None:
-        """Called by :mod:`fullband.generation` on import: what :meth:`generate` and :meth:`stream` run."""
+        """Called by :mod:`fullband.generation.decoding` on import: what :meth:`generate` and :meth:`stream` run."""
         FeedbackLM._decoding.update(generate=generate, stream=stream)
 
     def _decoder(self, name: str) -> Callable[..., Any]:
         if name not in FeedbackLM._decoding:
-            raise RuntimeError(f"{type(self).__name__}.{name} needs fullband.generation: import fullband.generation "
-                               "(or take the model from `import fullband`, which does)")
+            raise RuntimeError(f"{type(self).__name__}.{name} needs fullband.generation: import "
+                               "fullband.generation.decoding (or take the model from `import fullband`, which does)")
         return FeedbackLM._decoding[name]
 
     def generate(

@@ -42,6 +42,17 @@ class Pass:
     head_input: torch.Tensor  # (B, T, D) what the head turns into pass k's logits
 
 
+@dataclass(frozen=True)
+class LoopOptions:
+    """How :func:`run_passes` runs and scores the loop: the forward's keyword arguments of the same names."""
+
+    tol: float | None = None  # stop once max|h^(k) - h^(k-1)| < tol
+    jitter: float = 0.0  # Uniform(-jitter, jitter) noise on the states about to be fused (training)
+    detach_passes: bool = False  # no gradient through the states carried from one pass to the next
+    feedback_weight: float = 1.0  # weight of the mean multi-pass loss against pass 1's
+    logits_to_keep: int = 0  # without labels: logits of the last N positions only (0 = all)
+
+
 def pass_loop(
     stack: Stack,
     fusion: Fuse | None,
@@ -76,22 +87,19 @@ def run_passes(
     *,
     labels: torch.Tensor | None = None,
     carried_state: torch.Tensor | None = None,
-    tol: float | None = None,
-    jitter: float = 0.0,
-    detach_passes: bool = False,
-    feedback_weight: float = 1.0,
-    logits_to_keep: int = 0,
+    options: LoopOptions = LoopOptions(),
 ) -> LMOutput:
-    """Run :func:`pass_loop` for up to ``passes`` passes; stop early once ``max|h^(k) - h^(k-1)| < tol``.
+    """Run :func:`pass_loop` for up to ``passes`` passes; stop early once ``max|h^(k) - h^(k-1)| < options.tol``.
 
     ``head`` gives logits. With ``labels`` every pass's logits are scored, otherwise only the last pass's.
     """
+    tol, logits_to_keep = options.tol, options.logits_to_keep
     pass_losses: list[torch.Tensor] = []
     delta: torch.Tensor | None = None
     logits = None
     step = None
-    for step in pass_loop(stack, fusion, emb, fused, passes, carried_state=carried_state, jitter=jitter,
-                          detach_passes=detach_passes):
+    for step in pass_loop(stack, fusion, emb, fused, passes, carried_state=carried_state, jitter=options.jitter,
+                          detach_passes=options.detach_passes):
         last = step.k == passes
         if step.previous is not None:
             delta = (step.hidden - step.previous).detach().abs().max()
@@ -108,7 +116,7 @@ def run_passes(
     if pass_losses:
         loss = pass_losses[0]
         if len(pass_losses) > 1:
-            loss = loss + feedback_weight * torch.stack(pass_losses[1:]).mean()
+            loss = loss + options.feedback_weight * torch.stack(pass_losses[1:]).mean()
     return LMOutput(logits=logits, hidden=step.hidden, loss=loss, pass_losses=pass_losses, passes=step.k,
                     delta=delta)
 

@@ -21,13 +21,16 @@ The prompt ends with the granularity the solution must use, and the solution (tr
 A trace of stride ``s`` writes the states after steps ``s, 2s, ...`` (1-based) before the last, then ``=`` and the
 final state. Each written step must apply ``s`` updates to the last written state (the answer step up to
 ``s``; answer-only all ``n``), so coarser traces are shorter but need more computation per token. The difficulty
-of a problem is ``n``. Answers are checked by code (:func:`parse_answer`).
+of a problem is ``n``. Answers are checked by code (:func:`parse_answer`). :class:`ReasoningTask` is the family
+as a :class:`~fullband.tasks.base.Task` (sample, prompt, completion, score).
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+
+from fullband.tasks.base import Task
 
 FAMILIES = ("swaps", "sum")
 STEP_NAMES = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -123,3 +126,41 @@ def sample_problems(
                 seen.add(p)
         problems.extend(sorted(seen, key=lambda p: (p.start, p.ops)))
     return problems
+
+
+@dataclass(frozen=True)
+class TracedProblem:
+    """A problem and the granularity its solution is written at (``stride`` 0 = answer only)."""
+
+    problem: Problem
+    stride: int
+
+
+@dataclass(frozen=True)
+class ReasoningTask(Task[TracedProblem]):
+    """Problems of ``family`` with ``lengths`` steps, solved at one of ``strides``, as a :class:`Task`."""
+
+    family: str = "swaps"
+    lengths: tuple[int, ...] = (4,)
+    strides: tuple[int, ...] = (1, 0)
+    modulus: int = 10
+
+    def problem(self, rng: random.Random, n: int | None = None) -> Problem:
+        """A random problem of ``n`` steps (a random one of ``lengths`` when None)."""
+        return random_problem(self.family, rng.choice(self.lengths) if n is None else n, rng, self.modulus)
+
+    def sample(self, rng: random.Random) -> TracedProblem:
+        problem = self.problem(rng)
+        return TracedProblem(problem, rng.choice(self.strides))
+
+    def prompt(self, example: TracedProblem) -> str:
+        return prompt(example.problem, example.stride)
+
+    def completion(self, example: TracedProblem) -> str:
+        return trace(example.problem, example.stride)
+
+    def answer(self, example: TracedProblem) -> str:
+        return example.problem.answer
+
+    def parse_answer(self, output: str) -> str | None:
+        return parse_answer(output)

@@ -12,12 +12,16 @@ input there carries state from earlier positions, which plain (standard) prefill
 - ``registers`` (``R``, multi-register latest write): writes ``<register><digit>`` to registers ``a b c d``; the
   last write to ``a`` is followed by a variable number of distractor writes to the others. Label: the digit
   last written to ``a``.
+
+:class:`StateTask` is one of them as a :class:`~fullband.tasks.base.Task`.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+
+from fullband.tasks.base import Task
 
 TASKS = ("completion", "memory", "registers")
 FINAL = "?"
@@ -98,5 +102,30 @@ def _registers(body: int, rng: random.Random) -> tuple[str, str]:
     return text + rng.choice(FILLERS) * (body - len(text)), value  # an odd body gets one filler at the end
 
 
+@dataclass(frozen=True)
+class StateTask(Task[Example]):
+    """One task of sequences of ``length`` tokens as a :class:`~fullband.tasks.base.Task`: the prompt is the
+    sequence, the completion its one-character label."""
+
+    name: str
+    length: int
+
+    def sample(self, rng: random.Random) -> Example:
+        return make_example(self.name, self.length, rng)
+
+    def prompt(self, example: Example) -> str:
+        return example.text
+
+    def completion(self, example: Example) -> str:
+        return example.label
+
+    def answer(self, example: Example) -> str:
+        return example.label
+
+    def parse_answer(self, output: str) -> str | None:
+        return output[:1] or None  # the label is the first character written
+
+
 def make_examples(tasks: tuple[str, ...], per_task: int, length: int, rng: random.Random) -> list[Example]:
-    return [make_example(task, length, rng) for task in tasks for _ in range(per_task)]
+    """``per_task`` examples of each task in turn."""
+    return [e for task in tasks for e in StateTask(task, length).examples(per_task, rng)]

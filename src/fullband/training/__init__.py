@@ -1,34 +1,26 @@
-"""Training: the scheduled multi-pass objective, LR/feedback schedules, checkpoints and the Trainer loop."""
+"""Training: the scheduled multi-pass objective, LR/feedback schedules, checkpoints and the Trainer loop.
 
-from fullband.training.checkpoint import (
-    TrainingState,
-    latest_good_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-    verify_checkpoint,
-)
-from fullband.training.errors import CheckpointError, CheckpointWarning, NonFiniteLossError, TrainingError
-from fullband.training.objective import multipass_loss, sample_plain_prefix
-from fullband.training.optim import build_optimizer, lr_at
-from fullband.training.schedule import FeedbackSchedule
-from fullband.training.trainer import Trainer
-from fullband.training.validation import loss_eval
+The names below load on first use, so ``fullband.training.config`` (torch-free: the command line checks its options
+before importing torch) can be imported without the trainer.
+"""
 
-__all__ = [
-    "CheckpointError",
-    "CheckpointWarning",
-    "FeedbackSchedule",
-    "NonFiniteLossError",
-    "Trainer",
-    "TrainingError",
-    "TrainingState",
-    "build_optimizer",
-    "latest_good_checkpoint",
-    "load_checkpoint",
-    "loss_eval",
-    "lr_at",
-    "multipass_loss",
-    "sample_plain_prefix",
-    "save_checkpoint",
-    "verify_checkpoint",
-]
+from typing import Any
+
+_EXPORTS = {
+    "CheckpointError": "errors", "CheckpointWarning": "errors", "NonFiniteLossError": "errors",
+    "TrainingError": "errors", "TrainingState": "checkpoint", "latest_good_checkpoint": "checkpoint",
+    "load_checkpoint": "checkpoint", "save_checkpoint": "checkpoint", "verify_checkpoint": "checkpoint",
+    "multipass_loss": "objective", "sample_plain_prefix": "objective", "build_optimizer": "optim",
+    "lr_at": "optim", "FeedbackSchedule": "schedule", "Trainer": "trainer", "loss_eval": "validation",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'fullband.training' has no attribute {name!r}")
+    from fullband.training import checkpoint, errors, objective, optim, schedule, trainer, validation
+
+    modules = {"checkpoint": checkpoint, "errors": errors, "objective": objective, "optim": optim,
+               "schedule": schedule, "trainer": trainer, "validation": validation}
+    return getattr(modules[_EXPORTS[name]], name)

@@ -107,18 +107,12 @@ def save_checkpoint(
     model: torch.nn.Module,  # the unwrapped FullBandwidthLM or RetrofittedLM
     optimizer: torch.optim.Optimizer,
     state: TrainingState,
-    *,
-    generator: torch.Generator | None = None,
-    process_rng: list[dict[str, Any]] | None = None,
-    run_config: dict[str, Any] | None = None,
-    keep_last: int = 3,
-    write_extra: Callable[[Path], None] | None = None,
+    **extras: Any,
 ) -> Path:
     """Write ``checkpoints/step-{state.step}`` atomically, then delete all but the last ``keep_last``.
 
-    ``write_extra(directory)`` adds files of the caller's (the tokenizer) before the manifest is written.
-    ``process_rng`` holds every process's :func:`capture_process_rng` (index = rank); None = this process's.
-    ``generator`` is the prefix-length generator, shared by all processes.
+    ``extras``: the fields of :class:`CheckpointExtras` (generator, process_rng, run_config, keep_last,
+    write_extra).
     """
     _check_finite(state)
     tmp = _fresh_tmp_dir(out_dir, state.step)
@@ -128,7 +122,7 @@ def save_checkpoint(
             if path.is_file():
                 _fsync_file(path)
     _write(tmp / OPTIMIZER, lambda f: torch.save(optimizer.state_dict(), f))
-    return _complete(out_dir, tmp, state, generator, process_rng, run_config, keep_last, write_extra)
+    return _complete(out_dir, tmp, state, CheckpointExtras(**extras))
 
 
 def save_sharded_checkpoint(
@@ -138,11 +132,7 @@ def save_sharded_checkpoint(
     state: TrainingState,
     *,
     rank: int,
-    generator: torch.Generator | None = None,
-    process_rng: list[dict[str, Any]] | None = None,
-    run_config: dict[str, Any] | None = None,
-    keep_last: int = 3,
-    write_extra: Callable[[Path], None] | None = None,
+    **extras: Any,
 ) -> Path | None:
     """:func:`save_checkpoint` for an FSDP model: collective (every process calls it); rank 0 returns the path.
 
@@ -168,7 +158,7 @@ def save_sharded_checkpoint(
     if rank != 0:
         return None
     _unsharded(model.config, full).save_pretrained(tmp)
-    return _complete(out_dir, tmp, state, generator, process_rng, run_config, keep_last, write_extra)
+    return _complete(out_dir, tmp, state, CheckpointExtras(**extras))
 
 
 def save_model(model: torch.nn.Module, directory: str | Path, rank: int = 0) -> None:
@@ -229,27 +219,30 @@ def _fresh_tmp_dir(out_dir: str | Path, step: int) -> Path:
     return tmp
 
 
-def _complete(
-    out_dir: str | Path,
-    tmp: Path,
-    state: TrainingState,
-    generator: torch.Generator | None,
-    process_rng: list[dict[str, Any]] | None,
-    run_config: dict[str, Any] | None,
-    keep_last: int,
-    write_extra: Callable[[Path], None] | None,
-) -> Path:
+@dataclass
+class CheckpointExtras:
+    """What a checkpoint holds besides the model and the optimizer, and how many to keep."""
+
+    generator: torch.Generator | None = None  # the prefix-length generator, shared by all processes
+    process_rng: list[dict[str, Any]] | None = None  # every process's capture_process_rng (index = rank); None = ours
+    run_config: dict[str, Any] | None = None
+    keep_last: int = 3  # complete checkpoints kept; older ones are deleted
+    write_extra: Callable[[Path], None] | None = None  # adds the caller's files (the tokenizer) before the manifest
+
+
+def _complete(out_dir: str | Path, tmp: Path, state: TrainingState, extras: CheckpointExtras) -> Path:
     """Add RNG, counters, run config and extras to ``tmp``, then the manifest; rename it into place; prune."""
     root = checkpoint_root(out_dir)
     final = checkpoint_path(out_dir, state.step)
+    process_rng = extras.process_rng
     rng = {"processes": process_rng if process_rng is not None else [capture_process_rng()]}
-    if generator is not None:
-        rng["generator"] = generator.get_state()
+    if extras.generator is not None:
+        rng["generator"] = extras.generator.get_state()
     _write(tmp / RNG, lambda f: torch.save(rng, f))
     _write_json(tmp / STATE, {"format": FORMAT_VERSION, **asdict(state)})
-    _write_json(tmp / RUN_CONFIG, run_config or {})
-    if write_extra is not None:
-        write_extra(tmp)
+    _write_json(tmp / RUN_CONFIG, extras.run_config or {})
+    if extras.write_extra is not None:
+        extras.write_extra(tmp)
     # Relative paths, so the shards under distributed/ are covered too (a flat checkpoint lists plain names).
     files = {p.relative_to(tmp).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
              for p in sorted(tmp.rglob("*")) if p.is_file()}
@@ -263,7 +256,7 @@ def _complete(
         os.rename(final, trash)
     os.rename(tmp, final)
     _fsync_dir(root)
-    prune_checkpoints(out_dir, keep_last)
+    prune_checkpoints(out_dir, extras.keep_last)
     return final
 
 

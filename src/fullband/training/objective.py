@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fullband.config import TrainConfig
 from fullband.model import IGNORE_INDEX
+from fullband.training.config import TrainConfig
 
 
 def sample_plain_prefix(batch_size: int, seq_len: int, generator: torch.Generator | None) -> torch.Tensor:

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fullband.config import ConfigError, OptimConfig
+from fullband.config import ConfigError
+from fullband.training.config import OptimConfig
 
 FUSION_PREFIX = "fusion."
 

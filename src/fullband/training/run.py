@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from fullband.config import HF_PREFIX, ConfigError, TrainRunConfig
+from fullband.config import HF_PREFIX, ConfigError
 from fullband.configio import config_to_dict, save_resolved_config
 from fullband.data import (
     ByteTokenizer,
@@ -50,6 +50,7 @@ from fullband.model import FullBandwidthLM, hub
 from fullband.model.serialization import CheckpointError
 from fullband.model_io import AnyLM, is_retrofit_checkpoint, load_any, retrofit_transformers
 from fullband.training.checkpoint import save_model
+from fullband.training.config import TrainRunConfig
 from fullband.training.distributed import cleanup_distributed, init_distributed, wrap_ddp, wrap_fsdp
 from fullband.training.trainer import Trainer
 from fullband.training.validation import loss_eval

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from fullband.config import ScheduleConfig
+from fullband.training.config import ScheduleConfig
 
 
 class FeedbackSchedule:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from fullband.config import ConfigError, OptimConfig, ScheduleConfig, TrainConfig
+from fullband.config import ConfigError
 from fullband.configio import config_to_dict
 from fullband.model import FullBandwidthLM
 from fullband.training.checkpoint import (
@@ -41,6 +41,7 @@ from fullband.training.checkpoint import (
     save_checkpoint,
     save_sharded_checkpoint,
 )
+from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training.errors import NonFiniteLossError, TrainingError
 from fullband.training.metrics import MetricsLog, flops_per_token, peak_flops
 from fullband.training.objective import multipass_loss, sample_plain_prefix

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-import fullband.generation  # noqa: F401 (binds generate / stream: a retrofitted model decodes)
+import fullband.generation.decoding  # noqa: F401 (binds generate / stream: a retrofitted model decodes)
 from fullband.integrations._hf_compat import cache_argument
 from fullband.integrations.retrofit.cache import RetrofitCache
 from fullband.integrations.retrofit.config import FeedbackSource, RetrofitConfig

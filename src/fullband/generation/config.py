@@ -1,0 +1,37 @@
+"""The config of ``fullband generate`` (torch-free, so the command line checks it before importing torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fullband.config import (
+    DEFAULT_MODE,
+    _require,
+    doc,
+    validate_decoding_options,
+    validate_device_name,
+)
+
+
+@dataclass
+class GenerateConfig:
+    """Options of ``fullband generate``."""
+
+    checkpoint: str = doc("", "Model directory written by save_pretrained / fullband train (required).")
+    prompt: str = doc("", "Prompt text (or space/comma-separated token ids when no tokenizer is saved).")
+    mode: str = doc(DEFAULT_MODE, "Decoding mode: standard | soft | fused | exact (DESIGN.md section 4).")
+    max_new_tokens: int = doc(64, "Tokens to generate.")
+    prefill_passes: int = doc(1, "fused mode: extra fused (Jacobi) passes over the prompt.")
+    exact_chunk_size: int = doc(1, "exact mode: prompt chunk per exact Jacobi solve (1 = sequential).")
+    temperature: float = doc(0.0, "Sampling temperature; 0 = greedy.")
+    top_k: int = doc(0, "Keep the k most likely tokens (0 = off).")
+    top_p: float = doc(1.0, "Nucleus sampling mass (1 = off).")
+    seed: int | None = doc(None, "Sampling seed for reproducible draws.")
+    stop_at_eos: bool = doc(True, "Stop at the tokenizer's end-of-sequence token.")
+    device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
+
+    def __post_init__(self) -> None:
+        _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
+        validate_device_name(self.device)
+        validate_decoding_options(self.mode, self.prefill_passes, self.temperature, self.top_k, self.top_p,
+                                  self.max_new_tokens, self.exact_chunk_size)
