@@ -202,6 +202,15 @@ def validate_decoding_options(
              "must be an integer >= 1 (1 = sequential)")
 
 
+def validate_speculative_options(drafter: Any, gamma: int, max_gamma: int = 16) -> None:
+    """Checks shared by ``generate(..., speculative=...)`` and ``fullband generate --drafter``."""
+    _require(_is_int(gamma) and gamma >= 1, "gamma", gamma, "must be an integer >= 1 (tokens drafted per "
+             "verification)")
+    _require(_is_int(max_gamma) and max_gamma >= gamma, "max_gamma", max_gamma, f"must be an integer >= gamma={gamma}")
+    _require(not isinstance(drafter, str) or bool(drafter), "drafter", drafter,
+             "name one: standard, early_exit, early_exit:N, a model (or on the command line a checkpoint directory)")
+
+
 @dataclass
 class GenerateConfig:
     """Options of ``fullband generate``."""
@@ -218,12 +227,21 @@ class GenerateConfig:
     seed: int | None = doc(None, "Sampling seed for reproducible draws.")
     stop_at_eos: bool = doc(True, "Stop at the tokenizer's end-of-sequence token.")
     device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
+    drafter: str = doc(
+        "", "Speculative decoding (same output, see DESIGN.md section 4): '' = off; standard = the model itself "
+        "without feedback; early_exit[:N] = its first N blocks; or a checkpoint directory of a model with the "
+        "same tokenizer.",
+    )
+    gamma: int = doc(4, "Speculative decoding: tokens drafted per verification (the start value with adaptive_gamma).")
+    adaptive_gamma: bool = doc(False, "Speculative decoding: +1 draft token after a fully accepted block, -1 after a "
+                               "rejection.")
 
     def __post_init__(self) -> None:
         _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
         validate_device_name(self.device)
         validate_decoding_options(self.mode, self.prefill_passes, self.temperature, self.top_k, self.top_p,
                                   self.max_new_tokens, self.exact_chunk_size)
+        validate_speculative_options(self.drafter or "standard", self.gamma, max(16, self.gamma))
 
 
 @dataclass
