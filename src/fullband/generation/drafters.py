@@ -86,13 +86,18 @@ def early_exit_model(target: FullBandwidthLM, n_layers: int) -> FullBandwidthLM:
     return shell.eval()
 
 
+def is_drafter_name(spec: str) -> bool:
+    """A built-in drafter's name (anything else on the command line is a checkpoint directory)."""
+    return spec == "standard" or spec == "early_exit" or spec.startswith("early_exit:")
+
+
 def make_drafter(spec: str | FeedbackLM, target: FeedbackLM) -> ModelDrafter:
     """A drafter from its name (see the module docstring) or a model, checked against the target's vocabulary."""
     if isinstance(spec, FeedbackLM):
         drafter = ModelDrafter(spec, name=f"model({type(spec).__name__})")
     elif spec == "standard":
         drafter = ModelDrafter(target, name="standard")
-    elif isinstance(spec, str) and (spec == "early_exit" or spec.startswith("early_exit:")):
+    elif isinstance(spec, str) and is_drafter_name(spec):
         count = spec.partition(":")[2]
         if count and not count.isdigit():
             raise ValueError(f"drafter={spec!r} is invalid: write early_exit:N with N a number of blocks")
