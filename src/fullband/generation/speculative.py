@@ -92,6 +92,9 @@ class SpeculativeDecoder:
         self.temperature, self.top_k, self.top_p, self.generator = temperature, top_k, top_p, generator
         self.gamma = config.gamma
         self.stats = SpeculativeStats()
+        # Diagnostic (None = off; costs one head call per pass): per round, the first pass whose argmax tokens at
+        # the kept positions already equal the exact ones (what a non-exact, tolerance-stopped verifier would need).
+        self.settle_passes: list[int] | None = None
 
     # ------------------------------------------------------------------ sampling helpers
 
@@ -146,9 +149,11 @@ class SpeculativeDecoder:
         uniform = torch.rand(B, gamma, generator=self.generator, device=block.device, dtype=torch.float64) \
             if self.temperature > 0 and gamma > 0 else None
         feedback = state.carried is not None
-        step = None
+        step, pass_tokens = None, []
         for step in self.model.iterate_passes(block, T if feedback else 1, state.prompt_len, cache=state.cache,
                                               carried_state=state.carried, attention_mask=torch.ones_like(block)):
+            if self.settle_passes is not None:
+                pass_tokens.append(self.model.lm_head(step.head_input).argmax(-1))
             fixed_point = step.previous is not None and torch.equal(step.hidden, step.previous)
             self.stats.fixed_points += int(fixed_point and step.k < T)
             n_exact = T if not feedback or fixed_point else step.k  # pass k makes block positions < k exact
@@ -165,6 +170,10 @@ class SpeculativeDecoder:
                 break
         # The batch keeps its rows' shortest accepted prefix, never more than the exact positions allow.
         a = min(int(per_row[active].min()) if bool(active.any()) else gamma, n_exact - 1)
+        if self.settle_passes is not None:
+            exact = logits[:, : a + 1].argmax(-1)
+            self.settle_passes.append(next(k for k, tokens in enumerate(pass_tokens, 1)
+                                           if torch.equal(tokens[:, : a + 1], exact)))
         state.cache.commit(torch.ones_like(block[:, : a + 1], dtype=torch.bool))
         state.carried = step.hidden[:, a] if feedback else None
         state.next_logits = logits[:, a]
