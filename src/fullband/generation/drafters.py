@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -23,6 +24,18 @@ DRAFTER_NAMES = ("standard", "early_exit", "early_exit:N")
 
 # logits (B, V) -> (tokens (B,), probabilities (B, V) they were drawn from, or None when greedy)
 Sampler = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+class Drafter(Protocol):
+    """What the speculative decoder asks of a drafter."""
+
+    vocab_size: int
+
+    def start(self, ids: torch.Tensor, mask: torch.Tensor, max_len: int) -> None: ...
+
+    def propose(self, seq: torch.Tensor, gamma: int, sample: Sampler) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def rollback(self, kept: int) -> None: ...
 
 
 class ModelDrafter:

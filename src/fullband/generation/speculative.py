@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fullband.config import validate_speculative_options
-from fullband.generation.drafters import ModelDrafter, Sampler, make_drafter
+from fullband.generation.drafters import Drafter, Sampler, make_drafter
 from fullband.generation.sampling import token_probs
 from fullband.generation.state import DecodeState
 from fullband.model import FeedbackLM
@@ -85,7 +85,7 @@ class SpeculativeDecoder:
         top_k: int = 0,
         top_p: float = 1.0,
         generator: torch.Generator | None = None,
-        drafter: ModelDrafter | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         self.model, self.config = model, config
         self.drafter = drafter if drafter is not None else make_drafter(config.drafter, model)
