@@ -121,6 +121,12 @@ CASES = [
     Case("empty-prompt", ["generate", "--checkpoint", "{c}/ckpt", "--prompt", ""], "--prompt is empty",
          setup="native"),
     Case("too-many-new-tokens", [*GEN, "--max_new_tokens", "500"], "--max_new_tokens 500", setup="native"),
+    # --- speculative decoding: a draft length below 1, a drafter with another vocabulary, too deep an early exit
+    Case("speculative-gamma-0", ["generate", "--checkpoint", "x", "--drafter", "standard", "--gamma", "0"], "gamma=0"),
+    Case("drafter-other-vocab", [*GEN, "--drafter", "{c}/drafter"], "drafter's vocab_size=100",
+         setup="drafter_other_vocab"),
+    Case("drafter-exit-too-deep", [*GEN, "--drafter", "early_exit:9"], "early_exit:9", setup="native"),
+    Case("drafter-missing", [*GEN, "--drafter", "{c}/nope"], "nope", setup="native"),
     # --- checkpoints
     Case("checkpoint-missing", ["generate", "--checkpoint", "{c}/nope", "--prompt", "1"], "does not exist"),
     Case("checkpoint-is-a-file", ["generate", "--checkpoint", "{c}/a-file", "--prompt", "1"], "is a file",
@@ -205,6 +211,11 @@ def sft_no_fields(world: Path, case: Path) -> None:
 
 def sft_empty(world: Path, case: Path) -> None:
     (case / "empty.jsonl").write_text("")
+
+
+def drafter_other_vocab(world: Path, case: Path) -> None:
+    native(world, case)
+    make_model(vocab_size=100, feedback=False, dtype=torch.float32).save_pretrained(case / "drafter")
 
 
 def tokenizer_bad_json(world: Path, case: Path) -> None:

@@ -43,6 +43,17 @@ def test_generate_reads_a_config_file_and_flags_override_it(checkpoint, tmp_path
     assert printed == model.generate([1, 2], max_new_tokens=3, mode="fused")
 
 
+def test_generate_with_a_drafter_prints_the_same_tokens(checkpoint, tmp_path, capsys):
+    model, path = checkpoint
+    make_model(seed=3, feedback=False, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
+               dtype=torch.float32).save_pretrained(tmp_path / "small")
+    expected = model.generate([5, 17, 3], max_new_tokens=12, mode="soft")
+    for drafter in ("standard", "early_exit", str(tmp_path / "small")):
+        assert main(["generate", "--checkpoint", path, "--prompt", "5 17 3", "--max_new_tokens", "12",
+                     "--drafter", drafter, "--gamma", "3", "--adaptive_gamma", "true"]) == 0
+        assert [int(t) for t in capsys.readouterr().out.split()] == expected
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -49,6 +49,7 @@ def run_generate(cfg: GenerateConfig) -> None:
     steps = model.stream(
         prompt, cfg.max_new_tokens, cfg.mode, prefill_passes=cfg.prefill_passes, temperature=cfg.temperature,
         top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed, stop_token_ids=stops, exact_chunk_size=cfg.exact_chunk_size,
+        speculative=_speculative(cfg, model),
     )
     generated: list[int] = []
     shown = ""
@@ -70,6 +71,21 @@ def run_generate(cfg: GenerateConfig) -> None:
                 print(text[len(shown) :], end="", flush=True)
                 shown = text
     print()
+
+
+def _speculative(cfg: GenerateConfig, model):
+    """The SpeculativeConfig of ``--drafter`` (a drafter name, or a checkpoint directory to load), or None."""
+    if not cfg.drafter:
+        return None
+    from fullband.generation.drafters import is_drafter_name
+    from fullband.generation.speculative import SpeculativeConfig
+    from fullband.model_io import load_any
+
+    drafter = cfg.drafter if is_drafter_name(cfg.drafter) else load_any(cfg.drafter, device=cfg.device)
+    if not isinstance(drafter, str):
+        drafter = drafter.to(dtype=model.embed.weight.dtype)
+    return SpeculativeConfig(drafter=drafter, gamma=cfg.gamma, adaptive=cfg.adaptive_gamma,
+                             max_gamma=max(16, cfg.gamma))
 
 
 def run_train(cfg: TrainRunConfig) -> None:

@@ -210,6 +210,15 @@ def validate_decoding_options(
              "must be an integer >= 1 (1 = sequential)")
 
 
+def validate_speculative_options(drafter: Any, gamma: int, max_gamma: int = 16) -> None:
+    """Checks shared by ``generate(..., speculative=...)`` and ``fullband generate --drafter``."""
+    _require(_is_int(gamma) and gamma >= 1, "gamma", gamma, "must be an integer >= 1 (tokens drafted per "
+             "verification)")
+    _require(_is_int(max_gamma) and max_gamma >= gamma, "max_gamma", max_gamma, f"must be an integer >= gamma={gamma}")
+    _require(not isinstance(drafter, str) or bool(drafter), "drafter", drafter,
+             "name one: standard, early_exit, early_exit:N, a model (or on the command line a checkpoint directory)")
+
+
 @dataclass
 class CheckConfig:
     """Options of ``fullband check``."""

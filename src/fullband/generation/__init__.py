@@ -1,4 +1,5 @@
-"""Sampling and decoding modes (standard / soft / fused / exact), batched and streaming.
+"""Sampling and decoding modes (standard / soft / fused / exact), batched and streaming, and speculative
+decoding.
 
 :mod:`fullband.generation.decoding` binds its :func:`generate` and :func:`stream` as the models' ``generate`` /
 ``stream`` methods when it is imported (the model package imports nothing from here). The names below load it on
@@ -8,13 +9,15 @@ first use, so ``fullband.generation.config`` (torch-free) can be imported withou
 from typing import Any
 
 _EXPORTS = {"MODES": "decoding", "DecodeState": "decoding", "decode_step": "decoding", "generate": "decoding",
-            "left_pad": "decoding", "prefill": "decoding", "stream": "decoding", "sample_next": "sampling"}
+            "left_pad": "decoding", "prefill": "decoding", "stream": "decoding", "sample_next": "sampling",
+            "SpeculativeConfig": "speculative", "SpeculativeDecoder": "speculative", "SpeculativeStats": "speculative"}
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'fullband.generation' has no attribute {name!r}")
-    from fullband.generation import decoding, sampling
+    from fullband.generation import decoding, sampling, speculative
 
-    return getattr({"decoding": decoding, "sampling": sampling}[_EXPORTS[name]], name)
+    modules = {"decoding": decoding, "sampling": sampling, "speculative": speculative}
+    return getattr(modules[_EXPORTS[name]], name)

@@ -13,27 +13,18 @@ carried state is fed back:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from fullband.config import DECODING_MODES, DEFAULT_MODE, validate_decoding_options
 from fullband.generation.sampling import sample_next
-from fullband.model import FeedbackLM, FullBandwidthLM, KVCache
+from fullband.generation.speculative import SpeculativeConfig, speculative_stream
+from fullband.generation.state import DecodeState
+from fullband.model import FeedbackLM, FullBandwidthLM
 
 MODES = DECODING_MODES
 
 PromptInput = torch.Tensor | Sequence[int] | Sequence[Sequence[int]]
-
-
-@dataclass
-class DecodeState:
-    """What a batch needs to take the next step: its KV cache and each row's last carried state."""
-
-    cache: KVCache
-    carried: torch.Tensor | None  # (B, D); None = plain decoding
-    next_logits: torch.Tensor  # (B, V) logits for the next token
-    prompt_len: int  # padded prompt length: generated positions start here
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,10 +116,13 @@ def stream(
     attention_mask: torch.Tensor | None = None,
     exact_chunk_size: int = 1,
     exact_tol: float | None = None,
+    speculative: SpeculativeConfig | dict | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) at each step; rows that hit a stop token yield the pad id.
 
-    Stops after ``max_new_tokens`` steps or when every row has stopped.
+    Stops after ``max_new_tokens`` steps or when every row has stopped. ``speculative`` (a
+    :class:`~fullband.generation.speculative.SpeculativeConfig` or its fields as a dict) drafts and verifies several
+    tokens per target call; the tokens are the same (greedy) or follow the same distribution (sampling).
     """
     validate_decoding_options(mode, prefill_passes, temperature, top_k, top_p, max_new_tokens, exact_chunk_size)
     device = model.embed.weight.device
@@ -139,6 +133,10 @@ def stream(
     state = prefill(model, ids, mask, mode, ids.shape[1] + max_new_tokens, prefill_passes, exact_chunk_size,
                     exact_tol)
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+    if speculative is not None:
+        yield from speculative_stream(model, state, ids, mask, max_new_tokens, speculative, temperature, top_k, top_p,
+                                      generator, stop_token_ids, pad_token_id)
+        return
     stops = torch.tensor(list(stop_token_ids), dtype=torch.long, device=device)
     pad = pad_token_id if pad_token_id is not None else (int(stops[0]) if len(stops) else 0)
     finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)

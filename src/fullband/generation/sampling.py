@@ -15,6 +15,13 @@ def sample_next(
     """Token ids (B,): argmax when ``temperature == 0``, else a draw from the filtered softmax."""
     if temperature == 0.0:
         return logits.argmax(dim=-1)
+    probs = token_probs(logits, temperature, top_k, top_p)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def token_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The distribution (B, V) :func:`sample_next` draws from at ``temperature > 0`` (speculative decoding's
+    rejection rule compares the target's and the drafter's)."""
     logits = logits.float() / temperature
     if top_k and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
@@ -26,5 +33,4 @@ def sample_next(
         drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    return logits.softmax(dim=-1)

@@ -129,15 +129,30 @@ class FeedbackLM(nn.Module):
             cache.commit(attention_mask.bool() if attention_mask is not None else torch.ones_like(fused))
         return out
 
-    def iterate_passes(self, tokens: torch.Tensor, max_passes: int, plain_prefix: int = 1) -> Iterator[Pass]:
-        """The forward's pass loop over tokens (B, T) without cache or mask, yielding after every pass, so pass
-        ``k`` is ``self(tokens, passes=k, plain_prefix=plain_prefix)``'s. Without feedback only pass 1 comes."""
-        B, T = tokens.shape
-        positions, mask = self._positions_and_mask(B, T, None, None, tokens.device)
-        fused = fused_positions(plain_prefix, B, T, 0, tokens.device)  # (B, T) bool
+    def iterate_passes(
+        self,
+        tokens: torch.Tensor,
+        max_passes: int,
+        plain_prefix: PlainPrefix = 1,
+        *,
+        cache: CacheSlots | None = None,
+        carried_state: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> Iterator[Pass]:
+        """The forward's pass loop over tokens (B, T), yielding after every pass, so pass ``k`` is
+        ``self(tokens, passes=k, plain_prefix=plain_prefix, ...)``'s. Without feedback only pass 1 comes.
+
+        With a ``cache`` every pass writes the chunk's keys/values at the pending slots and nothing is committed:
+        the caller commits the prefix it keeps (speculative verification keeps the exact, accepted positions).
+        """
+        B, T = self._check_tokens(tokens, cache)
+        offset = cache.length if cache is not None else 0
+        positions, mask = self._positions_and_mask(B, T, attention_mask, cache, tokens.device)
+        fused = fused_positions(plain_prefix, B, T, offset, tokens.device)  # (B, T) bool
         fuse = self.fuse
-        yield from pass_loop(lambda inputs: self.run_stack(inputs, positions, mask), fuse, self.embed(tokens), fused,
-                             max_passes if fuse is not None else 1)
+        yield from pass_loop(lambda inputs: self.run_stack(inputs, positions, mask, cache), fuse, self.embed(tokens),
+                             fused, max_passes if fuse is not None else 1,
+                             carried_state=carried_state if fuse is not None else None)
 
     def stack_inputs(self, tokens: torch.Tensor, previous: torch.Tensor | None, plain_prefix: int = 1) -> torch.Tensor:
         """The inputs (B, T, D) of the loop's pass after one whose states were ``previous`` (None: pass 1)."""

@@ -33,6 +33,15 @@ class CacheSlots:
         self.next_position += chunk_valid.sum(dim=1)
         self.length = end
 
+    def truncate(self, length: int) -> None:
+        """Forget every committed slot from ``length`` on (a speculative drafter drops its rejected tokens); the
+        stale entries there are overwritten by the next chunk."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} committed slots to {length}")
+        self.next_position -= self.valid[:, length : self.length].sum(dim=1)
+        self.valid[:, length : self.length] = False
+        self.length = length
+
 
 class KVCache(CacheSlots):
     """Keys/values of every layer, which slots hold real tokens, and each row's next RoPE position.
