@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import ids_of
+from serve_fixtures import ids_of, server_fixture, text_server_fixture  # noqa: F401 (fixtures)
 
 from fullband.data import ByteTokenizer
 from fullband.data.sft import encode_chat
@@ -50,8 +50,8 @@ def test_streaming_sse_matches_non_streaming_and_ends_with_done(server):
     prompt = [7, 7, 1, 200]
     with server.client() as client:
         whole = complete(client, prompt=prompt, max_tokens=10, mode="fused", prefill_passes=2)
-        with client.stream("POST", "/v1/completions", json={"prompt": prompt, "max_tokens": 10, "temperature": 0,
-                                                             "mode": "fused", "prefill_passes": 2, "stream": True}) as r:
+        body = {"prompt": prompt, "max_tokens": 10, "temperature": 0, "mode": "fused", "prefill_passes": 2}
+        with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
             lines = [line for line in r.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
@@ -126,8 +126,8 @@ def test_logprobs_are_the_models_log_softmax(server):
         assert lp["tokens"][k] == f" {token}"
         assert lp["token_logprobs"][k] == pytest.approx(float(expected[token]), abs=1e-9)
         top = torch.topk(expected, 3)
-        assert lp["top_logprobs"][k] == pytest.approx({f" {t}": v for t, v in zip(top.indices.tolist(),
-                                                                                   top.values.tolist())})
+        top_tokens = [f" {t}" for t in top.indices.tolist()]
+        assert lp["top_logprobs"][k] == pytest.approx(dict(zip(top_tokens, top.values.tolist(), strict=True)))
 
 
 def test_stop_string_cuts_the_text_streaming_and_not(server):

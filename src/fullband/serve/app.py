@@ -28,8 +28,6 @@ from fullband.data.tokenizer import Tokenizer
 from fullband.serve.engine import Engine, FinishEvent, GenerationRequest, QueueFull, RequestError, SamplingParams
 from fullband.serve.text import TextStream, chat_prompt, token_text
 
-DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
-
 
 @dataclass
 class Defaults:
@@ -135,14 +133,12 @@ class _Run:
     async def events(self, request: Request) -> AsyncIterator[tuple[int, str, Any]]:
         """(choice, text piece, token event or None) as they come, then (choice, text, finish reason) at the end
         of each choice; raises APIError on an engine error. Cancels everything if the client goes away."""
+        watcher = asyncio.create_task(self._watch(request))
         try:
             while any(f is None for f in self.finish):
-                try:
-                    index, event = await asyncio.wait_for(self.queue.get(), DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        return
-                    continue
+                index, event = await self.queue.get()
+                if index < 0:
+                    return  # the client left
                 if self.finish[index] is not None:
                     continue  # what comes after a stop string
                 text = self.texts[index]
@@ -161,13 +157,23 @@ class _Run:
                     self.finish[index] = "stop"
                     yield index, "", "stop"
         finally:
+            watcher.cancel()
             self.cancel()  # no-op for finished sequences; frees the slots of a client that left
+
+    async def _watch(self, request: Request) -> None:
+        """Wait for the client to disconnect (the body is already read, so the next ASGI message says so)."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.cancel()
+        self.queue.put_nowait((-1, None))
 
 
 # ---------------------------------------------------------------------------------------------- the app
 
 
-def create_app(engine: Engine, tokenizer: Tokenizer | None, model_name: str, defaults: Defaults | None = None) -> FastAPI:
+def create_app(
+    engine: Engine, tokenizer: Tokenizer | None, model_name: str, defaults: Defaults | None = None
+) -> FastAPI:
     """The FastAPI app; it starts ``engine`` on startup and closes it on shutdown."""
     defaults = defaults or Defaults()
     created = int(time.time())
@@ -373,8 +379,10 @@ class _Builder:
         if not self.logprobs:
             return None
         if self.chat:
-            return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
-                                 "top_logprobs": [{"token": a, "logprob": b, "bytes": list(a.encode())} for a, b in top]}
+            def item(token: str, logprob: float) -> dict[str, Any]:
+                return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+            return {"content": [{**item(t, lp), "top_logprobs": [item(a, b) for a, b in top]}
                                 for t, lp, top in entries]}
         offsets, at = [], 0
         for t, _, _ in entries:
@@ -390,7 +398,8 @@ class _Builder:
     def full(self, run: _Run) -> dict[str, Any]:
         choices = []
         for i, text in enumerate(self.text):
-            choice: dict[str, Any] = {"index": i, "logprobs": self._logprobs(self.lp[i]), "finish_reason": self.reason[i]}
+            choice: dict[str, Any] = {"index": i, "logprobs": self._logprobs(self.lp[i]),
+                                      "finish_reason": self.reason[i]}
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": text}
             else:

@@ -135,6 +135,7 @@ class Engine:
         self.context = int(model.config.max_seq_len)
         self._pending: collections.deque[_Sequence] = collections.deque()
         self._batches: list[_Batch] = []
+        self._admitting: list[_Sequence] = []  # taken from the queue, not yet in a batch: they hold slots too
         self._cond = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -153,7 +154,8 @@ class Engine:
 
     @property
     def active(self) -> int:
-        return sum(not s.done for b in list(self._batches) for s in b.sequences)
+        running = itertools.chain(self._admitting, *(b.sequences for b in list(self._batches)))
+        return sum(not s.done for s in running)
 
     def start(self) -> Engine:
         self._thread = threading.Thread(target=self._loop, name="fullband-engine", daemon=True)
@@ -174,7 +176,8 @@ class Engine:
         if request.mode not in DECODING_MODES:
             raise RequestError("mode", f"mode {request.mode!r} is unknown: use one of {', '.join(DECODING_MODES)}")
         if not _is_int(request.prefill_passes) or request.prefill_passes < 0:
-            raise RequestError("prefill_passes", f"prefill_passes must be an integer >= 0, got {request.prefill_passes!r}")
+            raise RequestError("prefill_passes",
+                               f"prefill_passes must be an integer >= 0, got {request.prefill_passes!r}")
         if not _is_int(s.max_tokens) or s.max_tokens < 1:
             raise RequestError("max_tokens", f"max_tokens must be an integer >= 1, got {s.max_tokens!r}")
         if not s.temperature >= 0:
@@ -232,6 +235,7 @@ class Engine:
                 arrivals = []
                 while self._pending and self.active + len(arrivals) < self.max_batch:
                     arrivals.append(self._pending.popleft())
+                self._admitting = arrivals
             try:
                 self._iteration(arrivals)
             except Exception as err:  # a bug, not a bad request (those are validated): fail what is running
@@ -255,6 +259,7 @@ class Engine:
                     self._finish(seq, "cancelled")
         joined = [j for seq in arrivals if (j := self._admit(seq)) is not None]
         self._regroup(joined)
+        self._admitting = []
         for batch in self._batches:
             self._step(batch)
         self._regroup([])

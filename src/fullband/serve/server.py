@@ -7,6 +7,7 @@ shutdown closes the engine.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -43,4 +44,11 @@ def uvicorn_server(app: Any, cfg: ServeConfig) -> Any:
 
 def run_serve(cfg: ServeConfig) -> None:
     app = build_app(cfg)
+    # uvicorn re-raises the signal it shut down for once it is done; after a graceful shutdown SIGTERM then
+    # exits with status 0 (Ctrl-C keeps Python's KeyboardInterrupt: the CLI's status 130).
+    signal.signal(signal.SIGTERM, _exit_after_shutdown)
     uvicorn_server(app, cfg).run()  # returns after Ctrl-C / SIGTERM, once shut down
+
+
+def _exit_after_shutdown(signum: int, frame: object) -> None:
+    raise SystemExit(0)

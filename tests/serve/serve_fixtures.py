@@ -1,4 +1,5 @@
-"""A real server for the serve tests: uvicorn on a free port in a thread, over a tiny random checkpoint."""
+"""A real server for the serve tests (fixtures the test modules import): uvicorn on a free port in a thread, over a
+tiny random checkpoint. Not a conftest.py: the tests import the root conftest by that name."""
 
 from __future__ import annotations
 
@@ -61,16 +62,16 @@ def save_checkpoint(directory: Path, with_tokenizer: bool, seed: int = 0, **over
     return directory
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, one_thread_per_module) -> Iterator[LiveServer]:
+@pytest.fixture(scope="module", name="server")
+def server_fixture(tmp_path_factory, one_thread_per_module) -> Iterator[LiveServer]:
     """Speaks token ids (no tokenizer): a generated token reads " <id>", so texts map back to ids exactly."""
     live = LiveServer(save_checkpoint(tmp_path_factory.mktemp("ids"), with_tokenizer=False), with_tokenizer=False)
     yield live
     live.stop()
 
 
-@pytest.fixture(scope="module")
-def text_server(tmp_path_factory, one_thread_per_module) -> Iterator[LiveServer]:
+@pytest.fixture(scope="module", name="text_server")
+def text_server_fixture(tmp_path_factory, one_thread_per_module) -> Iterator[LiveServer]:
     """With the byte tokenizer: string prompts, chat, stop strings."""
     checkpoint = save_checkpoint(tmp_path_factory.mktemp("bytes"), with_tokenizer=True, max_seq_len=256)
     live = LiveServer(checkpoint, with_tokenizer=True)
@@ -82,8 +83,8 @@ def ids_of(text: str) -> list[int]:
     return [int(piece) for piece in text.split()]
 
 
-@pytest.fixture(scope="module")
-def long_server(tmp_path_factory, one_thread_per_module) -> Iterator[LiveServer]:
+@pytest.fixture(scope="module", name="long_server")
+def long_server_fixture(tmp_path_factory, one_thread_per_module) -> Iterator[LiveServer]:
     """A long context, so a request can run for seconds (disconnects, a full queue)."""
     checkpoint = save_checkpoint(tmp_path_factory.mktemp("long"), with_tokenizer=False, max_seq_len=4096)
     live = LiveServer(checkpoint, with_tokenizer=False, max_batch=1, max_queue=1)
