@@ -22,15 +22,11 @@ VOCAB = 257  # the byte tokenizer's 256 bytes + eos
 
 
 class LiveServer:
-    """uvicorn serving ``create_app`` from a thread; ``url`` once it listens, ``stop()`` shuts it down."""
+    """uvicorn serving an app from a thread; ``url`` once it listens, ``stop()`` shuts it down. ``model`` is a
+    second copy of the served weights for the references."""
 
-    def __init__(self, checkpoint: Path, with_tokenizer: bool, max_batch: int = 8, max_queue: int = 8) -> None:
-        # float64: batched and alone agree to the last bit that matters, so no near-tie can flip a greedy token.
-        self.model = FullBandwidthLM.from_pretrained(checkpoint, dtype=torch.float64)  # the reference decodes this
-        served = FullBandwidthLM.from_pretrained(checkpoint, dtype=torch.float64)
-        self.engine = Engine(served, max_batch=max_batch, max_queue=max_queue)
-        tokenizer = ByteTokenizer() if with_tokenizer else None
-        app = create_app(self.engine, tokenizer, "tiny", Defaults(mode="soft", max_tokens=8, temperature=0.0))
+    def __init__(self, app, model, engine: Engine) -> None:
+        self.model, self.engine = model, engine
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
                                 timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)
@@ -43,6 +39,15 @@ class LiveServer:
             time.sleep(0.01)
         port = self.server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
+
+    @classmethod
+    def native(cls, checkpoint: Path, with_tokenizer: bool, max_batch: int = 8, max_queue: int = 8) -> LiveServer:
+        # float64: batched and alone agree to the last bit that matters, so no near-tie can flip a greedy token.
+        engine = Engine(FullBandwidthLM.from_pretrained(checkpoint, dtype=torch.float64), max_batch=max_batch,
+                        max_queue=max_queue)
+        tokenizer = ByteTokenizer() if with_tokenizer else None
+        app = create_app(engine, tokenizer, "tiny", Defaults(mode="soft", max_tokens=8, temperature=0.0))
+        return cls(app, FullBandwidthLM.from_pretrained(checkpoint, dtype=torch.float64), engine)
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30)
@@ -65,7 +70,8 @@ def save_checkpoint(directory: Path, with_tokenizer: bool, seed: int = 0, **over
 @pytest.fixture(scope="module", name="server")
 def server_fixture(tmp_path_factory, one_thread_per_module) -> Iterator[LiveServer]:
     """Speaks token ids (no tokenizer): a generated token reads " <id>", so texts map back to ids exactly."""
-    live = LiveServer(save_checkpoint(tmp_path_factory.mktemp("ids"), with_tokenizer=False), with_tokenizer=False)
+    checkpoint = save_checkpoint(tmp_path_factory.mktemp("ids"), with_tokenizer=False)
+    live = LiveServer.native(checkpoint, with_tokenizer=False)
     yield live
     live.stop()
 
@@ -74,7 +80,7 @@ def server_fixture(tmp_path_factory, one_thread_per_module) -> Iterator[LiveServ
 def text_server_fixture(tmp_path_factory, one_thread_per_module) -> Iterator[LiveServer]:
     """With the byte tokenizer: string prompts, chat, stop strings."""
     checkpoint = save_checkpoint(tmp_path_factory.mktemp("bytes"), with_tokenizer=True, max_seq_len=256)
-    live = LiveServer(checkpoint, with_tokenizer=True)
+    live = LiveServer.native(checkpoint, with_tokenizer=True)
     yield live
     live.stop()
 
@@ -87,6 +93,6 @@ def ids_of(text: str) -> list[int]:
 def long_server_fixture(tmp_path_factory, one_thread_per_module) -> Iterator[LiveServer]:
     """A long context, so a request can run for seconds (disconnects, a full queue)."""
     checkpoint = save_checkpoint(tmp_path_factory.mktemp("long"), with_tokenizer=False, max_seq_len=4096)
-    live = LiveServer(checkpoint, with_tokenizer=False, max_batch=1, max_queue=1)
+    live = LiveServer.native(checkpoint, with_tokenizer=False, max_batch=1, max_queue=1)
     yield live
     live.stop()

@@ -193,6 +193,7 @@ def create_app(
             await asyncio.to_thread(engine.close)
 
     app = FastAPI(title="fullband", lifespan=lifespan)
+    app.state.engine = engine
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, err: RequestValidationError) -> JSONResponse:
