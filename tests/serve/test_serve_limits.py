@@ -201,3 +201,13 @@ def test_serve_missing_checkpoint_is_one_line(tmp_path):
     from fullband.cli import main
 
     assert main(["serve", "--checkpoint", str(tmp_path / "nope")]) == 2
+
+
+def test_chat_errors_name_the_chat_fields(text_server):
+    with text_server.client() as client:
+        top = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}],
+                                                        "logprobs": True, "top_logprobs": 50})
+        long = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a" * 300}]})
+    assert top.status_code == long.status_code == 400
+    assert top.json()["error"]["param"] == "top_logprobs" and "top_logprobs" in top.json()["error"]["message"]
+    assert long.json()["error"]["param"] == "messages"

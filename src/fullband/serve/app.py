@@ -207,7 +207,8 @@ def create_app(
         requests_total.labels(request.url.path, str(err.status)).inc()
         return JSONResponse(err.body(), status_code=err.status)
 
-    def start(endpoint: str, body: _Common, prompts: list[list[int]], stops: list[str], logprobs: int | None) -> _Run:
+    def start(body: _Common, prompts: list[list[int]], stops: list[str], logprobs: int | None,
+              renamed: dict[str, str] | None = None) -> _Run:
         mode = body.mode if body.mode is not None else defaults.mode
         max_tokens = body.max_tokens if body.max_tokens is not None else defaults.max_tokens
         temperature = body.temperature if body.temperature is not None else defaults.temperature
@@ -224,7 +225,8 @@ def create_app(
         try:
             return _Run(engine, requests, tokenizer, stops)
         except RequestError as err:
-            raise APIError(400, str(err), err.param) from None
+            param = (renamed or {}).get(err.param or "", err.param)  # the field as this endpoint spells it
+            raise APIError(400, str(err).replace(f"{err.param}", f"{param}", 1), param) from None
         except QueueFull as err:
             raise APIError(429, str(err), None, "requests", "rate_limit_exceeded") from None
 
@@ -283,7 +285,7 @@ def create_app(
         raw = body.prompt
         prompts = [raw] if isinstance(raw, str) or not raw or isinstance(raw[0], int) else list(raw)
         prompt_ids = [encode(p) for p in prompts]  # type: ignore[arg-type]
-        run = start("/v1/completions", body, prompt_ids, stop_strings(body.stop), body.logprobs)
+        run = start(body, prompt_ids, stop_strings(body.stop), body.logprobs)
         builder = _Builder("text_completion", model_name, tokenizer, len(run.handles),
                            sum(len(p) for p in prompt_ids), body.logprobs is not None, body)
         return await respond("/v1/completions", request, run, body.stream, builder)
@@ -299,7 +301,8 @@ def create_app(
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        run = start("/v1/chat/completions", body, [prompt], stop_strings(body.stop) + extra_stops, logprobs)
+        run = start(body, [prompt], stop_strings(body.stop) + extra_stops, logprobs,
+                    {"logprobs": "top_logprobs", "prompt": "messages"})
         builder = _Builder("chat.completion", model_name, tokenizer, len(run.handles), len(prompt),
                            body.logprobs, body)
         return await respond("/v1/chat/completions", request, run, body.stream, builder)
