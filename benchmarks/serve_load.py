@@ -205,6 +205,8 @@ def main() -> None:
                     run = asyncio.run(load(url, args.scale_clients, args.mode_requests, {**body, "mode": mode}))
                     per_token[mode].append(run["seconds"] / run["tokens"])
                     cpu_per_token[mode].append((server_cpu_seconds(monitor.process) - cpu_before) / run["tokens"])
+            time.sleep(0.5)
+            rss_end = monitor.now()  # after every phase: a leak would keep growing here
         finally:
             monitor.stop()
             server.terminate()
@@ -219,7 +221,8 @@ def main() -> None:
                                                    "mode_requests")},
         "machine": {"cpus": os.cpu_count(), "torch": torch.__version__},
         "warmup": warmup, "sequential": sequential, "scaled": scaled, "full": full,
-        "rss_mb": {"after_warmup": rss_warm / 2**20, "after_run": rss_after / 2**20, "peak": monitor.peak / 2**20},
+        "rss_mb": {"after_warmup": rss_warm / 2**20, "after_run": rss_after / 2**20, "at_end": rss_end / 2**20,
+                   "peak": monitor.peak / 2**20},
         "per_token_ms": {"wall": {m: [x * 1e3 for x in v] for m, v in per_token.items()},
                          "server_cpu": {m: [x * 1e3 for x in v] for m, v in cpu_per_token.items()}},
         "soft_over_standard": soft_cost,
@@ -250,7 +253,8 @@ def print_table(r: dict) -> None:
     print(f"tokens/s at {r['scaled']['clients']} clients / one at a time: {r['speedup_scaled_vs_sequential']:.2f}x "
           "(target >= 4x)")
     print(f"server RSS: after warm-up {rss['after_warmup']:.0f} MB, after the {r['full']['clients']}-client run "
-          f"{rss['after_run']:.0f} MB ({100 * r['rss_growth']:+.1f}%, target within 10%), peak {rss['peak']:.0f} MB")
+          f"{rss['after_run']:.0f} MB ({100 * r['rss_growth']:+.1f}%, target within 10%), after every phase "
+          f"{rss['at_end']:.0f} MB, peak {rss['peak']:.0f} MB")
     clients = r["scaled"]["clients"]
     for kind, label in (("wall", "wall clock"), ("server_cpu", "server CPU time")):
         x = r["soft_over_standard"][kind]

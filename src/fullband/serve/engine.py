@@ -20,9 +20,12 @@ batch of one, in the same loop.
 from __future__ import annotations
 
 import collections
+import ctypes
+import functools
 import itertools
 import logging
 import secrets
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -227,6 +230,8 @@ class Engine:
     def _loop(self) -> None:
         torch.set_grad_enabled(False)  # grad mode is per thread
         while True:
+            if not self._pending and not self._batches:
+                _release_free_memory()  # idle: hand the batch caches' freed memory back to the OS
             with self._cond:
                 while not self._closing and not self._pending and not self._batches:
                     self._cond.wait()
@@ -386,6 +391,24 @@ class Engine:
             zeros = torch.zeros(self.model.config.d_model, dtype=self.model.embed.weight.dtype, device=self.device)
             carried = torch.stack([b.carried[i] if b.carried is not None else zeros for b, i in rows])
         return _Batch(sequences, cache, carried, logits)
+
+
+def _release_free_memory() -> None:
+    """glibc keeps freed heap memory (the per-step caches of a busy batch) for reuse; return it when idle, so a
+    server's resident size falls back after a burst. A no-op where glibc's malloc_trim is not available."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    if sys.platform != "linux":
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def _is_int(value: object) -> bool:
