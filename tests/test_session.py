@@ -15,7 +15,8 @@ from conftest import users_cache_dir
 from fullband.data import cache_dir, load_corpus
 from fullband.data.shakespeare import corpus_dir
 
-DEV_EXTRAS = ("transformers", "tokenizers", "lm_eval", "yaml", "platformdirs", "matplotlib", "tensorboard")
+DEV_EXTRAS = ("transformers", "tokenizers", "lm_eval", "yaml", "platformdirs", "matplotlib", "tensorboard", "fastapi",
+              "uvicorn", "prometheus_client", "openai", "httpx", "psutil")
 
 
 def test_caches_point_into_the_session_directory_not_the_users():

@@ -15,6 +15,7 @@ from fullband.configio import add_dataclass_arguments, config_from_args
 from fullband.experiments.config import CompareConfig, ReasoningConfig, RecipeConfig, StateTrackingConfig
 from fullband.generation.config import GenerateConfig
 from fullband.integrations.lm_eval.config import LmEvalConfig
+from fullband.serve.config import ServeConfig
 from fullband.training.config import TrainRunConfig
 
 
@@ -146,9 +147,16 @@ def run_recipe(cfg: RecipeConfig) -> None:
     print("\n".join(["", *results["verdict_lines"], f"report: {cfg.out_dir}/report.md"]))
 
 
+def run_serve(cfg: ServeConfig) -> None:
+    from fullband.serve.server import run_serve as serve
+
+    serve(cfg)
+
+
 COMMANDS: dict[str, tuple[type, Callable, str]] = {
     "train": (TrainRunConfig, run_train, "Train a full-bandwidth transformer (or the feedback=False baseline)."),
     "generate": (GenerateConfig, run_generate, "Decode from a checkpoint in standard, soft, fused or exact mode."),
+    "serve": (ServeConfig, run_serve, "OpenAI-compatible HTTP server (every mode, continuous batching)."),
     "check": (CheckConfig, run_check, "Verify that sequential, multi-pass, chunked and cached decoding agree."),
     "compare": (CompareConfig, run_compare, "Baselines at several token budgets vs the full-bandwidth model: report."),
     "recipe": (RecipeConfig, run_recipe, "Study: each recipe ingredient toggled, widths, gap vs steps: report."),

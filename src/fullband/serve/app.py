@@ -1,0 +1,436 @@
+"""The OpenAI-compatible HTTP layer over :class:`~fullband.serve.engine.Engine` (FastAPI).
+
+``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or server-sent events ending with
+``data: [DONE]``), ``GET /v1/models``, ``GET /health`` and Prometheus ``GET /metrics``. Extra request fields:
+``mode`` (standard | soft | fused | exact), ``prefill_passes`` and ``top_k``. Bad input gets HTTP 400 with
+OpenAI's error body naming the field; a full queue gets 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from pydantic import BaseModel, ConfigDict, Field
+
+from fullband.data.tokenizer import Tokenizer
+from fullband.serve.engine import Engine, FinishEvent, GenerationRequest, QueueFull, RequestError, SamplingParams
+from fullband.serve.text import TextStream, chat_prompt, token_text
+
+
+@dataclass
+class Defaults:
+    """What a request that leaves a field out gets (``fullband serve``'s options)."""
+
+    mode: str = "soft"
+    prefill_passes: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+
+
+# ---------------------------------------------------------------------------------------------- request bodies
+
+
+class _Common(BaseModel):
+    # strict: "5" is not a number; unknown OpenAI fields (user, presence_penalty, ...) are accepted and ignored.
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float = 1.0
+    top_k: int = Field(0, ge=0)
+    n: int = Field(1, ge=1, le=16)
+    stream: bool = False
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    mode: str | None = None
+    prefill_passes: int | None = None
+    stream_options: dict[str, Any] | None = None
+
+
+class CompletionBody(_Common):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    role: str
+    content: str
+
+
+class ChatBody(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, type_: str = "invalid_request_error",
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type_, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _validation_error(err: RequestValidationError) -> APIError:
+    first = err.errors()[0]
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {first.get('msg', '')}", None, code="invalid_json")
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # A union's failure names the member type last (prompt.str, prompt.list[int].0): keep the field path.
+    param = ".".join(p for p in loc if not any(ch in p for ch in "[]") and p not in ("str", "int", "float", "bool"))
+    if not param:
+        return APIError(400, f"the request body must be a JSON object: {first.get('msg', '')}", None)
+    got = first.get("input")
+    shown = json.dumps(got)[:60] if got is not None and first.get("type") != "missing" else ""
+    message = f"{param}: {first.get('msg', 'invalid value')}" + (f" (got {shown})" if shown else "")
+    return APIError(400, message, param, code="invalid_value")
+
+
+# ---------------------------------------------------------------------------------------------- one request
+
+
+class _Run:
+    """The engine requests behind one HTTP request (prompts x n choices) and their events on this event loop."""
+
+    def __init__(self, engine: Engine, requests: list[GenerationRequest], tokenizer: Tokenizer | None,
+                 stops: list[str]) -> None:
+        self.queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        self.texts = [TextStream(tokenizer, stops) for _ in requests]
+        self.finish: list[str | None] = [None] * len(requests)
+        self.completion_tokens = 0
+
+        def listener(index: int) -> Callable[[Any], None]:
+            return lambda event: loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
+
+        self.handles = engine.submit(requests, [listener(i) for i in range(len(requests))])
+
+    def cancel(self) -> None:
+        for handle in self.handles:
+            handle.cancel()
+
+    async def events(self, request: Request) -> AsyncIterator[tuple[int, str, Any]]:
+        """(choice, text piece, token event or None) as they come, then (choice, text, finish reason) at the end
+        of each choice; raises APIError on an engine error. Cancels everything if the client goes away."""
+        watcher = asyncio.create_task(self._watch(request))
+        try:
+            while any(f is None for f in self.finish):
+                index, event = await self.queue.get()
+                if index < 0:
+                    return  # the client left
+                if self.finish[index] is not None:
+                    continue  # what comes after a stop string
+                text = self.texts[index]
+                if isinstance(event, FinishEvent):
+                    if event.reason == "error":
+                        raise APIError(500, event.error or "generation failed", None, "server_error")
+                    self.finish[index] = {"cancelled": "abort"}.get(event.reason, event.reason)
+                    yield index, text.flush(), None
+                    yield index, "", self.finish[index]
+                    continue
+                self.completion_tokens += 1
+                piece = text.add(event.token_id)
+                yield index, piece, event
+                if text.stopped:
+                    self.handles[index].cancel()
+                    self.finish[index] = "stop"
+                    yield index, "", "stop"
+        finally:
+            watcher.cancel()
+            self.cancel()  # no-op for finished sequences; frees the slots of a client that left
+
+    async def _watch(self, request: Request) -> None:
+        """Wait for the client to disconnect (the body is already read, so the next ASGI message says so)."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.cancel()
+        self.queue.put_nowait((-1, None))
+
+
+# ---------------------------------------------------------------------------------------------- the app
+
+
+def create_app(
+    engine: Engine, tokenizer: Tokenizer | None, model_name: str, defaults: Defaults | None = None
+) -> FastAPI:
+    """The FastAPI app; it starts ``engine`` on startup and closes it on shutdown."""
+    defaults = defaults or Defaults()
+    created = int(time.time())
+    registry = CollectorRegistry()
+    requests_total = Counter("fullband_requests", "HTTP requests by endpoint and status.", ["endpoint", "status"],
+                             registry=registry)
+    latency = Histogram("fullband_request_latency_seconds", "Time from request to last token.", ["endpoint"],
+                        registry=registry, buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+    registry.register(_EngineCollector(engine))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(engine.close)
+
+    app = FastAPI(title="fullband", lifespan=lifespan)
+    app.state.engine = engine
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, err: RequestValidationError) -> JSONResponse:
+        return _error(request, _validation_error(err))
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, err: APIError) -> JSONResponse:
+        return _error(request, err)
+
+    def _error(request: Request, err: APIError) -> JSONResponse:
+        requests_total.labels(request.url.path, str(err.status)).inc()
+        return JSONResponse(err.body(), status_code=err.status)
+
+    def start(body: _Common, prompts: list[list[int]], stops: list[str], logprobs: int | None,
+              renamed: dict[str, str] | None = None) -> _Run:
+        mode = body.mode if body.mode is not None else defaults.mode
+        max_tokens = body.max_tokens if body.max_tokens is not None else defaults.max_tokens
+        temperature = body.temperature if body.temperature is not None else defaults.temperature
+        stop_ids = (tokenizer.eos_id,) if tokenizer is not None and tokenizer.eos_id is not None else ()
+        requests = [
+            GenerationRequest(
+                tuple(prompt), mode,
+                SamplingParams(max_tokens, temperature, body.top_p, body.top_k,
+                               body.seed + choice if body.seed is not None else None, stop_ids, logprobs),
+                body.prefill_passes if body.prefill_passes is not None else defaults.prefill_passes,
+            )
+            for prompt in prompts for choice in range(body.n)
+        ]
+        try:
+            return _Run(engine, requests, tokenizer, stops)
+        except RequestError as err:
+            param = (renamed or {}).get(err.param or "", err.param)  # the field as this endpoint spells it
+            raise APIError(400, str(err).replace(f"{err.param}", f"{param}", 1), param) from None
+        except QueueFull as err:
+            raise APIError(429, str(err), None, "requests", "rate_limit_exceeded") from None
+
+    def stop_strings(stop: str | list[str] | None) -> list[str]:
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if len(stops) > 4:
+            raise APIError(400, f"stop: at most 4 stop strings, got {len(stops)}", "stop")
+        return stops
+
+    def encode(prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise APIError(400, "prompt: this checkpoint has no tokenizer, so the prompt must be a list of token "
+                                    "ids", "prompt")
+            return tokenizer.encode(prompt)
+        return list(prompt)
+
+    async def respond(endpoint: str, request: Request, run: _Run, stream: bool, builder: _Builder) -> Any:
+        began = time.perf_counter()
+
+        def done(status: str) -> None:
+            requests_total.labels(endpoint, status).inc()
+            latency.labels(endpoint).observe(time.perf_counter() - began)
+
+        if stream:
+            async def sse() -> AsyncIterator[str]:
+                status = "200"
+                try:
+                    async for index, piece, item in run.events(request):
+                        chunk = builder.chunk(index, piece, item)
+                        if chunk is not None:
+                            yield f"data: {json.dumps(chunk)}\n\n"
+                    yield f"data: {json.dumps(builder.usage_chunk(run))}\n\n" if builder.include_usage else ""
+                except APIError as err:
+                    status = str(err.status)
+                    yield f"data: {json.dumps(err.body())}\n\n"
+                finally:
+                    done(status)
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(sse(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            async for index, piece, item in run.events(request):
+                builder.add(index, piece, item)
+        except APIError:
+            done("500")
+            raise
+        done("200")
+        return builder.full(run)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionBody, request: Request) -> Any:
+        if body.echo:
+            raise APIError(400, "echo: echoing the prompt is not supported", "echo")
+        raw = body.prompt
+        prompts = [raw] if isinstance(raw, str) or not raw or isinstance(raw[0], int) else list(raw)
+        prompt_ids = [encode(p) for p in prompts]  # type: ignore[arg-type]
+        run = start(body, prompt_ids, stop_strings(body.stop), body.logprobs)
+        builder = _Builder("text_completion", model_name, tokenizer, len(run.handles),
+                           sum(len(p) for p in prompt_ids), body.logprobs is not None, body)
+        return await respond("/v1/completions", request, run, body.stream, builder)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatBody, request: Request) -> Any:
+        try:
+            prompt, extra_stops = chat_prompt(tokenizer, [m.model_dump() for m in body.messages])
+        except ValueError as err:
+            raise APIError(400, f"messages: {err}", "messages") from None
+        if body.max_tokens is None and body.max_completion_tokens is not None:
+            body.max_tokens = body.max_completion_tokens
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        run = start(body, [prompt], stop_strings(body.stop) + extra_stops, logprobs,
+                    {"logprobs": "top_logprobs", "prompt": "messages"})
+        builder = _Builder("chat.completion", model_name, tokenizer, len(run.handles), len(prompt),
+                           body.logprobs, body)
+        return await respond("/v1/chat/completions", request, run, body.stream, builder)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        config = engine.model.config
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": created, "owned_by": "fullband",
+            "max_model_len": int(config.max_seq_len), "feedback": engine.model.fuse is not None,
+            "default_mode": defaults.mode,
+        }]}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": model_name, "active": engine.active, "queued": engine.queue_depth}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+class _EngineCollector:
+    """Engine gauges and counters, read at scrape time."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Any:
+        e = self.engine
+        yield GaugeMetricFamily("fullband_queue_depth", "Requests waiting for a batch slot.", value=e.queue_depth)
+        yield GaugeMetricFamily("fullband_batch_size", "Sequences decoding now (the current batch).", value=e.active)
+        yield CounterMetricFamily("fullband_engine_steps", "Batched decoding steps.", value=e.steps)
+        yield CounterMetricFamily("fullband_engine_rows", "Rows over all steps (mean batch = rows / steps).",
+                                  value=e.rows_stepped)
+        yield CounterMetricFamily("fullband_generated_tokens", "Tokens generated.", value=e.tokens_generated)
+        yield CounterMetricFamily("fullband_prompt_tokens", "Prompt tokens prefilled.", value=e.prompt_tokens)
+        yield CounterMetricFamily("fullband_failed_sequences", "Sequences ended by an engine error.", value=e.failed)
+
+
+# ---------------------------------------------------------------------------------------------- responses
+
+
+class _Builder:
+    """OpenAI response objects: whole (non-streaming) or chunk by chunk."""
+
+    def __init__(self, kind: str, model: str, tokenizer: Tokenizer | None, choices: int, prompt_tokens: int,
+                 logprobs: bool, body: _Common) -> None:
+        self.kind, self.model, self.tokenizer = kind, model, tokenizer
+        self.chat = kind == "chat.completion"
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.prompt_tokens = prompt_tokens
+        self.logprobs = logprobs
+        self.include_usage = bool((getattr(body, "stream_options", None) or {}).get("include_usage"))
+        self.text = [""] * choices
+        self.lp: list[list[tuple[str, float, list[tuple[str, float]]]]] = [[] for _ in range(choices)]
+        self.reason: list[str | None] = [None] * choices
+        self.started = [False] * choices
+
+    def _token(self, token_id: int) -> str:
+        return token_text(self.tokenizer, [token_id])
+
+    def _entry(self, item: Any) -> tuple[str, float, list[tuple[str, float]]]:
+        top = [(self._token(t), lp) for t, lp in (item.top_logprobs or [])]
+        return self._token(item.token_id), item.logprob, top
+
+    def add(self, index: int, piece: str, item: Any) -> None:
+        self.text[index] += piece
+        if isinstance(item, str):
+            self.reason[index] = item
+        elif item is not None and self.logprobs:
+            self.lp[index].append(self._entry(item))
+
+    def _logprobs(self, entries: list[tuple[str, float, list[tuple[str, float]]]]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        if self.chat:
+            def item(token: str, logprob: float) -> dict[str, Any]:
+                return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+            return {"content": [{**item(t, lp), "top_logprobs": [item(a, b) for a, b in top]}
+                                for t, lp, top in entries]}
+        offsets, at = [], 0
+        for t, _, _ in entries:
+            offsets.append(at)
+            at += len(t)
+        return {"tokens": [t for t, _, _ in entries], "token_logprobs": [lp for _, lp, _ in entries],
+                "top_logprobs": [dict(top) for _, _, top in entries], "text_offset": offsets}
+
+    def _usage(self, run: _Run) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": run.completion_tokens,
+                "total_tokens": self.prompt_tokens + run.completion_tokens}
+
+    def full(self, run: _Run) -> dict[str, Any]:
+        choices = []
+        for i, text in enumerate(self.text):
+            choice: dict[str, Any] = {"index": i, "logprobs": self._logprobs(self.lp[i]),
+                                      "finish_reason": self.reason[i]}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            choices.append(choice)
+        return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model, "choices": choices,
+                "usage": self._usage(run)}
+
+    def chunk(self, index: int, piece: str, item: Any) -> dict[str, Any] | None:
+        reason = item if isinstance(item, str) else None
+        entries = [self._entry(item)] if self.logprobs and item is not None and not isinstance(item, str) else []
+        if not piece and not entries and reason is None and (self.started[index] or not self.chat):
+            return None
+        choice: dict[str, Any] = {"index": index, "logprobs": self._logprobs(entries) if entries else None,
+                                  "finish_reason": reason}
+        if self.chat:
+            delta: dict[str, Any] = {} if reason is not None else {"content": piece}
+            if not self.started[index]:
+                delta["role"] = "assistant"
+                self.started[index] = True
+            choice["delta"] = delta
+        else:
+            choice["text"] = piece
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
+
+    def usage_chunk(self, run: _Run) -> dict[str, Any]:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [],
+                "usage": self._usage(run)}

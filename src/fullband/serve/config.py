@@ -1,0 +1,43 @@
+"""Options of ``fullband serve`` (torch- and FastAPI-free, so ``fullband serve --help`` answers at once)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fullband.config import DEFAULT_MODE, _is_int, _require, doc, validate_decoding_options, validate_device_name
+
+
+@dataclass
+class ServeConfig:
+    """Options of ``fullband serve``."""
+
+    checkpoint: str = doc("", "Model directory (native or retrofitted) or hf:PATH (required).")
+    host: str = doc("127.0.0.1", "Address to listen on (0.0.0.0 for every interface).")
+    port: int = doc(8000, "TCP port to listen on (0 = any free port).")
+    max_batch: int = doc(16, "Most sequences decoded together in one engine step.")
+    max_queue: int = doc(64, "Most requests waiting for a batch slot; beyond it requests get HTTP 429.")
+    mode: str = doc(DEFAULT_MODE, "Default decoding mode: standard | soft | fused | exact (a request's `mode` wins).")
+    prefill_passes: int = doc(1, "Default extra fused prompt passes in fused mode (a request's field wins).")
+    exact_chunk_size: int = doc(1, "exact mode: prompt chunk per exact Jacobi solve (1 = sequential).")
+    max_tokens: int = doc(16, "Default max_tokens of a request that gives none (the OpenAI default).")
+    temperature: float = doc(1.0, "Default temperature of a request that gives none (the OpenAI default).")
+    model_name: str = doc("", "Model id reported by /v1/models and in responses (default: the checkpoint name).")
+    graceful_timeout: float = doc(10.0, "Seconds Ctrl-C / SIGTERM waits for in-flight requests before cancelling.")
+    log_level: str = doc("info", "uvicorn log level: critical | error | warning | info | debug.")
+    device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
+
+    def __post_init__(self) -> None:
+        _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
+        _require(_is_int(self.port) and 0 <= self.port <= 65535, "port", self.port, "must be in 0..65535")
+        _require(_is_int(self.max_batch) and self.max_batch >= 1, "max_batch", self.max_batch, "must be >= 1")
+        _require(_is_int(self.max_queue) and self.max_queue >= 0, "max_queue", self.max_queue, "must be >= 0")
+        _require(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1")
+        _require(isinstance(self.graceful_timeout, (int, float)) and self.graceful_timeout >= 0, "graceful_timeout",
+                 self.graceful_timeout, "must be >= 0 seconds")
+        _require(self.log_level in LOG_LEVELS, "log_level", self.log_level, f"must be one of {LOG_LEVELS}")
+        validate_device_name(self.device)
+        validate_decoding_options(self.mode, self.prefill_passes, self.temperature, 0, 1.0, self.max_tokens,
+                                  self.exact_chunk_size)
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")

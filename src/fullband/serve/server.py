@@ -1,0 +1,54 @@
+"""``fullband serve``: load a checkpoint, build the engine and the app, run uvicorn until Ctrl-C / SIGTERM.
+
+uvicorn turns either signal into a graceful shutdown: it stops accepting connections, lets in-flight requests
+finish for up to ``graceful_timeout`` seconds, cancels the rest (their slots are freed), then the app's
+shutdown closes the engine.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+from fullband.config import ConfigError
+from fullband.serve.config import ServeConfig
+
+
+def build_app(cfg: ServeConfig) -> Any:
+    """The app for ``cfg`` (model, tokenizer and engine loaded; the engine starts with the app)."""
+    try:
+        from fullband.serve.app import Defaults, create_app
+    except ImportError as err:
+        raise ConfigError(f"fullband serve needs FastAPI, uvicorn and prometheus-client: pip install "
+                          f"'fullband[serve]' ({err})") from None
+    from fullband.data import load_tokenizer
+    from fullband.model_io import checkpoint_dir, load_any
+    from fullband.serve.engine import Engine
+
+    model = load_any(cfg.checkpoint, device=cfg.device)  # native, retrofitted or hf:PATH
+    tokenizer = load_tokenizer(checkpoint_dir(cfg.checkpoint))
+    engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, exact_chunk_size=cfg.exact_chunk_size)
+    name = cfg.model_name or Path(str(cfg.checkpoint).removeprefix("hf:")).resolve().name
+    defaults = Defaults(cfg.mode, cfg.prefill_passes, cfg.max_tokens, cfg.temperature)
+    return create_app(engine, tokenizer, name, defaults)
+
+
+def uvicorn_server(app: Any, cfg: ServeConfig) -> Any:
+    import uvicorn
+
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
+                            timeout_graceful_shutdown=cfg.graceful_timeout or None, lifespan="on")
+    return uvicorn.Server(config)
+
+
+def run_serve(cfg: ServeConfig) -> None:
+    app = build_app(cfg)
+    # uvicorn re-raises the signal it shut down for once it is done; after a graceful shutdown SIGTERM then
+    # exits with status 0 (Ctrl-C keeps Python's KeyboardInterrupt: the CLI's status 130).
+    signal.signal(signal.SIGTERM, _exit_after_shutdown)
+    uvicorn_server(app, cfg).run()  # returns after Ctrl-C / SIGTERM, once shut down
+
+
+def _exit_after_shutdown(signum: int, frame: object) -> None:
+    raise SystemExit(0)

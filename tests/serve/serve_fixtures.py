@@ -1,0 +1,98 @@
+"""A real server for the serve tests (fixtures the test modules import): uvicorn on a free port in a thread, over a
+tiny random checkpoint. Not a conftest.py: the tests import the root conftest by that name."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+import uvicorn
+
+from fullband import FullBandwidthLM, ModelConfig
+from fullband.data import ByteTokenizer
+from fullband.serve.app import Defaults, create_app
+from fullband.serve.engine import Engine
+
+VOCAB = 257  # the byte tokenizer's 256 bytes + eos
+
+
+class LiveServer:
+    """uvicorn serving an app from a thread; ``url`` once it listens, ``stop()`` shuts it down. ``model`` is a
+    second copy of the served weights for the references."""
+
+    def __init__(self, app, model, engine: Engine) -> None:
+        self.model, self.engine = model, engine
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
+                                timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    @classmethod
+    def native(cls, checkpoint: Path, with_tokenizer: bool, max_batch: int = 8, max_queue: int = 8) -> LiveServer:
+        # float64: batched and alone agree to the last bit that matters, so no near-tie can flip a greedy token.
+        engine = Engine(FullBandwidthLM.from_pretrained(checkpoint, dtype=torch.float64), max_batch=max_batch,
+                        max_queue=max_queue)
+        tokenizer = ByteTokenizer() if with_tokenizer else None
+        app = create_app(engine, tokenizer, "tiny", Defaults(mode="soft", max_tokens=8, temperature=0.0))
+        return cls(app, FullBandwidthLM.from_pretrained(checkpoint, dtype=torch.float64), engine)
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def save_checkpoint(directory: Path, with_tokenizer: bool, seed: int = 0, **overrides) -> Path:
+    settings = dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64)
+    settings.update(overrides)
+    torch.manual_seed(seed)
+    FullBandwidthLM(ModelConfig(**settings)).save_pretrained(directory)
+    if with_tokenizer:
+        ByteTokenizer().save(directory)
+    return directory
+
+
+@pytest.fixture(scope="module", name="server")
+def server_fixture(tmp_path_factory, one_thread_per_module) -> Iterator[LiveServer]:
+    """Speaks token ids (no tokenizer): a generated token reads " <id>", so texts map back to ids exactly."""
+    checkpoint = save_checkpoint(tmp_path_factory.mktemp("ids"), with_tokenizer=False)
+    live = LiveServer.native(checkpoint, with_tokenizer=False)
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module", name="text_server")
+def text_server_fixture(tmp_path_factory, one_thread_per_module) -> Iterator[LiveServer]:
+    """With the byte tokenizer: string prompts, chat, stop strings."""
+    checkpoint = save_checkpoint(tmp_path_factory.mktemp("bytes"), with_tokenizer=True, max_seq_len=256)
+    live = LiveServer.native(checkpoint, with_tokenizer=True)
+    yield live
+    live.stop()
+
+
+def ids_of(text: str) -> list[int]:
+    return [int(piece) for piece in text.split()]
+
+
+@pytest.fixture(scope="module", name="long_server")
+def long_server_fixture(tmp_path_factory, one_thread_per_module) -> Iterator[LiveServer]:
+    """A long context, so a request can run for seconds (disconnects, a full queue)."""
+    checkpoint = save_checkpoint(tmp_path_factory.mktemp("long"), with_tokenizer=False, max_seq_len=4096)
+    live = LiveServer.native(checkpoint, with_tokenizer=False, max_batch=1, max_queue=1)
+    yield live
+    live.stop()
