@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         return _fail(args.command, err)
     from fullband.data.errors import DataError
-    from fullband.devices import resolve_device
+    from fullband.devices import apply_threads, resolve_device
     from fullband.model.serialization import CheckpointError
     from fullband.training.errors import TrainingError
 
@@ -224,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
             if args.command not in ("train", "compare"):  # those resolve "auto" per process themselves
                 cfg.device = str(device)
+        apply_threads(cfg.threads)  # every command has the option: torch's thread count is never left to chance
         handler(cfg)
     except (ConfigError, CheckpointError, DataError, TrainingError) as err:
         return _fail(args.command, err)

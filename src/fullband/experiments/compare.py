@@ -29,6 +29,7 @@ import torch
 
 from fullband.configio import build_config, config_to_dict
 from fullband.data import eval_windows, load_tokenizer, load_tokens
+from fullband.devices import usable_cores
 from fullband.experiments.config import CompareConfig
 from fullband.experiments.multiplier import tokens_to_match
 from fullband.experiments.perplexity import ExactSpec, evaluate_modes, exact_agreement
@@ -275,9 +276,7 @@ def machine_info(device: torch.device, workers: int = 1) -> dict[str, Any]:
                    if line.startswith("model name"))
     info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
             "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": max(1, torch.get_num_threads() // workers),
-            "workers": workers, "device": str(device)}
-    if hasattr(os, "sched_getaffinity"):
-        info["usable_cores"] = len(os.sched_getaffinity(0))
+            "workers": workers, "device": str(device), "usable_cores": usable_cores()}
     threads = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ}
     if threads:
         info["thread_env"] = threads
