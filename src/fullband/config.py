@@ -33,6 +33,8 @@ def doc(default: Any, help: str, **kwargs: Any) -> Any:
 FEEDBACK_SOURCES = ("residual", "normed")
 FUSIONS = ("glu_cross",)
 GATE_NORMS = ("own", "shared")
+# forward_exact's methods; auto = fullband.model.recurrence.auto_exact_method's choice for the device
+EXACT_METHODS = ("auto", "sequential", "chunked", "jacobi")
 
 
 @dataclass

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from fullband.config import (
     DECODING_MODES,
+    EXACT_METHODS,
     _is_int,
     _is_number,
     _require,
@@ -32,7 +33,6 @@ def _require_ints(config: Any, limits: dict[str, int]) -> None:
 
 # ---------------------------------------------------------------------------------------------- fullband compare
 
-EXACT_METHODS = ("sequential", "jacobi", "chunked")
 
 # Presets of ``fullband compare``: what each changes relative to CompareConfig's defaults, which *are* the
 # "default" preset (so ``--help`` shows them). Precedence: defaults < preset < config file < command line
@@ -84,7 +84,8 @@ class CompareConfig:
     fused_passes: tuple[int, ...] = doc(
         (1, 2, 4), "Fused prefill modes to evaluate: k extra fused passes over each window (standard = 0).")
     exact_method: str = doc(
-        "sequential", f"Exact mode: one of {EXACT_METHODS}: sequential (one position at a time with the KV cache, "
+        "auto", f"Exact mode: one of {EXACT_METHODS}: auto (the fastest for the device: sequential on a CPU; "
+        "see fullband.model.recurrence.auto_exact_method), sequential (one position at a time with the KV cache, "
         "the definition), jacobi (whole-window passes until max|Δh| < exact_tol) or chunked (Jacobi per chunk).")
     exact_tol: float = doc(1e-4, "jacobi/chunked: stop once max|h^(k) - h^(k-1)| < exact_tol; 0 = run until exact.")
     exact_chunk_size: int = doc(64, "chunked: positions per chunk.")
