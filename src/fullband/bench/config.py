@@ -62,8 +62,8 @@ class BenchExactConfig:
     """Exact-likelihood section ([exact]): ``forward_exact`` by each method on the same windows."""
 
     checkpoint: str | None = doc(
-        None, "Model directory to score (a trained model: Jacobi's pass count depends on training); none = a random "
-        "model of the default ModelConfig.")
+        None, "Model directory to score (a trained model: Jacobi's pass count depends on training); none = random "
+        "weights at the [train] dimensions.")
     batch_size: int = doc(4, "Windows scored together.")
     seq_len: int = doc(256, "Tokens per window.")
     chunk_size: int = doc(32, "chunked: positions per chunk.")

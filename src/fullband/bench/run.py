@@ -19,6 +19,7 @@ from fullband.bench import steps
 from fullband.bench.config import BenchConfig
 from fullband.bench.timing import interleaved, machine_limits, machine_state, ratio
 from fullband.devices import resolve_device
+from fullband.model.recurrence import auto_exact_method
 from fullband.training.metrics import flops_per_token
 
 BYTE_VOCAB = 320  # fullband train's byte vocabulary: 257 ids rounded up to a multiple of 64
@@ -165,29 +166,36 @@ class Bench:
             from fullband.model_io import load_any
 
             model = load_any(c.checkpoint, device=str(self.device)).eval()
-        else:
-            model = FullBandwidthLM(ModelConfig(max_seq_len=c.seq_len, feedback=True)).to(self.device).eval()
+        else:  # the train section's (compare's default) dimensions, random weights
+            t = self.cfg.train
+            config = ModelConfig(vocab_size=BYTE_VOCAB, d_model=t.d_model, n_layers=t.n_layers, n_heads=t.n_heads,
+                                 max_seq_len=c.seq_len, feedback=True)
+            model = FullBandwidthLM(config).to(self.device).eval()
         tokens = torch.randint(0, model.config.vocab_size, (c.batch_size, c.seq_len), device=self.device)
+        tol = f"tol {c.tol:g}"
         methods = {"sequential": dict(method="sequential"),
                    f"chunked({c.chunk_size})": dict(method="chunked", chunk_size=c.chunk_size),
-                   f"chunked({c.chunk_size}), tol {c.tol:g}": dict(method="chunked", chunk_size=c.chunk_size,
-                                                                    tol=c.tol),
-                   f"jacobi, tol {c.tol:g}": dict(method="jacobi", tol=c.tol),
-                   "auto": dict(method="auto"),
-                   f"auto, tol {c.tol:g}": dict(method="auto", tol=c.tol)}
+                   f"chunked({c.chunk_size}), {tol}": dict(method="chunked", chunk_size=c.chunk_size, tol=c.tol),
+                   f"jacobi, {tol}": dict(method="jacobi", tol=c.tol)}
         with torch.no_grad():
             outputs = {name: model.forward_exact(tokens, 1, **kwargs) for name, kwargs in methods.items()}
             cases = {name: (lambda kwargs=kwargs: model.forward_exact(tokens, 1, **kwargs))
                      for name, kwargs in methods.items()}
-            # Jacobi to a tolerance can take minutes at full size: at most 3 rounds here (the table's header says so).
-            rounds = min(self.cfg.rounds, 3)
-            times = self.times["exact"] = interleaved(cases, rounds, self.device, warmup=0)
+            # A call takes seconds at full size: at most 3 rounds here (the table's header says so).
+            times = self.times["exact"] = interleaved(cases, min(self.cfg.rounds, 3), self.device, warmup=0)
         reference = outputs["sequential"].logits
         for name in methods:
             difference = (outputs[name].logits - reference).abs().max().item()
             self.rows.append(Row("exact", f"forward_exact {name} / sequential time",
                                  1000 * statistics.median(times[name]), f"{outputs[name].passes} passes",
                                  ratio=ratio(times, name, "sequential"), check=f"max|dlogit| {difference:.1e}"))
+        rows = dict(zip(methods, self.rows[-len(methods):], strict=True))
+        for tol_value in (None, c.tol):  # what auto runs here: one of the rows above, not timed again
+            chosen = auto_exact_method(self.device, tol_value)
+            row = rows[next(name for name, kwargs in methods.items() if kwargs["method"] == chosen
+                            and ("tol" in kwargs) == (tol_value is not None and chosen != "sequential"))]
+            label = f"forward_exact auto{', ' + tol if tol_value else ''} (= {chosen} here)"
+            self.rows.append(dataclasses.replace(row, case=label))
 
     def _flop_share(self, flop_s: float) -> str:
         return f"{100 * flop_s / (self.limits['matmul_gflop_s'] * 1e9):.1f}% matmul"
