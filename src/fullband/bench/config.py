@@ -21,8 +21,9 @@ SECTIONS = ("limits", "train", "passes", "decode", "exact")
 
 @dataclass
 class BenchTrainConfig:
-    """Training-step sections ([train]): nanoGPT's README CPU config by default, byte vocabulary (320 ids, as
-    ``fullband train`` rounds the byte tokenizer's 257)."""
+    """Training and multi-pass step sections ([train]): nanoGPT's README CPU config, byte vocabulary.
+
+    320 = the byte tokenizer's 257 ids rounded up to a multiple of 64, as ``fullband train`` builds it."""
 
     d_model: int = doc(128, "Model width.")
     n_layers: int = doc(4, "Transformer blocks.")
