@@ -15,7 +15,7 @@ $(BIN)/fullband: pyproject.toml
 setup: $(BIN)/fullband
 
 run: setup
-	$(BIN)/fullband compare --out_dir runs/compare-$$(date +%Y%m%d-%H%M%S)
+	$(BIN)/fullband compare --threads auto --out_dir runs/compare-$$(date +%Y%m%d-%H%M%S)
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks

@@ -17,43 +17,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import time
 
 import torch
 
 from fullband import FullBandwidthLM, ModelConfig
-
-
-class SavedTensorBytes:
-    """Counts the bytes of distinct storages autograd saves during a forward."""
-
-    def __init__(self) -> None:
-        self.storages: dict[int, int] = {}
-
-    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        self.storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    @property
-    def total(self) -> int:
-        return sum(self.storages.values())
+from fullband.bench.steps import SavedTensorBytes, fullband_loss, optimizer_step
 
 
 def train_step(model: FullBandwidthLM, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, passes: int,
                device: torch.device) -> tuple[float, int]:
-    """(seconds, memory bytes) of one optimizer step with ``passes`` passes."""
+    """(seconds, memory bytes) of one optimizer step with ``passes`` passes (fullband bench's bare step)."""
     counter = SavedTensorBytes()
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
-        out = model(tokens, passes=passes, plain_prefix=1, labels=tokens)
-    out.loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer_step(fullband_loss(model, tokens, passes), optimizer, list(model.parameters()), math.inf, counter)
     if device.type == "cuda":
         torch.cuda.synchronize()
         return time.perf_counter() - start, torch.cuda.max_memory_allocated()

@@ -89,6 +89,12 @@ CASES = [
     Case("state-odd-seq-len", ["eval-state", "--seq_len", "7"], "seq_len=7"),
     Case("check-seq-len-1", ["check", "--seq_len", "1"], "seq_len=1"),
     Case("check-prefix-0", ["check", "--plain_prefix", "0"], "plain_prefix=0"),
+    Case("threads-zero", ["generate", "--checkpoint", "x", "--threads", "0"], "threads='0' is invalid"),
+    Case("threads-negative", [*TRAIN, "--threads", "-2"], "threads='-2' is invalid"),
+    Case("threads-not-a-count", ["compare", "--threads", "1.5"], "threads='1.5' is invalid"),
+    Case("threads-word", ["eval-state", "--threads", "all"], "threads='all' is invalid"),
+    Case("bench-unknown-section", ["bench", "--sections", "speed"], "sections=('speed',) is invalid"),
+    Case("bench-zero-rounds", ["bench", "--rounds", "0"], "rounds=0 is invalid"),
     # --- config files
     Case("config-missing", ["train", "--config", "{c}/nope.toml"], "nope.toml"),
     Case("config-bad-toml", ["train", "--config", "{c}/bad.toml"], "bad.toml", setup="bad_toml"),

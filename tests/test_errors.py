@@ -72,7 +72,7 @@ def test_bad_forward_arguments(model):
         model(tokens, passes=0)
     with pytest.raises(ValueError, match=r"tokens must be an integer tensor of shape \(batch, seq_len\)"):
         model(torch.tensor([1.0, 2.0]))
-    with pytest.raises(ValueError, match=r"method must be 'sequential', 'jacobi' or 'chunked'"):
+    with pytest.raises(ValueError, match=r"method must be one of \('auto', 'sequential', 'chunked', 'jacobi'\)"):
         model.forward_exact(tokens, method="newton")
     with pytest.raises(ValueError, match=r"every prompt needs at least one token"):
         model.generate([[1], []], 2)

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from fullband.bench.config import BenchConfig
 from fullband.config import CheckConfig, ConfigError
 from fullband.configio import add_dataclass_arguments, config_from_args
 from fullband.experiments.config import CompareConfig, ReasoningConfig, RecipeConfig, StateTrackingConfig
@@ -147,6 +148,15 @@ def run_recipe(cfg: RecipeConfig) -> None:
     print("\n".join(["", *results["verdict_lines"], f"report: {cfg.out_dir}/report.md"]))
 
 
+def run_bench(cfg: BenchConfig) -> None:
+    from fullband.bench.run import run_bench as bench
+    from fullband.bench.run import table
+
+    print(table(bench(cfg, progress=lambda message: print(message, file=sys.stderr, flush=True))))
+    if cfg.json:
+        print(f"results: {cfg.json}")
+
+
 def run_serve(cfg: ServeConfig) -> None:
     from fullband.serve.server import run_serve as serve
 
@@ -163,6 +173,7 @@ COMMANDS: dict[str, tuple[type, Callable, str]] = {
     "eval": (LmEvalConfig, run_eval_lm, "Run lm-evaluation-harness tasks on a checkpoint in a decoding mode."),
     "eval-reasoning": (ReasoningConfig, run_eval_reasoning, "Study: shorter reasoning traces at equal accuracy?"),
     "eval-state": (StateTrackingConfig, run_eval_state, "Study: linear probes of the state at every depth (Fig. 7)."),
+    "bench": (BenchConfig, run_bench, "Speed beside transformers' Llama and GPT-2, with the machine's limits."),
 }
 
 
@@ -215,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         return _fail(args.command, err)
     from fullband.data.errors import DataError
-    from fullband.devices import resolve_device
+    from fullband.devices import apply_threads, resolve_device
     from fullband.model.serialization import CheckpointError
     from fullband.training.errors import TrainingError
 
@@ -224,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
             if args.command not in ("train", "compare"):  # those resolve "auto" per process themselves
                 cfg.device = str(device)
+        apply_threads(cfg.threads)  # every command has the option: torch's thread count is never left to chance
         handler(cfg)
     except (ConfigError, CheckpointError, DataError, TrainingError) as err:
         return _fail(args.command, err)

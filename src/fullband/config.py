@@ -33,6 +33,8 @@ def doc(default: Any, help: str, **kwargs: Any) -> Any:
 FEEDBACK_SOURCES = ("residual", "normed")
 FUSIONS = ("glu_cross",)
 GATE_NORMS = ("own", "shared")
+# forward_exact's methods; auto = fullband.model.recurrence.auto_exact_method's choice for the device
+EXACT_METHODS = ("auto", "sequential", "chunked", "jacobi")
 
 
 @dataclass
@@ -136,6 +138,23 @@ def validate_device_name(name: Any, field: str = "device") -> None:
     _require(isinstance(name, str) and bool(_DEVICE_NAME.fullmatch(name)), field, name, f"use {DEVICE_CHOICES}")
 
 
+THREADS_HELP = ("torch CPU threads: auto = the cores this process may use (its CPU affinity), at most OMP_NUM_THREADS "
+                "when that is set and shared among torchrun's processes on one machine; or a count >= 1.")
+
+
+def threads_field(default: str = "auto") -> Any:
+    """The ``threads`` option every command has (resolved and applied by :func:`fullband.devices.apply_threads`)."""
+    return doc(default, THREADS_HELP)
+
+
+def validate_threads(value: Any, field: str = "threads") -> str:
+    """``auto`` or a whole number >= 1 (an int from Python or a file is accepted), as the string the config keeps."""
+    text = str(value).strip() if _is_int(value) or isinstance(value, str) else None
+    ok = text == "auto" or (text is not None and text.isdigit() and int(text) >= 1)
+    _require(ok, field, value, "use auto (the cores this process may use) or a whole number of threads >= 1")
+    return text if text == "auto" else str(int(text))
+
+
 def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"{name}={value!r} is invalid: {allowed}")
@@ -226,8 +245,10 @@ class CheckConfig:
     seq_len: int = doc(48, "Tokens in the test sequence.")
     plain_prefix: int = doc(8, "Plain positions before the fused ones.")
     seed: int = doc(0, "Seed of the random model and tokens.")
+    threads: str = threads_field()
 
     def __post_init__(self) -> None:
+        self.threads = validate_threads(self.threads)
         _require(_is_int(self.seq_len) and 2 <= self.seq_len <= 512, "seq_len", self.seq_len, "must be in 2..512")
         _require(_is_int(self.plain_prefix) and 1 <= self.plain_prefix < self.seq_len, "plain_prefix",
                  self.plain_prefix, f"must be in 1..seq_len-1={self.seq_len - 1}")

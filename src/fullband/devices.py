@@ -4,13 +4,18 @@ Configs reject a malformed name when they are built (:func:`fullband.config.vali
 :func:`resolve_device` turns a name into a ``torch.device`` and rejects one this machine cannot use (a CPU-only
 torch build, a GPU index past the last GPU, no MPS), each with a one-line :class:`~fullband.config.ConfigError`
 that says what to use instead. The command line calls it before loading anything.
+
+:func:`apply_threads` sets torch's CPU thread count from a command's ``threads`` option (``auto`` or a count), so no
+command leaves it to chance: torch's own default takes every core of the machine, even those the process may not
+use or that OMP_NUM_THREADS reserves for others, and oversubscribed threads on a busy machine cost more than they give.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
-from fullband.config import ConfigError, validate_device_name
+from fullband.config import ConfigError, validate_device_name, validate_threads
 
 if TYPE_CHECKING:
     import torch
@@ -35,3 +40,37 @@ def resolve_device(name: str, local_rank: int = 0, field: str = "device") -> tor
     if name == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{field}={name!r} is invalid: MPS (Apple GPU) is not available here; use --{field} cpu")
     return torch.device(name)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one, else every core)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def resolve_threads(setting: str | int = "auto", field: str = "threads") -> int:
+    """The thread count ``setting`` means here: a count as given; ``auto`` = :func:`usable_cores`, shared among
+    torchrun's processes on this machine (LOCAL_WORLD_SIZE), and at most OMP_NUM_THREADS when that is a count."""
+    setting = validate_threads(setting, field)
+    if setting != "auto":
+        return int(setting)
+    threads = usable_cores() // max(1, _env_count("LOCAL_WORLD_SIZE") or 1)
+    if limit := _env_count("OMP_NUM_THREADS"):
+        threads = min(threads, limit)
+    return max(1, threads)
+
+
+def apply_threads(setting: str | int = "auto", field: str = "threads") -> int:
+    """torch.set_num_threads(:func:`resolve_threads`); returns the count set."""
+    import torch
+
+    threads = resolve_threads(setting, field)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def _env_count(name: str) -> int | None:
+    """A positive integer environment variable, or None when unset or not one (OpenMP ignores such values too)."""
+    text = os.environ.get(name, "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None

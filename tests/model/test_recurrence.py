@@ -7,8 +7,18 @@ from conftest import make_model, rms_norm, sequential_reference
 
 from fullband import FullBandwidthLM
 from fullband.model import exact_pass_count
+from fullband.model.recurrence import auto_exact_method
 
 TOL = 1e-9
+
+
+def test_auto_exact_method_rule(model, tokens):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # only the device type is read
+    assert auto_exact_method(cpu, None) == auto_exact_method(cpu, 1e-4) == "sequential"
+    assert auto_exact_method(cuda, None) == "sequential"  # solved to exactness nothing beats it
+    assert auto_exact_method(cuda, 1e-4) == "chunked"
+    with pytest.raises(ValueError, match="method must be one of"):
+        model.forward_exact(tokens, 1, method="fastest")
 
 
 @torch.no_grad()
@@ -16,14 +26,16 @@ TOL = 1e-9
 def test_all_execution_modes_agree(model, tokens, plain_prefix):
     T = tokens.shape[1]
     reference, reference_logits = sequential_reference(model, tokens, plain_prefix)
-    sequential = model.forward_exact(tokens, plain_prefix)
+    sequential = model.forward_exact(tokens, plain_prefix, method="sequential")
+    auto = model.forward_exact(tokens, plain_prefix)  # the default: sequential on a CPU
+    auto_tol = model.forward_exact(tokens, plain_prefix, method="auto", tol=1e-12)
     multipass = model(tokens, passes=T - plain_prefix + 1, plain_prefix=plain_prefix)
     jacobi = model.forward_exact(tokens, plain_prefix, method="jacobi")
     jacobi_tol = model.forward_exact(tokens, plain_prefix, method="jacobi", tol=1e-12)
     chunked = [model.forward_exact(tokens, plain_prefix, method="chunked", chunk_size=c) for c in (1, 2, 3, 5, T)]
-    assert sequential.passes == T
+    assert sequential.passes == auto.passes == auto_tol.passes == T
     assert jacobi.passes == T - plain_prefix + 1 == exact_pass_count(plain_prefix, T, 0, False)
-    for out in [sequential, multipass, jacobi, jacobi_tol, *chunked]:
+    for out in [sequential, auto, auto_tol, multipass, jacobi, jacobi_tol, *chunked]:
         torch.testing.assert_close(out.hidden, reference, atol=TOL, rtol=0)
         torch.testing.assert_close(out.logits, reference_logits, atol=TOL, rtol=0)
 

@@ -29,6 +29,7 @@ import torch
 
 from fullband.configio import build_config, config_to_dict
 from fullband.data import eval_windows, load_tokenizer, load_tokens
+from fullband.devices import usable_cores
 from fullband.experiments.config import CompareConfig
 from fullband.experiments.multiplier import tokens_to_match
 from fullband.experiments.perplexity import ExactSpec, evaluate_modes, exact_agreement
@@ -37,6 +38,7 @@ from fullband.experiments.report import plot_compare, print_summary, render_mark
 from fullband.experiments.results import write_json
 from fullband.experiments.stability import stability_curve
 from fullband.experiments.study import Study
+from fullband.model.recurrence import auto_exact_method
 from fullband.model_io import load_any
 from fullband.training.config import TrainRunConfig
 from fullband.training.run import resolve_device, run_train
@@ -225,13 +227,17 @@ def evaluate_run(cfg: CompareConfig, record: dict[str, Any], model_dir: Path, de
     test = load_tokens(cfg.data.source, "test", tokenizer)
     batches = [w.to(device) for w in eval_windows(test.tokens, cfg.train.seq_len, cfg.eval_windows,
                                                   cfg.eval_batch_size)]
-    exact = ExactSpec(cfg.exact_method, cfg.exact_tol or None, cfg.exact_chunk_size)
+    method = cfg.exact_method
+    if method == "auto":  # the method forward_exact would pick here, recorded for the report
+        method = auto_exact_method(device, cfg.exact_tol or None)
+    record["exact_method"] = method
+    exact = ExactSpec(method, cfg.exact_tol or None, cfg.exact_chunk_size)
     modes = evaluate_modes(model, batches, test, cfg.fused_passes, exact, progress=progress,
                            desc=f"test {record['name']}")
     record["parameters"] = model.num_parameters()
     record["test"] = {name: dataclasses.asdict(r) for name, r in modes.items()}
     record["test_windows"] = sum(b.shape[0] for b in batches)
-    if model.fusion is not None and cfg.exact_method != "sequential" and cfg.exact_check_windows:
+    if model.fusion is not None and method != "sequential" and cfg.exact_check_windows:
         check = torch.cat(batches)[: cfg.exact_check_windows]
         record["exact_check"] = exact_agreement(model, check, exact)
     record["eval_seconds"] = time.perf_counter() - t0
@@ -275,9 +281,7 @@ def machine_info(device: torch.device, workers: int = 1) -> dict[str, Any]:
                    if line.startswith("model name"))
     info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
             "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": max(1, torch.get_num_threads() // workers),
-            "workers": workers, "device": str(device)}
-    if hasattr(os, "sched_getaffinity"):
-        info["usable_cores"] = len(os.sched_getaffinity(0))
+            "workers": workers, "device": str(device), "usable_cores": usable_cores()}
     threads = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ}
     if threads:
         info["thread_env"] = threads

@@ -10,7 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from fullband.config import DECODING_MODES, _is_int, _is_number, _require, apply_preset, doc, validate_device_name
+from fullband.config import (
+    DECODING_MODES,
+    EXACT_METHODS,
+    _is_int,
+    _is_number,
+    _require,
+    apply_preset,
+    doc,
+    threads_field,
+    validate_device_name,
+    validate_threads,
+)
 from fullband.training.config import DataConfig, OptimConfig, ScheduleConfig, TrainConfig, TrainModelConfig
 
 
@@ -22,7 +33,6 @@ def _require_ints(config: Any, limits: dict[str, int]) -> None:
 
 # ---------------------------------------------------------------------------------------------- fullband compare
 
-EXACT_METHODS = ("sequential", "jacobi", "chunked")
 
 # Presets of ``fullband compare``: what each changes relative to CompareConfig's defaults, which *are* the
 # "default" preset (so ``--help`` shows them). Precedence: defaults < preset < config file < command line
@@ -74,7 +84,8 @@ class CompareConfig:
     fused_passes: tuple[int, ...] = doc(
         (1, 2, 4), "Fused prefill modes to evaluate: k extra fused passes over each window (standard = 0).")
     exact_method: str = doc(
-        "sequential", f"Exact mode: one of {EXACT_METHODS}: sequential (one position at a time with the KV cache, "
+        "auto", f"Exact mode: one of {EXACT_METHODS}: auto (the fastest for the device: sequential on a CPU; "
+        "see fullband.model.recurrence.auto_exact_method), sequential (one position at a time with the KV cache, "
         "the definition), jacobi (whole-window passes until max|Δh| < exact_tol) or chunked (Jacobi per chunk).")
     exact_tol: float = doc(1e-4, "jacobi/chunked: stop once max|h^(k) - h^(k-1)| < exact_tol; 0 = run until exact.")
     exact_chunk_size: int = doc(64, "chunked: positions per chunk.")
@@ -99,8 +110,10 @@ class CompareConfig:
     out_dir: str = doc("runs/compare", "Run directory: one sub-directory per training run, report.md, "
                        "results.json and the plots.")
     device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
+    threads: str = threads_field()
 
     def __post_init__(self) -> None:
+        self.threads = validate_threads(self.threads)
         apply_preset(self, COMPARE_PRESETS)
         self.budgets = tuple(sorted(float(b) for b in self.budgets))
         self.fused_passes = tuple(self.fused_passes)
@@ -181,8 +194,10 @@ class RecipeConfig:
     report_only: bool = doc(False, "Analyse the results.json in out_dir again and rewrite its report (no training).")
     resume: bool = doc(False, "Continue an interrupted study in out_dir: runs it finished and evaluated are kept.")
     device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
+    threads: str = threads_field()
 
     def __post_init__(self) -> None:
+        self.threads = validate_threads(self.threads)
         apply_preset(self, RECIPE_PRESETS)
         self.variants, self.widths = tuple(self.variants), tuple(self.widths)
         _require(self.compare_preset in COMPARE_PRESETS, "compare_preset", self.compare_preset,
@@ -220,7 +235,7 @@ class SyntheticStudyConfig:
     )
     pass_mix: tuple[float, ...] = doc((0.88, 0.12), "fullband model: probabilities of 2, 3, ... passes afterwards.")
     seed: int = doc(0, "Seed of the data, the initial weights and the batches.")
-    threads: int = doc(1, "torch CPU threads (1 is fastest for tiny models on a shared CPU).")
+    threads: str = threads_field("1")  # tiny models: one thread is fastest on a shared CPU (no contention)
     device: str = doc("cpu", "Torch device for training and evaluation: auto, cpu, cuda, cuda:N or mps.")
     progress: bool = doc(True, "Progress bars.")
     reuse_models: bool = doc(False, "Evaluate the models an earlier run left in out_dir instead of training.")
@@ -229,8 +244,8 @@ class SyntheticStudyConfig:
         validate_device_name(self.device)
         apply_preset(self, self.PRESETS)
         self.pass_mix = tuple(float(x) for x in self.pass_mix)
-        _require_ints(self, {"d_model": 2, "n_layers": 1, "n_heads": 1, "steps": 1, "batch_size": 1, "seed": 0,
-                             "threads": 1})
+        _require_ints(self, {"d_model": 2, "n_layers": 1, "n_heads": 1, "steps": 1, "batch_size": 1, "seed": 0})
+        self.threads = validate_threads(self.threads)
         self.validate()
         _require(_is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be > 0")
         _require(_is_number(self.feedback_start) and 0 <= self.feedback_start < 1, "feedback_start",

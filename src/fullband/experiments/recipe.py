@@ -42,7 +42,8 @@ BEST = "best"
 
 def variant_config(cfg: RecipeConfig, out_dir: Path, overrides: dict[str, Any]) -> CompareConfig:
     """The compare preset with ``overrides``, evaluated and validated as ``fullband compare`` would."""
-    study = {"seeds": cfg.seeds, "workers": 1, "device": cfg.device, "train_eval_points": cfg.train_eval_points,
+    study = {"seeds": cfg.seeds, "workers": 1, "device": cfg.device, "threads": cfg.threads,
+             "train_eval_points": cfg.train_eval_points,
              "out_dir": str(out_dir)}
     if cfg.eval_windows is not None:
         study["eval_windows"] = cfg.eval_windows

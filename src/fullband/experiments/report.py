@@ -84,7 +84,7 @@ def render_markdown(results: dict[str, Any], plots: bool = True) -> str:
         "- Modes (the window is the prompt, plain_prefix = 1): **standard** = one plain pass (an ordinary "
         "transformer); **fused(k)** = `model(x, passes=k+1, plain_prefix=1)`: the plain pass plus k extra fused "
         "Jacobi passes, each position scored with its predecessor's state after k passes; **exact** = the fully "
-        f"recurrent states, {_exact_text(cfg)}.",
+        f"recurrent states, {_exact_text(cfg, runs)}.",
         "",
         "## Test loss (nats/token)",
         "",
@@ -282,7 +282,7 @@ def _convergence(curves: list[dict[str, Any]]) -> str:
 
 def _passes_text(results: dict[str, Any], runs: list[dict[str, Any]], mode: str) -> str:
     passes = fmt((r["test"][mode]["passes"] for r in runs), 1)
-    if mode == "exact" and results["config"]["exact_method"] == "sequential":
+    if mode == "exact" and _exact_method(results["config"], runs) == "sequential":
         return f"{passes} one-token steps (~1 pass of FLOPs, sequential)"
     return passes
 
@@ -307,8 +307,13 @@ def _split(schedule: dict[str, Any]) -> str:
     return "/".join(f"{100 * s:.0f}%" for s in shares)
 
 
-def _exact_text(cfg: dict[str, Any]) -> str:
-    method = cfg["exact_method"]
+def _exact_method(cfg: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+    """The exact method the runs used: the configured one, or what ``auto`` chose (recorded per run)."""
+    return next((r["exact_method"] for r in runs if "exact_method" in r), cfg["exact_method"])
+
+
+def _exact_text(cfg: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+    method = _exact_method(cfg, runs)
     if method == "sequential":
         return "computed sequentially (one position at a time through the KV cache: the definition)"
     tol = cfg["exact_tol"]

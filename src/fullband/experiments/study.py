@@ -268,11 +268,11 @@ def _read_summary(run_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def set_threads(threads: int) -> None:
-    import torch
+def set_threads(threads: str | int) -> int:
+    """The study's ``threads`` option applied (:func:`fullband.devices.apply_threads`); returns the count set."""
+    from fullband.devices import apply_threads
 
-    # On a shared CPU, tiny models run several times faster on one thread than on two (no contention).
-    torch.set_num_threads(threads)
+    return apply_threads(threads)
 
 
 # ---------------------------------------------------------------------------------------------- report pieces

@@ -8,9 +8,11 @@ from fullband.config import (
     DEFAULT_MODE,
     _require,
     doc,
+    threads_field,
     validate_decoding_options,
     validate_device_name,
     validate_speculative_options,
+    validate_threads,
 )
 
 
@@ -30,6 +32,7 @@ class GenerateConfig:
     seed: int | None = doc(None, "Sampling seed for reproducible draws.")
     stop_at_eos: bool = doc(True, "Stop at the tokenizer's end-of-sequence token.")
     device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
+    threads: str = threads_field()
     drafter: str = doc(
         "", "Speculative decoding (same output, see DESIGN.md section 4): '' = off; standard = the model itself "
         "without feedback; early_exit[:N] = its first N blocks; or a checkpoint directory of a model with the "
@@ -42,6 +45,7 @@ class GenerateConfig:
     def __post_init__(self) -> None:
         _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
         validate_device_name(self.device)
+        self.threads = validate_threads(self.threads)
         validate_decoding_options(self.mode, self.prefill_passes, self.temperature, self.top_k, self.top_p,
                                   self.max_new_tokens, self.exact_chunk_size)
         validate_speculative_options(self.drafter or "standard", self.gamma, max(16, self.gamma))

@@ -22,13 +22,14 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from fullband.config import DEFAULT_MODE
+from fullband.config import DEFAULT_MODE, EXACT_METHODS
 from fullband.model.kv_cache import CacheSlots
 from fullband.model.recurrence import (
     LMOutput,
     LoopOptions,
     Pass,
     PlainPrefix,
+    auto_exact_method,
     exact_pass_count,
     fused_positions,
     pass_inputs,
@@ -168,22 +169,25 @@ class FeedbackLM(nn.Module):
         tokens: torch.Tensor,
         plain_prefix: PlainPrefix = 1,
         *,
-        method: str = "sequential",
+        method: str = "auto",
         chunk_size: int = 64,
         tol: float | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> LMOutput:
         """The fully recurrent states: ``sequential`` (one position at a time through the KV cache, the
-        definition), ``jacobi`` (whole-sequence passes until exact, or until ``max|Δh| < tol``), or
-        ``chunked`` (Jacobi per chunk of ``chunk_size`` on top of the cache of earlier chunks)."""
+        definition), ``jacobi`` (whole-sequence passes until exact, or until ``max|Δh| < tol``), ``chunked``
+        (Jacobi per chunk of ``chunk_size`` on top of the cache of earlier chunks), or ``auto``: the fastest of
+        them for this device and ``tol`` (:func:`~fullband.model.recurrence.auto_exact_method`)."""
         B, T = self._check_tokens(tokens, None)
+        if method == "auto":
+            method = auto_exact_method(tokens.device, tol)
         if method == "jacobi":
             cap = exact_pass_count(plain_prefix, T, offset=0, has_incoming=False)
             return self(tokens, passes=cap, plain_prefix=plain_prefix, tol=tol, attention_mask=attention_mask)
         if method == "sequential":
             chunk_size = 1
         elif method != "chunked":
-            raise ValueError(f"method must be 'sequential', 'jacobi' or 'chunked', got {method!r}")
+            raise ValueError(f"method must be one of {EXACT_METHODS}, got {method!r}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         cache = self.new_cache(B, T)

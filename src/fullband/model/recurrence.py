@@ -189,3 +189,19 @@ def exact_pass_count(plain_prefix: PlainPrefix, T: int, offset: int, has_incomin
     n_fused = max(0, offset + T - max(prefix, offset))
     first_known = has_incoming and offset >= prefix
     return max(1, n_fused + 1 - int(first_known))
+
+
+def auto_exact_method(device: torch.device, tol: float | None) -> str:
+    """The exact method ``forward_exact(method="auto")`` runs: ``sequential``, except ``chunked`` on a CUDA device
+    when a tolerance ``tol`` lets each chunk stop early.
+
+    Why (``fullband bench``, its exact rows; docs/LOG.md): solved to exactness, chunked and Jacobi cannot beat
+    sequential anywhere, since chunked needs one pass per position of each chunk (T forward calls, as sequential,
+    each over more positions) and Jacobi T - p + 1 passes over the whole window. With a tolerance they stop early,
+    but each pass runs every position again: on a CPU, where time follows FLOPs, 4 x 256 tokens of a trained
+    compare-default model took 2.2x sequential's time by chunked(32), 2.0x by chunked(32) to 1e-4 and 3.0x by
+    Jacobi to 1e-4 (61 passes). On a GPU a sequential step is bound by kernel launches rather than FLOPs, so
+    fewer, wider calls should win: chunked on CUDA is a hypothesis for benchmarks/gpu_check.py to confirm, not a
+    measurement.
+    """
+    return "chunked" if device.type == "cuda" and tol else "sequential"

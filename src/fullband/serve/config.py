@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fullband.config import DEFAULT_MODE, _is_int, _require, doc, validate_decoding_options, validate_device_name
+from fullband.config import (
+    DEFAULT_MODE,
+    _is_int,
+    _require,
+    doc,
+    threads_field,
+    validate_decoding_options,
+    validate_device_name,
+    validate_threads,
+)
 
 
 @dataclass
@@ -25,6 +34,7 @@ class ServeConfig:
     graceful_timeout: float = doc(10.0, "Seconds Ctrl-C / SIGTERM waits for in-flight requests before cancelling.")
     log_level: str = doc("info", "uvicorn log level: critical | error | warning | info | debug.")
     device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
+    threads: str = threads_field()
 
     def __post_init__(self) -> None:
         _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
@@ -36,6 +46,7 @@ class ServeConfig:
                  self.graceful_timeout, "must be >= 0 seconds")
         _require(self.log_level in LOG_LEVELS, "log_level", self.log_level, f"must be one of {LOG_LEVELS}")
         validate_device_name(self.device)
+        self.threads = validate_threads(self.threads)
         validate_decoding_options(self.mode, self.prefill_passes, self.temperature, 0, 1.0, self.max_tokens,
                                   self.exact_chunk_size)
 

@@ -16,7 +16,9 @@ from fullband.config import (
     _is_number,
     _require,
     doc,
+    threads_field,
     validate_device_name,
+    validate_threads,
 )
 
 LR_SCHEDULES = ("cosine", "wsd", "constant")
@@ -342,12 +344,14 @@ class TrainRunConfig:
         "local directory PATH, retrofitted with latent feedback ([retrofit]) and tokenized with its own tokenizer.",
     )
     device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
+    threads: str = threads_field()
     eval_passes: tuple[int, ...] = doc(
         (1, 2, 3), "Pass counts validated: 1 = standard, k = fused prefill with k-1 extra passes.",
     )
 
     def __post_init__(self) -> None:
         validate_device_name(self.device)
+        self.threads = validate_threads(self.threads)
         _require(bool(self.eval_passes) and all(_is_int(k) and k >= 1 for k in self.eval_passes), "eval_passes",
                  self.eval_passes, "must be a non-empty list of integers >= 1")
         _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")

@@ -103,6 +103,7 @@ class Trainer:
             "train": config_to_dict(train_cfg),
             "optim": config_to_dict(optim_cfg),
             "schedule": config_to_dict(schedule_cfg),
+            "torch_threads": torch.get_num_threads(),  # what this process ran with (fullband train sets it: --threads)
             **(run_config or {}),
         }
         self._flops_per_token = flops_per_token(model.num_parameters(), model.config.n_layers, model.config.d_model,

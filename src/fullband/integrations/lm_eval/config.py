@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fullband.config import DECODING_MODES, DEFAULT_SCORE_MODE, _is_int, _require, doc, validate_device_name
+from fullband.config import (
+    DECODING_MODES,
+    DEFAULT_SCORE_MODE,
+    _is_int,
+    _require,
+    doc,
+    threads_field,
+    validate_device_name,
+    validate_threads,
+)
 
 # ---------------------------------------------------------------------------------------------- fullband eval
 
@@ -33,6 +42,7 @@ class LmEvalConfig:
     limit: int | None = doc(None, "Evaluate only the first N documents of each task (none = all).")
     max_gen_toks: int = doc(256, "Default cap on generated tokens for generate_until tasks.")
     device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
+    threads: str = threads_field()
     dtype: str = doc("float32", f"Model dtype: one of {EVAL_DTYPES}.")
     seed: int = doc(0, "Seed of the few-shot sampling and of every other random choice of lm-eval.")
     log_samples: bool = doc(False, "Also save every request and response (samples.json).")
@@ -41,6 +51,7 @@ class LmEvalConfig:
     def __post_init__(self) -> None:
         _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
         validate_device_name(self.device)
+        self.threads = validate_threads(self.threads)
         self.tasks = tuple(self.tasks)
         _require(len(self.tasks) > 0 and all(isinstance(t, str) and t for t in self.tasks), "tasks", self.tasks,
                  "give one or more task names (--tasks a,b)")

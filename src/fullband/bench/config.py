@@ -1,0 +1,122 @@
+"""Options of ``fullband bench`` (torch-free, so the command line checks them before importing torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fullband.config import (
+    _is_int,
+    _is_number,
+    _require,
+    apply_preset,
+    doc,
+    threads_field,
+    validate_device_name,
+    validate_threads,
+)
+
+SECTIONS = ("limits", "train", "passes", "decode", "exact")
+
+
+@dataclass
+class BenchTrainConfig:
+    """Training and multi-pass step sections ([train]): nanoGPT's README CPU config, byte vocabulary.
+
+    320 = the byte tokenizer's 257 ids rounded up to a multiple of 64, as ``fullband train`` builds it."""
+
+    d_model: int = doc(128, "Model width.")
+    n_layers: int = doc(4, "Transformer blocks.")
+    n_heads: int = doc(4, "Attention heads.")
+    batch_size: int = doc(12, "Rows per step.")
+    seq_len: int = doc(64, "Tokens per row.")
+    steps_per_round: int = doc(3, "Steps timed back to back per case and round (their mean is the round's time).")
+
+    def __post_init__(self) -> None:
+        _require_counts(self, ("d_model", "n_layers", "n_heads", "batch_size", "steps_per_round"))
+        _require(_is_int(self.seq_len) and self.seq_len >= 2, "train.seq_len", self.seq_len, "must be an integer >= 2")
+        _require(self.d_model % self.n_heads == 0, "train.n_heads", self.n_heads, "must divide train.d_model")
+
+
+@dataclass
+class BenchDecodeConfig:
+    """Decoding section ([decode]): GPT-2-small dimensions by default."""
+
+    d_model: int = doc(768, "Model width.")
+    n_layers: int = doc(12, "Transformer blocks.")
+    n_heads: int = doc(12, "Attention heads.")
+    vocab_size: int = doc(32000, "Vocabulary.")
+    prompt_len: int = doc(16, "Prompt tokens (random ids, the same for every case).")
+    new_tokens: int = doc(32, "Greedy tokens generated per call.")
+    batch_sizes: tuple[int, ...] = doc((1, 8), "Batch sizes to decode at.")
+
+    def __post_init__(self) -> None:
+        _require_counts(self, ("d_model", "n_layers", "n_heads", "vocab_size", "prompt_len", "new_tokens"))
+        self.batch_sizes = tuple(self.batch_sizes)
+        _require(len(self.batch_sizes) > 0 and all(_is_int(b) and b >= 1 for b in self.batch_sizes),
+                 "decode.batch_sizes", self.batch_sizes, "must be one or more integers >= 1")
+        _require(self.d_model % self.n_heads == 0, "decode.n_heads", self.n_heads, "must divide decode.d_model")
+
+
+@dataclass
+class BenchExactConfig:
+    """Exact-likelihood section ([exact]): ``forward_exact`` by each method on the same windows."""
+
+    checkpoint: str | None = doc(
+        None, "Model directory to score (a trained model: Jacobi's pass count depends on training); none = random "
+        "weights at the [train] dimensions.")
+    batch_size: int = doc(4, "Windows scored together.")
+    seq_len: int = doc(256, "Tokens per window.")
+    chunk_size: int = doc(32, "chunked: positions per chunk.")
+    tol: float = doc(1e-4, "Tolerance of the rows that stop early (max|h^(k) - h^(k-1)| < tol).")
+
+    def __post_init__(self) -> None:
+        _require_counts(self, ("batch_size", "chunk_size"))
+        _require(_is_int(self.seq_len) and self.seq_len >= 2, "exact.seq_len", self.seq_len, "must be an integer >= 2")
+        _require(_is_number(self.tol) and self.tol > 0, "exact.tol", self.tol, "must be > 0")
+
+
+BENCH_PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},  # the sections' defaults: about 3 minutes on 2 CPU cores
+    "quick": {  # seconds: the tests
+        "rounds": 2, "limit_mib": 16,
+        "train": {"d_model": 32, "n_layers": 2, "n_heads": 2, "batch_size": 2, "seq_len": 16, "steps_per_round": 1},
+        "decode": {"d_model": 32, "n_layers": 2, "n_heads": 2, "vocab_size": 256, "prompt_len": 4, "new_tokens": 6},
+        "exact": {"batch_size": 1, "seq_len": 16, "chunk_size": 4},
+    },
+}
+
+
+@dataclass
+class BenchConfig:
+    """``fullband bench``: train step, multi-pass steps, decoding and exact likelihood against the peers, with the
+    machine's limits measured in the same run; one table (and ``--json FILE``)."""
+
+    preset: str = doc("default", f"One of {tuple(BENCH_PRESETS)}: default = about 3 minutes on 2 CPU cores; quick = "
+                      "seconds (tests).")
+    sections: tuple[str, ...] = doc(SECTIONS, f"Sections to run, from {SECTIONS}.")
+    rounds: int = doc(5, "Interleaved rounds per comparison; every ratio is the median over rounds.")
+    limit_mib: int = doc(256, "Size of the tensor copied to measure memory bandwidth (MiB).")
+    train: BenchTrainConfig = field(default_factory=BenchTrainConfig)
+    decode: BenchDecodeConfig = field(default_factory=BenchDecodeConfig)
+    exact: BenchExactConfig = field(default_factory=BenchExactConfig)
+    seed: int = doc(0, "Seed of the weights and tokens.")
+    json: str | None = doc(None, "Also write every figure, the machine and its load to this JSON file.")
+    device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
+    threads: str = threads_field()
+
+    def __post_init__(self) -> None:
+        validate_device_name(self.device)
+        self.threads = validate_threads(self.threads)
+        apply_preset(self, BENCH_PRESETS)
+        self.sections = tuple(self.sections)
+        _require(len(self.sections) > 0 and all(s in SECTIONS for s in self.sections), "sections", self.sections,
+                 f"must be one or more of {SECTIONS}")
+        _require_counts(self, ("rounds", "limit_mib"))
+        _require(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "must be an integer >= 0")
+
+
+def _require_counts(config: Any, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(config, name)
+        _require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")

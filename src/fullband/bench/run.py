@@ -1,0 +1,231 @@
+"""``fullband bench``: the sections (limits, train, passes, decode, exact), one row per figure, the table."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fullband import FullBandwidthLM, ModelConfig
+from fullband.bench import steps
+from fullband.bench.config import BenchConfig
+from fullband.bench.timing import interleaved, machine_limits, machine_state, ratio
+from fullband.devices import resolve_device
+from fullband.model.recurrence import auto_exact_method
+from fullband.training.metrics import flops_per_token
+
+BYTE_VOCAB = 320  # fullband train's byte vocabulary: 257 ids rounded up to a multiple of 64
+
+
+@dataclass
+class Row:
+    section: str
+    case: str
+    ms: float | None = None  # median seconds per call x 1000
+    figure: str = ""  # throughput or the limit itself
+    ratio: float | None = None  # what the case name says it is
+    target: str = ""  # the issue's acceptance bound, if any
+    of_limit: str = ""  # the figure as a share of the machine's limit
+    check: str = ""  # correctness check of the case (identical tokens, same loss, max difference)
+    ok: bool | None = None  # the check passed (None: no check)
+
+
+class Bench:
+    """One run: the sections of ``cfg`` on one device, rows appended as they finish."""
+
+    def __init__(self, cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> None:
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.rows: list[Row] = []
+        self.times: dict[str, dict[str, list[float]]] = {}
+        self.limits: dict[str, float] = {}
+        self.say = progress or (lambda message: None)
+
+    def run(self) -> dict[str, Any]:
+        start, before = time.perf_counter(), machine_state()
+        self.limits = machine_limits(self.device, self.cfg.rounds, self.cfg.limit_mib)  # the other rows need them
+        if "limits" in self.cfg.sections:
+            self.rows += [Row("limits", f"memory bandwidth (copy of {self.cfg.limit_mib} MiB)",
+                              figure=f"{self.limits['memory_gb_s']:.1f} GB/s"),
+                          Row("limits", f"matmul float32 {self.limits['matmul_size']}^3",
+                              figure=f"{self.limits['matmul_gflop_s']:.1f} GFLOP/s")]
+        for section in ("train", "passes", "decode", "exact"):
+            if section in self.cfg.sections:
+                self.say(f"bench: {section} ...")
+                torch.manual_seed(self.cfg.seed)
+                getattr(self, section)()
+        return {"config": dataclasses.asdict(self.cfg), "device": str(self.device), "machine_at_start": before,
+                "load_average_at_end": machine_state().get("load_average"), "limits": self.limits,
+                "seconds": time.perf_counter() - start, "rows": [dataclasses.asdict(r) for r in self.rows],
+                "times_s": self.times}
+
+    # ------------------------------------------------------------------ sections
+
+    def _train_model(self) -> tuple[FullBandwidthLM, torch.Tensor]:
+        c = self.cfg.train
+        config = ModelConfig(vocab_size=BYTE_VOCAB, d_model=c.d_model, n_layers=c.n_layers, n_heads=c.n_heads,
+                             max_seq_len=c.seq_len, feedback=True)
+        model = FullBandwidthLM(config).to(self.device).train()
+        tokens = torch.randint(0, BYTE_VOCAB, (c.batch_size, c.seq_len), device=self.device)
+        return model, tokens
+
+    def train(self) -> None:
+        c = self.cfg.train
+        model, tokens = self._train_model()
+        llama = steps.llama_twin(model).train()
+        gpt2 = steps.gpt2_peer(model.config).to(self.device).train()
+        with torch.no_grad():
+            ours_loss = float(steps.fullband_loss(model, tokens)())
+            llama_loss = float(steps.transformers_loss(llama, tokens)())
+        same_loss = abs(ours_loss - llama_loss) < 1e-4
+        models = {"fullband": (model, steps.fullband_loss(model, tokens)),
+                  "llama": (llama, steps.transformers_loss(llama, tokens)),
+                  "gpt2": (gpt2, steps.transformers_loss(gpt2, tokens))}
+        cases = {}
+        for name, (net, loss_fn) in models.items():
+            optimizer, params = steps.adamw(net), list(net.parameters())
+            cases[name] = lambda loss_fn=loss_fn, optimizer=optimizer, params=params: steps.optimizer_step(
+                loss_fn, optimizer, params)
+        times = self.times["train"] = interleaved(cases, self.cfg.rounds, self.device, reps=c.steps_per_round)
+        n_tokens = tokens.numel()
+        flops = {"fullband": flops_per_token(steps.baseline_twin(model).num_parameters(), c.n_layers, c.d_model,
+                                             c.seq_len),
+                 "llama": flops_per_token(sum(p.numel() for p in llama.parameters()), c.n_layers, c.d_model, c.seq_len),
+                 "gpt2": flops_per_token(sum(p.numel() for p in gpt2.parameters()), c.n_layers, c.d_model, c.seq_len)}
+        labels = {"fullband": "fullband train step (1 pass, bare)",
+                  "llama": "LlamaForCausalLM train step, same weights", "gpt2": "GPT2LMHeadModel train step, same dims"}
+        for name, label in labels.items():
+            seconds = statistics.median(times[name])
+            self.rows.append(Row("train", label, 1000 * seconds, f"{n_tokens / seconds / 1e3:.1f}k tok/s",
+                                 of_limit=self._flop_share(flops[name] * n_tokens / seconds)))
+        self.rows.append(Row("train", "speed fullband / LlamaForCausalLM", ratio=ratio(times, "llama", "fullband"),
+                             target=">= 1.3", check=f"same loss ({ours_loss:.5f} vs {llama_loss:.5f})"
+                             if same_loss else f"LOSS DIFFERS ({ours_loss:.5f} vs {llama_loss:.5f})", ok=same_loss))
+        self.rows.append(Row("train", "speed fullband / GPT2LMHeadModel", ratio=ratio(times, "gpt2", "fullband")))
+        with tempfile.TemporaryDirectory() as tmp:
+            trainer_step, bare_step = steps.trainer_and_bare_step(model, tokens, tmp)
+            overhead = self.times["trainer"] = interleaved({"trainer": trainer_step, "bare": bare_step},
+                                                           self.cfg.rounds, self.device, reps=c.steps_per_round)
+        self.rows.append(Row("train", "Trainer.train_step / bare step time", 1000 * statistics.median(
+            overhead["trainer"]), ratio=ratio(overhead, "trainer", "bare"), target="<= 1.05"))
+
+    def passes(self) -> None:
+        c = self.cfg.train
+        model, tokens = self._train_model()
+        optimizer, params = steps.adamw(model), list(model.parameters())
+        cases = {f"{k}-pass": (lambda k=k: steps.optimizer_step(steps.fullband_loss(model, tokens, k), optimizer,
+                                                                 params)) for k in (1, 2, 3)}
+        times = self.times["passes"] = interleaved(cases, self.cfg.rounds, self.device, reps=c.steps_per_round)
+        for k, target in ((2, "<= 2.1"), (3, "<= 3.15")):
+            self.rows.append(Row("passes", f"{k}-pass / 1-pass train step time", 1000 * statistics.median(
+                times[f"{k}-pass"]), ratio=ratio(times, f"{k}-pass", "1-pass"), target=target))
+
+    def decode(self) -> None:
+        c = self.cfg.decode
+        config = ModelConfig(vocab_size=c.vocab_size, d_model=c.d_model, n_layers=c.n_layers, n_heads=c.n_heads,
+                             max_seq_len=c.prompt_len + c.new_tokens, feedback=True)
+        model = FullBandwidthLM(config).to(self.device).eval()
+        llama = steps.llama_twin(model).eval()
+        weight_bytes = sum(p.numel() * p.element_size() for p in steps.baseline_twin(model).parameters())
+        for batch in c.batch_sizes:
+            prompts = torch.randint(0, c.vocab_size, (batch, c.prompt_len), device=self.device)
+            cases = {"standard": lambda p=prompts: steps.greedy_fullband(model, p, c.new_tokens, "standard"),
+                     "generate": lambda p=prompts: steps.greedy_transformers(llama, p, c.new_tokens),
+                     "soft": lambda p=prompts: steps.greedy_fullband(model, p, c.new_tokens, "soft")}
+            with torch.no_grad():
+                tokens = {name: fn() for name, fn in cases.items()}  # also the warm-up: a decode call is long
+                times = self.times[f"decode-batch{batch}"] = interleaved(cases, self.cfg.rounds, self.device,
+                                                                         warmup=0)
+            same = torch.equal(tokens["standard"], tokens["generate"])
+            generated = batch * c.new_tokens
+            for name, label in (("standard", "fullband greedy (standard)"), ("generate", "LlamaForCausalLM.generate"),
+                                ("soft", "fullband greedy (soft)")):
+                seconds = statistics.median(times[name])
+                # Each decoding step reads every weight once: a bandwidth bound at small batches.
+                share = weight_bytes * c.new_tokens / seconds / (self.limits["memory_gb_s"] * 1e9)
+                self.rows.append(Row("decode", f"{label}, batch {batch}", 1000 * seconds,
+                                     f"{generated / seconds:.1f} tok/s", of_limit=f"{100 * share:.1f}% mem bw"))
+            self.rows.append(Row("decode", f"speed fullband / generate, batch {batch}",
+                                 ratio=ratio(times, "generate", "standard"),
+                                 target=">= 1.3" if batch >= 8 else ">= 1.0",
+                                 check="identical tokens" if same else "TOKENS DIFFER", ok=same))
+            self.rows.append(Row("decode", f"speed soft / standard, batch {batch}",
+                                 ratio=ratio(times, "standard", "soft"), target=">= 0.98"))
+
+    def exact(self) -> None:
+        c = self.cfg.exact
+        if c.checkpoint:
+            from fullband.model_io import load_any
+
+            model = load_any(c.checkpoint, device=str(self.device)).eval()
+        else:  # the train section's (compare's default) dimensions, random weights
+            t = self.cfg.train
+            config = ModelConfig(vocab_size=BYTE_VOCAB, d_model=t.d_model, n_layers=t.n_layers, n_heads=t.n_heads,
+                                 max_seq_len=c.seq_len, feedback=True)
+            model = FullBandwidthLM(config).to(self.device).eval()
+        tokens = torch.randint(0, model.config.vocab_size, (c.batch_size, c.seq_len), device=self.device)
+        tol = f"tol {c.tol:g}"
+        methods = {"sequential": dict(method="sequential"),
+                   f"chunked({c.chunk_size})": dict(method="chunked", chunk_size=c.chunk_size),
+                   f"chunked({c.chunk_size}), {tol}": dict(method="chunked", chunk_size=c.chunk_size, tol=c.tol),
+                   f"jacobi, {tol}": dict(method="jacobi", tol=c.tol)}
+        with torch.no_grad():
+            outputs = {name: model.forward_exact(tokens, 1, **kwargs) for name, kwargs in methods.items()}
+            cases = {name: (lambda kwargs=kwargs: model.forward_exact(tokens, 1, **kwargs))
+                     for name, kwargs in methods.items()}
+            # A call takes seconds at full size: at most 3 rounds here (the table's header says so).
+            times = self.times["exact"] = interleaved(cases, min(self.cfg.rounds, 3), self.device, warmup=0)
+        reference = outputs["sequential"].logits
+        for name in methods:
+            difference = (outputs[name].logits - reference).abs().max().item()
+            self.rows.append(Row("exact", f"forward_exact {name} / sequential time",
+                                 1000 * statistics.median(times[name]), f"{outputs[name].passes} passes",
+                                 ratio=ratio(times, name, "sequential"), check=f"max|dlogit| {difference:.1e}"))
+        rows = dict(zip(methods, self.rows[-len(methods):], strict=True))
+        for tol_value in (None, c.tol):  # what auto runs here: one of the rows above, not timed again
+            chosen = auto_exact_method(self.device, tol_value)
+            row = rows[next(name for name, kwargs in methods.items() if kwargs["method"] == chosen
+                            and ("tol" in kwargs) == (tol_value is not None and chosen != "sequential"))]
+            label = f"forward_exact auto{', ' + tol if tol_value else ''} (= {chosen} here)"
+            self.rows.append(dataclasses.replace(row, case=label))
+
+    def _flop_share(self, flop_s: float) -> str:
+        return f"{100 * flop_s / (self.limits['matmul_gflop_s'] * 1e9):.1f}% matmul"
+
+
+def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run ``cfg``'s sections; write ``cfg.json`` when set; returns what it holds."""
+    results = Bench(cfg, progress).run()
+    if cfg.json:
+        Path(cfg.json).write_text(json.dumps(results, indent=2))
+    return results
+
+
+COLUMNS = (("section", 7, "<"), ("case", 52, "<"), ("ms", 9, ">"), ("figure", 16, ">"), ("ratio", 7, ">"),
+           ("target", 8, ">"), ("of_limit", 13, ">"), ("check", 0, "<"))
+
+
+def table(results: dict[str, Any]) -> str:
+    """The rows as one fixed-width text table, headed by the machine, its load and the settings."""
+    m, cfg = results["machine_at_start"], results["config"]
+    lines = [f"# fullband bench: torch {m['torch']}, {results['device']}, {m['torch_threads']} threads on "
+             f"{m['usable_cores']} usable cores ({m['cpu']}); load average {m.get('load_average')} at start, "
+             f"{results['load_average_at_end']} at end; preset {cfg['preset']}, medians of {cfg['rounds']} "
+             f"interleaved rounds (exact: at most 3); {results['seconds']:.0f} s",
+             "# ratio: what the case says (speed = the other's time / ours: > 1 = ours faster; time = the first's "
+             "time / the second's)"]
+    header = " ".join(f"{name:{align}{width}}" for name, width, align in COLUMNS).rstrip()
+    lines += [header, "-" * len(header)]
+    for row in results["rows"]:
+        cells = {**row, "ms": "" if row["ms"] is None else f"{row['ms']:.1f}",
+                 "ratio": "" if row["ratio"] is None else f"{row['ratio']:.2f}"}
+        lines.append(" ".join(f"{cells[name]!s:{align}{width}}" for name, width, align in COLUMNS).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""The steps ``fullband bench`` (and benchmarks/) time: one training step of fullband or of a transformers peer,
+the Trainer's own step, greedy decoding of each; and the peers built on fullband's weights."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fullband import FullBandwidthLM, ModelConfig
+
+
+class SavedTensorBytes:
+    """Counts the bytes of distinct storages autograd saves during a forward (activation memory on a CPU, where
+    PyTorch keeps no peak-memory counter)."""
+
+    def __init__(self) -> None:
+        self.storages: dict[int, int] = {}
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        self.storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+
+def optimizer_step(loss_fn: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer,
+                   params: list[torch.nn.Parameter], grad_clip: float = 1.0,
+                   saved: SavedTensorBytes | None = None) -> None:
+    """One bare training step: forward + loss (``loss_fn``), backward, gradient clipping, optimizer step.
+
+    ``saved`` counts the activation memory autograd keeps for the backward pass (costs time: not while timing).
+    """
+    if saved is None:
+        loss = loss_fn()
+    else:
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+            loss = loss_fn()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def fullband_loss(model: FullBandwidthLM, tokens: torch.Tensor, passes: int = 1) -> Callable[[], torch.Tensor]:
+    """The multi-pass objective's loss of ``tokens`` (plain_prefix 1), as the bare model computes it."""
+    return lambda: model(tokens, passes=passes, plain_prefix=1, labels=tokens).loss
+
+
+def transformers_loss(model: torch.nn.Module, tokens: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A transformers causal LM's next-token loss of ``tokens`` (it shifts the labels itself)."""
+    return lambda: model(input_ids=tokens, labels=tokens).loss
+
+
+def adamw(model: torch.nn.Module) -> torch.optim.AdamW:
+    """The optimizer every bare step uses: AdamW over all parameters, the multi-tensor (foreach) kernels on a CPU
+    and the fused kernel on CUDA, as the Trainer builds it."""
+    on_cuda = all(p.is_cuda for p in model.parameters())
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1,
+                             **({"fused": True} if on_cuda else {"foreach": True}))
+
+
+def baseline_twin(model: FullBandwidthLM) -> FullBandwidthLM:
+    """The ``feedback=False`` model with ``model``'s weights (all but the fusion)."""
+    config = ModelConfig(**{**model.config.to_dict(), "feedback": False})
+    twin = FullBandwidthLM(config)
+    twin.load_state_dict({k: v for k, v in model.state_dict().items() if k in twin.state_dict()}, strict=True)
+    p = model.embed.weight
+    return twin.to(device=p.device, dtype=p.dtype).train(model.training)
+
+
+def llama_twin(model: FullBandwidthLM) -> torch.nn.Module:
+    """``LlamaForCausalLM`` with ``model``'s weights (the input norm folded into its embedding, see
+    :func:`fullband.integrations.llama.to_llama`), attention through the same SDPA kernel."""
+    from fullband.integrations.llama import to_llama
+
+    llama = to_llama(baseline_twin(model))
+    llama.config._attn_implementation = "sdpa"
+    llama.generation_config.pad_token_id = 0  # no special tokens: quiets generate()
+    return llama
+
+
+def gpt2_peer(config: ModelConfig) -> torch.nn.Module:
+    """``GPT2LMHeadModel`` of the same width, depth, heads, vocabulary and context, dropout off (its layout differs
+    -- LayerNorm, learned positions, GELU MLP of 4x width -- so it gets its own random weights)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2Config(vocab_size=config.vocab_size, n_positions=config.max_seq_len, n_embd=config.d_model,
+                      n_layer=config.n_layers, n_head=config.n_heads, resid_pdrop=0.0, embd_pdrop=0.0,
+                      attn_pdrop=0.0, bos_token_id=None, eos_token_id=None, attn_implementation="sdpa")
+    return GPT2LMHeadModel(gpt2)
+
+
+def trainer_and_bare_step(model: FullBandwidthLM, tokens: torch.Tensor,
+                          out_dir: str) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """(one ``Trainer.train_step`` of ``model``, the bare step it wraps) on copies of the same weights: AdamW as the
+    Trainer builds it, gradient clipping at 1, single-pass steps, the same fixed batch."""
+    from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
+    from fullband.training.optim import build_optimizer
+    from fullband.training.trainer import Trainer
+
+    rows, seq_len = tokens.shape
+    train_cfg = TrainConfig(batch_size=rows, seq_len=seq_len, max_steps=10**6, checkpoint_every=0)
+    optim_cfg, schedule = OptimConfig(warmup_steps=0), ScheduleConfig(feedback_start=1.0)
+    trainer = Trainer(copy.deepcopy(model), train_cfg, optim_cfg, schedule, lambda step, rank, world: (tokens, tokens),
+                      out_dir=out_dir, progress=False)
+    bare = copy.deepcopy(model)
+    optimizer = build_optimizer(bare, optim_cfg)
+    params = list(bare.parameters())
+    return (lambda: trainer.train_step(0)), (lambda: optimizer_step(fullband_loss(bare, tokens), optimizer, params))
+
+
+def greedy_fullband(model: FullBandwidthLM, prompts: torch.Tensor, new_tokens: int, mode: str) -> torch.Tensor:
+    """The ``new_tokens`` greedy tokens fullband decodes after ``prompts`` in ``mode``, (B, new_tokens)."""
+    return model.generate(prompts, max_new_tokens=new_tokens, mode=mode)[:, prompts.shape[1]:]
+
+
+def greedy_transformers(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """The ``new_tokens`` greedy tokens ``model.generate`` decodes after ``prompts`` (its KV cache), (B, new)."""
+    out = model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False)
+    return out[:, prompts.shape[1]:].cpu()
