@@ -86,15 +86,16 @@ def test_config_rejects_bad_values_by_name():
 
 def test_eval_reasoning_smoke_runs_end_to_end(tmp_path, capsys):
     out = tmp_path / "study"
-    assert main(["eval-reasoning", "--preset", "smoke", "--out_dir", str(out), "--progress", "false",
-                 "--test_lengths", "6", "--optimizer", "muon", "--feedback_start", "0", "--pass_mix", "0,1"]) == 0
+    args = ["eval-reasoning", "--preset", "smoke", "--out_dir", str(out), "--progress", "false", "--test_lengths",
+            "6", "--optimizer", "muon", "--feedback_start", "0", "--pass_mix", "0,1", "--fused_passes", "1,3"]
+    assert main(args) == 0
     printed = capsys.readouterr().out
     assert "equal_accuracy:" in printed and "fullband exact" in printed
     results = json.loads((out / "results.json").read_text())
-    assert results["variants"] == ["baseline", "fullband standard", "fullband soft", "fullband fused(2)",
-                                   "fullband exact"]
+    assert results["variants"] == ["baseline", "fullband standard", "fullband soft", "fullband fused(1)",
+                                   "fullband fused(3)", "fullband exact"]
     lengths, strides = [2, 3, 4, 6], results["config"]["strides"]
-    assert len(results["cells"]) == 5 * len(strides) * (len(lengths) + 1)  # + pooled over lengths
+    assert len(results["cells"]) == 6 * len(strides) * (len(lengths) + 1)  # + pooled over lengths
     for cell in results["cells"]:
         assert 0 <= cell["accuracy"] <= 1 and cell["mean_len"] >= 0 and cell["ms_per_problem"] > 0
     assert {c["length"] for c in results["cells"]} == {*lengths, "all"}
@@ -105,8 +106,6 @@ def test_eval_reasoning_smoke_runs_end_to_end(tmp_path, capsys):
     assert report.splitlines()[5] == "## Verdict" and "Answer-only accuracy with exact prefill" in report
     assert "Unseen lengths (never trained on): n=6" in report and "## Equal accuracy" in report
     # A second run into the same directory must not silently retrain; --reuse_models evaluates again.
-    args = ["eval-reasoning", "--preset", "smoke", "--out_dir", str(out), "--progress", "false", "--test_lengths",
-            "6", "--optimizer", "muon", "--feedback_start", "0", "--pass_mix", "0,1"]
     assert main(args) == 2
     assert "already holds a trained baseline" in capsys.readouterr().err
     assert main([*args, "--reuse_models", "true"]) == 0

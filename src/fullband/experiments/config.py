@@ -289,7 +289,9 @@ class ReasoningConfig(SyntheticStudyConfig):
         "every stride equally often.")
     modes: tuple[str, ...] = doc(("standard", "soft", "fused", "exact"),
                                  "Decoding modes of the fullband model (greedy); exact = the prompt fully recurrent.")
-    fused_passes: int = doc(2, "fused mode: extra fused passes over the prompt.")
+    fused_passes: tuple[int, ...] = doc(
+        (2,), "fused mode: extra fused passes over the prompt; several (e.g. 1,2,4,8) evaluate fused(k) for each, "
+        "accuracy against the iteration's depth.")
     seeds: int = doc(1, "Train and evaluate both models with seeds seed, seed+1, ...; >1 reports mean ± sd "
                      "(the test problems stay those of seed).")
     optimizer: str = doc("adamw", "Both models: adamw, or muon (Muon on the hidden matrices at muon_lr, AdamW at lr "
@@ -305,8 +307,10 @@ class ReasoningConfig(SyntheticStudyConfig):
         self.strides = tuple(self.strides)
         self.modes = tuple(self.modes)
         self.test_lengths = tuple(self.test_lengths)
-        _require_ints(self, {"min_length": 1, "train_examples": 1, "test_per_length": 1, "fused_passes": 0,
-                             "seeds": 1})
+        self.fused_passes = (self.fused_passes,) if _is_int(self.fused_passes) else tuple(self.fused_passes)
+        _require_ints(self, {"min_length": 1, "train_examples": 1, "test_per_length": 1, "seeds": 1})
+        _require(len(self.fused_passes) > 0 and all(_is_int(k) and k >= 0 for k in self.fused_passes),
+                 "fused_passes", self.fused_passes, "must be a non-empty list of integers >= 0")
         _require(all(_is_int(n) and 1 <= n <= 26 for n in self.test_lengths), "test_lengths", self.test_lengths,
                  "must be integers in 1..26 (the trained range is min_length..max_length)")
         _require(self.answer_share is None or (_is_number(self.answer_share) and 0 <= self.answer_share <= 1

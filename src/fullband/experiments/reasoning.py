@@ -171,14 +171,16 @@ def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Proble
     by_length: dict[int, list[Problem]] = {}
     for p in test:
         by_length.setdefault(p.n, []).append(p)
-    variants = [("baseline", "standard")] + [("fullband", mode) for mode in cfg.modes]
-    jobs = [(kind, mode, s, n) for kind, mode in variants for s in cfg.strides for n in sorted(by_length)]
+    # fused mode once per number of prefill passes: accuracy against the depth of the iteration
+    variants = [("baseline", "standard", 0)] + [("fullband", mode, k) for mode in cfg.modes
+                                                 for k in (cfg.fused_passes if mode == "fused" else (0,))]
+    jobs = [(*v, s, n) for v in variants for s in cfg.strides for n in sorted(by_length)]
     models = {kind: load_any(path, device=cfg.device) for kind, path in model_dirs.items()}  # native or retrofitted
     cells = []
-    for kind, mode, stride, n in tqdm(jobs, desc="decoding", disable=not cfg.progress):
-        cell = decode_cell(models[kind], tokenizer, task, by_length[n], stride, mode, cfg.fused_passes)
-        cells.append({"model": kind, "mode": mode, "variant": variant_name(kind, mode, cfg.fused_passes),
-                      "stride": stride, "length": n, **cell})
+    for kind, mode, k, stride, n in tqdm(jobs, desc="decoding", disable=not cfg.progress):
+        cell = decode_cell(models[kind], tokenizer, task, by_length[n], stride, mode, k)
+        cells.append({"model": kind, "mode": mode, "variant": variant_name(kind, mode, k), "stride": stride,
+                      "length": n, **cell})
     return cells
 
 
