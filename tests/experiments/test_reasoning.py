@@ -31,8 +31,11 @@ def test_held_out_problems_never_reach_the_training_data(tmp_path):
 def test_unseen_test_lengths_answer_share_and_curriculum_order(tmp_path):
     cfg = ReasoningConfig(preset="smoke", min_length=2, max_length=3, test_lengths=(3, 6), train_examples=400,
                           test_per_length=5, answer_share=0.8, curriculum=0.5)
-    test, train_path, _ = build_data(cfg, tmp_path)
+    test, train_path, test_path = build_data(cfg, tmp_path)
     assert sorted({p.n for p in test}) == [2, 3, 6] and sum(p.n == 6 for p in test) == 5
+    # The held-out loss of training reads the trained lengths only; the unseen ones have their own file.
+    assert len(test_path.read_text().splitlines()) == (len(test) - 5) * len(cfg.strides)
+    assert len((tmp_path / "test_unseen.jsonl").read_text().splitlines()) == 5 * len(cfg.strides)
     rows = [json.loads(line) for line in train_path.read_text().splitlines()]
     lengths = [len(r["prompt"].split("/")[0]) // 2 for r in rows]  # start + 2 characters a step
     assert set(lengths) == {2, 3} and lengths == sorted(lengths)  # never n = 6; shortest first (curriculum)

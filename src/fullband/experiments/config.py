@@ -255,11 +255,12 @@ REASONING_PRESETS: dict[str, dict[str, Any]] = {
                  d_model=128, n_layers=4, n_heads=4, steps=10_000, batch_size=64, lr=2e-3),
     # Issue 17: give the recurrence the serial depth answer-only solving needs. The Recipe issue's optimiser (Muon,
     # 3x fusion LR), plain positions unnormalised (its best variant), feedback from the first step with 2-6
-    # passes, mostly answer-only training on n <= 6, tested on n = 8, 12, 16 too.
+    # passes, mostly answer-only training on n <= 6, tested on n = 8, 12, 16 too; fused(k) for k = 1..8 shows
+    # whether the iteration holds past the trained depth.
     "serial": dict(min_length=2, max_length=6, test_lengths=(8, 12, 16), strides=(1, 0), answer_share=0.75,
-                   train_examples=50_000, test_per_length=40, d_model=64, n_layers=2, n_heads=4, steps=1500,
-                   batch_size=32, lr=2e-3, optimizer="muon", fusion_lr_mult=3.0, input_norm=False,
-                   feedback_start=0.0, pass_mix=(0.3, 0.3, 0.2, 0.2), curriculum=0.3),
+                   train_examples=100_000, test_per_length=40, d_model=64, n_layers=2, n_heads=4, steps=3000,
+                   batch_size=64, lr=1e-3, optimizer="muon", fusion_lr_mult=3.0, input_norm=False,
+                   feedback_start=0.0, pass_mix=(0.3, 0.3, 0.2, 0.2), curriculum=0.3, fused_passes=(1, 2, 4, 8)),
 }
 REASONING_FAMILIES = ("swaps", "sum")
 

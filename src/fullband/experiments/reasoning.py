@@ -12,7 +12,8 @@
    each model/mode reaches the baseline's best accuracy (less ``TOLERANCE``).
 
     out_dir/
-      data/train.jsonl, data/test.jsonl      the problems (prompt/completion JSONL)
+      data/train.jsonl, data/test.jsonl      the problems (prompt/completion JSONL; test_unseen.jsonl: the
+                                             test_lengths outside the trained range)
       baseline/, fullband/                   the training runs (model/ inside each)
       results.json                           config, training summaries, every cell, equal-accuracy rows
       report.md, accuracy_vs_trace_length.png
@@ -106,7 +107,7 @@ def train_stride(cfg: ReasoningConfig, rng: random.Random) -> int:
 def build_data(cfg: ReasoningConfig, data_dir: Path) -> tuple[list[Problem], Path, Path]:
     """Held-out test problems (trained lengths, then the unseen ``test_lengths``), ``train.jsonl`` (random
     lengths and strides, test problems excluded; shortest problems first under a curriculum) and ``test.jsonl``
-    (every test problem at every stride)."""
+    (every test problem of a trained length at every stride; ``test_unseen.jsonl`` the rest)."""
     rng = random.Random(cfg.seed)
     task = task_of(cfg)
     test = sample_problems(cfg.family, range(cfg.min_length, cfg.max_length + 1), cfg.test_per_length, rng,
@@ -122,7 +123,14 @@ def build_data(cfg: ReasoningConfig, data_dir: Path) -> tuple[list[Problem], Pat
     if cfg.curriculum > 0:  # the training file's order is the curriculum's (fullband train --data.curriculum)
         examples.sort(key=lambda e: e.problem.n)
     train_path = write_jsonl(data_dir / "train.jsonl", [task.row(e) for e in examples])
-    test_path = write_jsonl(data_dir / "test.jsonl", [task.row(TracedProblem(p, s)) for p in test for s in cfg.strides])
+    # test.jsonl (the held-out loss of training) has the trained lengths only: unseen lengths reach positions
+    # never trained on, whose loss would swamp it; they go to test_unseen.jsonl.
+    def rows(problems: list[Problem]) -> list[dict[str, str]]:
+        return [task.row(TracedProblem(p, s)) for p in problems for s in cfg.strides]
+
+    test_path = write_jsonl(data_dir / "test.jsonl", rows([p for p in test if p in held_out]))
+    if unseen := [p for p in test if p not in held_out]:
+        write_jsonl(data_dir / "test_unseen.jsonl", rows(unseen))
     return test, train_path, test_path
 
 
