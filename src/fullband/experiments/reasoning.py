@@ -283,6 +283,11 @@ def tables(results: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def chance(cfg: dict[str, Any]) -> float:
+    """Accuracy of a uniform guess at the answer."""
+    return 1 / 3 if cfg["family"] == "swaps" else 1 / cfg["modulus"]
+
+
 def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
@@ -314,7 +319,7 @@ def verdict(results: dict[str, Any]) -> list[str]:
     lines = [f"**Answer-only accuracy with {mode.removeprefix('fullband ')} prefill {word} the baseline**: "
              f"{acc(mode, trained):.2f} against {acc('baseline', trained):.2f} (mean over the trained lengths "
              f"n = {trained[0]}..{trained[-1]}, difference {gain:+.2f}; {seeds} seed{'s' * (seeds > 1)}; chance "
-             f"{1 / 3 if cfg['family'] == 'swaps' else 1 / cfg['modulus']:.2f}).", "",
+             f"{chance(cfg):.2f}).", "",
              f"- Per length ({mode} vs baseline): {per_n(trained)}."]
     if unseen:
         lines.append(f"- Unseen lengths (never trained on): {per_n(unseen)}.")
@@ -450,7 +455,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 def plot_lengths(results: dict[str, Any], path: Path) -> None:
     """Length generalisation: accuracy vs problem length n, one panel per stride, one line per model/mode (error
-    bars: sd over seeds); lengths past the trained range are shaded."""
+    bars: sd over seeds); lengths past the trained range are shaded, chance dotted."""
     plt = pyplot()
     cfg, cells, variants = results["config"], results["cells"], results["variants"]
     strides = cfg["strides"]
@@ -461,6 +466,7 @@ def plot_lengths(results: dict[str, Any], path: Path) -> None:
                             if c["variant"] == variant and c["stride"] == stride and c["length"] != "all")
             ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
                         label=variant, capsize=2, **line_style(variant))
+        ax.axhline(chance(cfg), color="black", lw=0.8, ls=":")
         ax.axvspan(cfg["max_length"] + 0.5, max(c["length"] for c in cells if c["length"] != "all") + 0.5,
                    color="grey", alpha=0.12, lw=0)
         ax.set_title(stride_name(stride))
