@@ -87,6 +87,17 @@ def test_sft_batches_deterministic(tmp_path):
         assert torch.equal(half[0], x[rows, :w]) and torch.equal(half[1], y[rows, :w])
 
 
+def test_sft_curriculum_draws_from_a_growing_prefix_of_the_file(tmp_path):
+    f = _write(tmp_path / "d.jsonl", *({"prompt": "p", "completion": "c" * i} for i in range(1, 41)))
+    exs = load_sft(f, TOK, max_len=64)
+    sb = SFTBatches(exs, batch_size=4, pad_id=EOS, seed=0, curriculum_steps=10)
+    assert [sb.pool(s) for s in (0, 1, 5, 10, 99)] == [4, 4, 20, 40, 40]
+    # Early batches hold only the first (shortest) examples: at most 4 completion tokens + EOS + the prompt.
+    for step in range(2):
+        assert sb.batch(step)[0].shape[1] <= 1 + 4 + 1
+    assert max(SFTBatches(exs, 4, EOS, seed=0).batch(s)[0].shape[1] for s in range(5)) > 6  # no curriculum
+
+
 def test_malformed_lines_name_file_and_line(tmp_path):
     f = _write(tmp_path / "bad.jsonl", {"prompt": "a", "completion": "b"}, "", "{not json")
     with pytest.raises(DataError, match=r"bad\.jsonl:3: invalid JSON"):

@@ -9,7 +9,7 @@ import pytest
 from fullband.cli import main
 from fullband.config import ConfigError
 from fullband.experiments.config import ReasoningConfig
-from fullband.experiments.reasoning import build_data, equal_accuracy, pooled
+from fullband.experiments.reasoning import build_data, context_length, equal_accuracy, over_seeds, pooled
 from fullband.tasks.reasoning import sample_problems
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
@@ -26,6 +26,35 @@ def test_held_out_problems_never_reach_the_training_data(tmp_path):
     assert len(test_path.read_text().splitlines()) == len(test) * len(cfg.strides)
     rest = sample_problems("swaps", range(2, 3), 100, random.Random(0), exclude=frozenset(test))
     assert len(rest) == 14 and not set(rest) & set(test)
+
+
+def test_unseen_test_lengths_answer_share_and_curriculum_order(tmp_path):
+    cfg = ReasoningConfig(preset="smoke", min_length=2, max_length=3, test_lengths=(3, 6), train_examples=400,
+                          test_per_length=5, answer_share=0.8, curriculum=0.5)
+    test, train_path, test_path = build_data(cfg, tmp_path)
+    assert sorted({p.n for p in test}) == [2, 3, 6] and sum(p.n == 6 for p in test) == 5
+    # The held-out loss of training reads the trained lengths only; the unseen ones have their own file.
+    assert len(test_path.read_text().splitlines()) == (len(test) - 5) * len(cfg.strides)
+    assert len((tmp_path / "test_unseen.jsonl").read_text().splitlines()) == 5 * len(cfg.strides)
+    rows = [json.loads(line) for line in train_path.read_text().splitlines()]
+    lengths = [len(r["prompt"].split("/")[0]) // 2 for r in rows]  # start + 2 characters a step
+    assert set(lengths) == {2, 3} and lengths == sorted(lengths)  # never n = 6; shortest first (curriculum)
+    answer_only = sum(r["prompt"].endswith("/0:") for r in rows) / len(rows)
+    assert 0.7 < answer_only < 0.9
+    assert context_length(cfg) > context_length(ReasoningConfig(preset="smoke", min_length=2, max_length=3))
+
+
+def test_over_seeds_gives_mean_and_sd_per_cell():
+    def cell(seed, accuracy, length=4):
+        return {"variant": "fullband exact", "model": "fullband", "mode": "exact", "stride": 0, "length": length,
+                "n": 10, "accuracy": accuracy, "exact_trace": accuracy, "mean_len": 2.0, "median_len": 2.0,
+                "ms_per_problem": 1.0, "seed": seed}
+
+    cells = [cell(0, 0.5), cell(1, 0.7), cell(0, 1.0, 6), cell(1, 0.8, 6)]
+    out = {c["length"]: c for c in over_seeds(cells + pooled(cells))}
+    assert out[4]["accuracy"] == pytest.approx(0.6) and out[4]["accuracy_sd"] == pytest.approx(0.1414, abs=1e-4)
+    assert out["all"]["accuracy"] == pytest.approx(0.75)  # seed means 0.75 and 0.75
+    assert out["all"]["accuracy_sd"] == pytest.approx(0.0) and out[6]["seeds"] == 2 and "seed" not in out[6]
 
 
 def test_equal_accuracy_takes_the_shortest_trace_that_reaches_the_baselines_best():
@@ -49,26 +78,53 @@ def test_config_rejects_bad_values_by_name():
         ReasoningConfig(preset="smoke", modes=("turbo",))
     with pytest.raises(ConfigError, match="preset='huge' is invalid"):
         ReasoningConfig(preset="huge")
+    with pytest.raises(ConfigError, match=r"answer_share=0\.5 is invalid"):
+        ReasoningConfig(preset="smoke", strides=(1, 2), answer_share=0.5)
+    with pytest.raises(ConfigError, match="optimizer='sgd' is invalid"):
+        ReasoningConfig(preset="smoke", optimizer="sgd")
+    with pytest.raises(ConfigError, match="curriculum=2 is invalid"):
+        ReasoningConfig(preset="smoke", curriculum=2)
+    assert ReasoningConfig(preset="serial").optimizer == "muon"
 
 
 def test_eval_reasoning_smoke_runs_end_to_end(tmp_path, capsys):
     out = tmp_path / "study"
-    assert main(["eval-reasoning", "--preset", "smoke", "--out_dir", str(out), "--progress", "false"]) == 0
+    args = ["eval-reasoning", "--preset", "smoke", "--out_dir", str(out), "--progress", "false", "--test_lengths",
+            "6", "--optimizer", "muon", "--feedback_start", "0", "--pass_mix", "0,1", "--fused_passes", "1,3"]
+    assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "equal_accuracy:" in printed and "fullband fused(2)" in printed
+    assert "equal_accuracy:" in printed and "fullband exact" in printed
     results = json.loads((out / "results.json").read_text())
-    assert results["variants"] == ["baseline", "fullband standard", "fullband soft", "fullband fused(2)"]
-    lengths, strides = range(2, 5), results["config"]["strides"]
-    assert len(results["cells"]) == 4 * len(strides) * (len(lengths) + 1)  # + pooled over lengths
+    assert results["variants"] == ["baseline", "fullband standard", "fullband soft", "fullband fused(1)",
+                                   "fullband fused(3)", "fullband exact"]
+    lengths, strides = [2, 3, 4, 6], results["config"]["strides"]
+    assert len(results["cells"]) == 6 * len(strides) * (len(lengths) + 1)  # + pooled over lengths
     for cell in results["cells"]:
-        assert 0 <= cell["accuracy"] <= 1 and cell["mean_len"] >= 0
+        assert 0 <= cell["accuracy"] <= 1 and cell["mean_len"] >= 0 and cell["ms_per_problem"] > 0
+    assert {c["length"] for c in results["cells"]} == {*lengths, "all"}
     assert results["training"]["fullband"]["token_equiv_compute"] > results["training"]["baseline"]["tokens"]
-    assert (out / "accuracy_vs_trace_length.png").stat().st_size > 10_000
+    for plot in ("accuracy_vs_trace_length.png", "accuracy_vs_length.png"):
+        assert (out / plot).stat().st_size > 10_000
     report = (out / "report.md").read_text()
-    assert "## Equal accuracy" in report and "accuracy_vs_trace_length.png" in report
+    assert report.splitlines()[5] == "## Verdict" and "Answer-only accuracy with exact prefill" in report
+    assert "Unseen lengths (never trained on): n=6" in report and "## Equal accuracy" in report
     # A second run into the same directory must not silently retrain; --reuse_models evaluates again.
-    assert main(["eval-reasoning", "--preset", "smoke", "--out_dir", str(out), "--progress", "false"]) == 2
+    assert main(args) == 2
     assert "already holds a trained baseline" in capsys.readouterr().err
-    assert main(["eval-reasoning", "--preset", "smoke", "--out_dir", str(out), "--progress", "false",
-                 "--reuse_models", "true"]) == 0
-    assert json.loads((out / "results.json").read_text())["cells"] == results["cells"]
+    assert main([*args, "--reuse_models", "true"]) == 0
+
+    def untimed(cells):
+        return [{k: v for k, v in c.items() if not k.startswith("ms_per_problem")} for c in cells]
+
+    assert untimed(json.loads((out / "results.json").read_text())["cells"]) == untimed(results["cells"])
+
+
+def test_eval_reasoning_two_seeds_train_apart_and_report_sd(tmp_path):
+    out = tmp_path / "study"
+    assert main(["eval-reasoning", "--preset", "smoke", "--out_dir", str(out), "--progress", "false", "--seeds", "2",
+                 "--modes", "standard,exact", "--curriculum", "0.5"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["training"]) == {"baseline seed0", "fullband seed0", "baseline seed1", "fullband seed1"}
+    assert (out / "seed1" / "fullband" / "model").is_dir()
+    assert {c["seed"] for c in results["seed_cells"]} == {0, 1} and all(c["seeds"] == 2 for c in results["cells"])
+    assert "mean ± sd over 2 seeds" in (out / "report.md").read_text()

@@ -94,7 +94,7 @@ def test_eval_reasoning_evaluates_a_retrofitted_model(dirs, tmp_path):
     _replace_fullband_model(out, dirs[2])
     assert main([*args, "--reuse_models", "true"]) == 0
     cells = json.loads((out / "results.json").read_text())["cells"]
-    assert {c["mode"] for c in cells if c.get("model") == "fullband"} == {"standard", "soft", "fused"}
+    assert {c["mode"] for c in cells if c.get("model") == "fullband"} == {"standard", "soft", "fused", "exact"}
     assert all(c["n"] > 0 and 0 <= c["accuracy"] <= 1 for c in cells)
 
 

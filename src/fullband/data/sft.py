@@ -25,6 +25,7 @@ tokenized separately so the masked/trained boundary is exact and matches what a 
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -158,15 +159,25 @@ def collate_sft(examples: Sequence[SFTExample], pad_id: int) -> tuple[torch.Tens
 class SFTBatches:
     """Random SFT batches reproducible from ``(seed, step)``, with the same interface as ``TokenBatches``."""
 
-    def __init__(self, examples: Sequence[SFTExample], batch_size: int, pad_id: int, seed: int = 0) -> None:
+    def __init__(self, examples: Sequence[SFTExample], batch_size: int, pad_id: int, seed: int = 0,
+                 curriculum_steps: int = 0) -> None:
         if not examples:
             raise DataError("SFTBatches needs at least one example")
         if batch_size < 1:
             raise DataError(f"batch_size must be positive, got {batch_size}")
         self.examples, self.batch_size, self.pad_id, self.seed = list(examples), batch_size, pad_id, seed
+        self.curriculum_steps = curriculum_steps
+
+    def pool(self, step: int) -> int:
+        """How many examples (a prefix of the file) ``step`` draws from: a curriculum grows it linearly from
+        ``batch_size`` to all of them over ``curriculum_steps`` (the file's order is the difficulty order)."""
+        if step >= self.curriculum_steps:
+            return len(self.examples)
+        share = math.ceil(len(self.examples) * step / self.curriculum_steps)
+        return min(len(self.examples), max(self.batch_size, share))
 
     def batch(self, step: int, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's contiguous slice of the global batch drawn for ``step``."""
-        picks = np.random.default_rng([self.seed, step]).integers(0, len(self.examples), size=self.batch_size)
+        picks = np.random.default_rng([self.seed, step]).integers(0, self.pool(step), size=self.batch_size)
         mine = picks[rank_slice(self.batch_size, rank, world_size)]
         return collate_sft([self.examples[i] for i in mine], self.pad_id)

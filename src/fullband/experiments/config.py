@@ -268,6 +268,14 @@ REASONING_PRESETS: dict[str, dict[str, Any]] = {
                     d_model=64, n_layers=2, n_heads=4, steps=4000, batch_size=64, lr=5e-4),
     "long": dict(min_length=2, max_length=12, strides=(1, 2, 3, 4, 0), train_examples=200_000, test_per_length=200,
                  d_model=128, n_layers=4, n_heads=4, steps=10_000, batch_size=64, lr=2e-3),
+    # Issue 17: give the recurrence the serial depth answer-only solving needs. The Recipe issue's optimiser (Muon,
+    # 3x fusion LR), plain positions unnormalised (its best variant), feedback from the first step with 2-6
+    # passes, mostly answer-only training on n <= 6, tested on n = 8, 12, 16 too; fused(k) for k = 1..8 shows
+    # whether the iteration holds past the trained depth.
+    "serial": dict(min_length=2, max_length=6, test_lengths=(8, 12, 16), strides=(1, 0), answer_share=0.75,
+                   train_examples=100_000, test_per_length=40, d_model=64, n_layers=2, n_heads=4, steps=3000,
+                   batch_size=64, lr=1e-3, optimizer="muon", fusion_lr_mult=3.0, input_norm=False,
+                   feedback_start=0.0, pass_mix=(0.3, 0.3, 0.2, 0.2), curriculum=0.3, fused_passes=(1, 2, 4, 8)),
 }
 REASONING_FAMILIES = ("swaps", "sum")
 
@@ -289,13 +297,44 @@ class ReasoningConfig(SyntheticStudyConfig):
     )
     train_examples: int | None = doc(None, "Training examples (random length and stride; test problems excluded).")
     test_per_length: int | None = doc(None, "Test problems per length, each solved at every stride.")
-    modes: tuple[str, ...] = doc(("standard", "soft", "fused"), "Decoding modes of the fullband model (greedy).")
-    fused_passes: int = doc(2, "fused mode: extra fused passes over the prompt.")
+    test_lengths: tuple[int, ...] = doc(
+        (), "Length generalisation: problem lengths tested (in every mode and stride) but never trained on, "
+        "beyond min_length..max_length; empty = only the trained lengths.")
+    answer_share: float | None = doc(
+        None, "Share of the training examples written answer-only (stride 0, which needs 0 in strides); none = "
+        "every stride equally often.")
+    modes: tuple[str, ...] = doc(("standard", "soft", "fused", "exact"),
+                                 "Decoding modes of the fullband model (greedy); exact = the prompt fully recurrent.")
+    fused_passes: tuple[int, ...] = doc(
+        (2,), "fused mode: extra fused passes over the prompt; several (e.g. 1,2,4,8) evaluate fused(k) for each, "
+        "accuracy against the iteration's depth.")
+    seeds: int = doc(1, "Train and evaluate both models with seeds seed, seed+1, ...; >1 reports mean ± sd "
+                     "(the test problems stay those of seed).")
+    optimizer: str = doc("adamw", "Both models: adamw, or muon (Muon on the hidden matrices at muon_lr, AdamW at lr "
+                         "on the rest; the Recipe issue's best).")
+    muon_lr: float = doc(0.02, "optimizer=muon: Muon's peak learning rate.")
+    fusion_lr_mult: float = doc(1.0, "fullband model: learning-rate multiplier of the fusion (the recipe uses 3).")
+    input_norm: bool = doc(True, "Both models: RMS-normalise plain inputs too (DESIGN.md section 1); false = "
+                           "only fused inputs are normalised.")
+    curriculum: float = doc(0.0, "Length curriculum: over the first this fraction of the steps, training draws "
+                            "from the shortest problems first, widening linearly to all lengths; 0 = none.")
 
     def validate(self) -> None:
         self.strides = tuple(self.strides)
         self.modes = tuple(self.modes)
-        _require_ints(self, {"min_length": 1, "train_examples": 1, "test_per_length": 1, "fused_passes": 0})
+        self.test_lengths = tuple(self.test_lengths)
+        self.fused_passes = (self.fused_passes,) if _is_int(self.fused_passes) else tuple(self.fused_passes)
+        _require_ints(self, {"min_length": 1, "train_examples": 1, "test_per_length": 1, "seeds": 1})
+        _require(len(self.fused_passes) > 0 and all(_is_int(k) and k >= 0 for k in self.fused_passes),
+                 "fused_passes", self.fused_passes, "must be a non-empty list of integers >= 0")
+        _require(all(_is_int(n) and 1 <= n <= 26 for n in self.test_lengths), "test_lengths", self.test_lengths,
+                 "must be integers in 1..26 (the trained range is min_length..max_length)")
+        _require(self.answer_share is None or (_is_number(self.answer_share) and 0 <= self.answer_share <= 1
+                                               and 0 in self.strides and len(set(self.strides)) > 1),
+                 "answer_share", self.answer_share, "must be in [0, 1], with 0 and another stride in strides, or none")
+        OptimConfig(optimizer=self.optimizer, lr=self.lr, muon_lr=self.muon_lr, fusion_lr_mult=self.fusion_lr_mult)
+        _require(isinstance(self.input_norm, bool), "input_norm", self.input_norm, "must be true or false")
+        DataConfig(curriculum=self.curriculum)  # validates it
         _require(self.family in REASONING_FAMILIES, "family", self.family, f"must be one of {REASONING_FAMILIES}")
         _require(_is_int(self.modulus) and 2 <= self.modulus <= 10, "modulus", self.modulus, "must be in 2..10")
         _require(_is_int(self.max_length) and self.min_length <= self.max_length <= 26, "max_length",

@@ -12,7 +12,8 @@
    each model/mode reaches the baseline's best accuracy (less ``TOLERANCE``).
 
     out_dir/
-      data/train.jsonl, data/test.jsonl      the problems (prompt/completion JSONL)
+      data/train.jsonl, data/test.jsonl      the problems (prompt/completion JSONL; test_unseen.jsonl: the
+                                             test_lengths outside the trained range)
       baseline/, fullband/                   the training runs (model/ inside each)
       results.json                           config, training summaries, every cell, equal-accuracy rows
       report.md, accuracy_vs_trace_length.png
@@ -20,7 +21,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +34,14 @@ from tqdm.auto import tqdm
 from fullband.data import ByteTokenizer, Tokenizer
 from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.plots import pyplot, save_figure
-from fullband.experiments.study import PairStudy, line_style, markdown_table, summarize, training_table
+from fullband.experiments.study import (
+    PairStudy,
+    line_style,
+    markdown_table,
+    summarize,
+    train_both,
+    training_table,
+)
 from fullband.model import FullBandwidthLM
 from fullband.model_io import load_any
 from fullband.tasks.base import write_jsonl
@@ -48,6 +59,7 @@ TOLERANCE = 0.05  # "equal accuracy" = within 5 points of the baseline's best
 TEST_SHARE = 0.5  # at most half of the problems of a length are held out, the rest can be trained on
 EXTRA_TOKENS = 8  # decoding budget beyond the reference trace
 PLOT = "accuracy_vs_trace_length.png"
+LENGTH_PLOT = "accuracy_vs_length.png"
 
 
 TASK_TEXT = {
@@ -80,28 +92,52 @@ def task_of(cfg: ReasoningConfig) -> ReasoningTask:
     return ReasoningTask(cfg.family, tuple(range(cfg.min_length, cfg.max_length + 1)), cfg.strides, cfg.modulus)
 
 
+def unseen_lengths(cfg: ReasoningConfig) -> list[int]:
+    """The test lengths outside the trained range (length generalisation)."""
+    return sorted(n for n in set(cfg.test_lengths) if not cfg.min_length <= n <= cfg.max_length)
+
+
+def train_stride(cfg: ReasoningConfig, rng: random.Random) -> int:
+    """A training example's stride: uniform over ``strides``, or answer-only with probability ``answer_share``."""
+    if cfg.answer_share is None:
+        return rng.choice(cfg.strides)
+    return 0 if rng.random() < cfg.answer_share else rng.choice([s for s in cfg.strides if s != 0])
+
+
 def build_data(cfg: ReasoningConfig, data_dir: Path) -> tuple[list[Problem], Path, Path]:
-    """Held-out test problems, ``train.jsonl`` (random lengths and strides, test problems excluded) and
-    ``test.jsonl`` (every test problem at every stride)."""
+    """Held-out test problems (trained lengths, then the unseen ``test_lengths``), ``train.jsonl`` (random
+    lengths and strides, test problems excluded; shortest problems first under a curriculum) and ``test.jsonl``
+    (every test problem of a trained length at every stride; ``test_unseen.jsonl`` the rest)."""
     rng = random.Random(cfg.seed)
     task = task_of(cfg)
     test = sample_problems(cfg.family, range(cfg.min_length, cfg.max_length + 1), cfg.test_per_length, rng,
                            cfg.modulus, max_share=TEST_SHARE)
     held_out = frozenset(test)
-    rows = []
-    while len(rows) < cfg.train_examples:
+    for n in unseen_lengths(cfg):  # never trained on, so nothing to hold out
+        test += sample_problems(cfg.family, range(n, n + 1), cfg.test_per_length, rng, cfg.modulus)
+    examples = []
+    while len(examples) < cfg.train_examples:
         problem = task.problem(rng)
         if problem not in held_out:
-            rows.append(task.row(TracedProblem(problem, rng.choice(cfg.strides))))
-    train_path = write_jsonl(data_dir / "train.jsonl", rows)
-    test_path = write_jsonl(data_dir / "test.jsonl", [task.row(TracedProblem(p, s)) for p in test for s in cfg.strides])
+            examples.append(TracedProblem(problem, train_stride(cfg, rng)))
+    if cfg.curriculum > 0:  # the training file's order is the curriculum's (fullband train --data.curriculum)
+        examples.sort(key=lambda e: e.problem.n)
+    train_path = write_jsonl(data_dir / "train.jsonl", [task.row(e) for e in examples])
+    # test.jsonl (the held-out loss of training) has the trained lengths only: unseen lengths reach positions
+    # never trained on, whose loss would swamp it; they go to test_unseen.jsonl.
+    def rows(problems: list[Problem]) -> list[dict[str, str]]:
+        return [task.row(TracedProblem(p, s)) for p in problems for s in cfg.strides]
+
+    test_path = write_jsonl(data_dir / "test.jsonl", rows([p for p in test if p in held_out]))
+    if unseen := [p for p in test if p not in held_out]:
+        write_jsonl(data_dir / "test_unseen.jsonl", rows(unseen))
     return test, train_path, test_path
 
 
 def context_length(cfg: ReasoningConfig) -> int:
     """Tokens of the longest example (prompt + finest trace + end-of-text) plus the decoding slack, rounded up to
     a multiple of 8."""
-    longest = random_problem(cfg.family, cfg.max_length, random.Random(0), cfg.modulus)
+    longest = random_problem(cfg.family, max((cfg.max_length, *cfg.test_lengths)), random.Random(0), cfg.modulus)
     finest = min((s for s in cfg.strides if s > 0), default=0)
     n = len(prompt(longest, max(cfg.strides))) + len(trace(longest, finest)) + 1 + EXTRA_TOKENS
     return 8 * -(-n // 8)
@@ -121,8 +157,10 @@ def decode_cell(
     # Room for the reference trace and a few tokens more, so an overlong answer shows in the lengths.
     room = model.config.max_seq_len - max(len(ids) for ids in prompts)
     max_new_tokens = min(room, max(len(task.completion(e)) for e in examples) + 1 + EXTRA_TOKENS)
+    start = time.perf_counter()
     outputs = model.generate(prompts, max_new_tokens=max_new_tokens, mode=mode, prefill_passes=fused_passes,
                              stop_token_ids=[tokenizer.eos_id])
+    seconds = time.perf_counter() - start
     correct, exact, lengths = 0, 0, []
     for example, ids, out in zip(examples, prompts, outputs, strict=True):
         generated = [t for t in out[len(ids) :] if t != tokenizer.eos_id]
@@ -132,7 +170,7 @@ def decode_cell(
         lengths.append(len(generated))
     stats = summarize(lengths)
     return {"n": len(problems), "accuracy": correct / len(problems), "exact_trace": exact / len(problems),
-            "mean_len": stats["mean"], "median_len": stats["median"]}
+            "mean_len": stats["mean"], "median_len": stats["median"], "ms_per_problem": 1000 * seconds / len(problems)}
 
 
 def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Problem]) -> list[dict[str, Any]]:
@@ -141,14 +179,16 @@ def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Proble
     by_length: dict[int, list[Problem]] = {}
     for p in test:
         by_length.setdefault(p.n, []).append(p)
-    variants = [("baseline", "standard")] + [("fullband", mode) for mode in cfg.modes]
-    jobs = [(kind, mode, s, n) for kind, mode in variants for s in cfg.strides for n in sorted(by_length)]
+    # fused mode once per number of prefill passes: accuracy against the depth of the iteration
+    variants = [("baseline", "standard", 0)] + [("fullband", mode, k) for mode in cfg.modes
+                                                 for k in (cfg.fused_passes if mode == "fused" else (0,))]
+    jobs = [(*v, s, n) for v in variants for s in cfg.strides for n in sorted(by_length)]
     models = {kind: load_any(path, device=cfg.device) for kind, path in model_dirs.items()}  # native or retrofitted
     cells = []
-    for kind, mode, stride, n in tqdm(jobs, desc="decoding", disable=not cfg.progress):
-        cell = decode_cell(models[kind], tokenizer, task, by_length[n], stride, mode, cfg.fused_passes)
-        cells.append({"model": kind, "mode": mode, "variant": variant_name(kind, mode, cfg.fused_passes),
-                      "stride": stride, "length": n, **cell})
+    for kind, mode, k, stride, n in tqdm(jobs, desc="decoding", disable=not cfg.progress):
+        cell = decode_cell(models[kind], tokenizer, task, by_length[n], stride, mode, k)
+        cells.append({"model": kind, "mode": mode, "variant": variant_name(kind, mode, k), "stride": stride,
+                      "length": n, **cell})
     return cells
 
 
@@ -156,15 +196,38 @@ def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Proble
 
 
 def pooled(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Cells of every (variant, stride) pooled over lengths (means weighted by the number of problems)."""
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    """Cells of every (variant, stride, seed) pooled over lengths (means weighted by the number of problems)."""
+    groups: dict[tuple[str, int, Any], list[dict[str, Any]]] = {}
     for c in cells:
-        groups.setdefault((c["variant"], c["stride"]), []).append(c)
+        groups.setdefault((c["variant"], c["stride"], c.get("seed")), []).append(c)
     out = []
-    for (variant, stride), group in groups.items():
+    for (variant, stride, seed), group in groups.items():
         total = sum(c["n"] for c in group)
-        mean = {k: sum(c[k] * c["n"] for c in group) / total for k in ("accuracy", "exact_trace", "mean_len")}
-        out.append({"variant": variant, "stride": stride, "length": "all", "n": total, **mean})
+        keys = [k for k in ("accuracy", "exact_trace", "mean_len", "ms_per_problem") if k in group[0]]
+        mean = {k: sum(c[k] * c["n"] for c in group) / total for k in keys}
+        out.append({"variant": variant, "stride": stride, "length": "all", "n": total, **mean}
+                   | ({} if seed is None else {"seed": seed}))
+    return out
+
+
+METRICS = ("accuracy", "exact_trace", "mean_len", "median_len", "ms_per_problem")
+
+
+def over_seeds(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One cell per (variant, stride, length): each metric's mean over the seeds, and its sd as ``<metric>_sd``
+    (0 with one seed)."""
+    groups: dict[tuple[str, int, Any], list[dict[str, Any]]] = {}
+    for c in cells:
+        groups.setdefault((c["variant"], c["stride"], c["length"]), []).append(c)
+    out = []
+    for group in groups.values():
+        row = {k: v for k, v in group[0].items() if k != "seed"}
+        for key in METRICS:
+            if key in row:
+                values = [c[key] for c in group]
+                row[key] = statistics.fmean(values)
+                row[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        out.append(row | {"seeds": len(group)})
     return out
 
 
@@ -186,20 +249,27 @@ def equal_accuracy(cells: list[dict[str, Any]], variants: list[str]) -> list[dic
 # ---------------------------------------------------------------------------------------------- output
 
 
+def _value(cell: dict[str, Any], key: str, fmt: str) -> str:
+    sd = cell.get(f"{key}_sd", 0.0)
+    return format(cell[key], fmt) + (f" ± {format(sd, fmt)}" if cell.get("seeds", 1) > 1 else "")
+
+
+def _lengths(cells: list[dict[str, Any]]) -> list[int]:
+    return sorted({c["length"] for c in cells if c["length"] != "all"})
+
+
 def tables(results: dict[str, Any]) -> dict[str, str]:
-    """The study's markdown tables: training, accuracy, trace length, equal accuracy."""
+    """The study's markdown tables: training, accuracy, trace length, decoding time, equal accuracy."""
     cells, variants = results["cells"], results["variants"]
-    lengths = [*sorted({c["length"] for c in cells if c["length"] != "all"}), "all"]
+    lengths = [*_lengths(cells), "all"]
     strides = results["config"]["strides"]
     index = {(c["variant"], c["stride"], c["length"]): c for c in cells}
 
-    def grid(key: str, fmt: str) -> str:
-        rows = [[v, stride_name(s)] + [format(index[v, s, n][key], fmt) for n in lengths]
+    def grid(key: str, fmt: str, columns: list[Any] = lengths) -> str:
+        rows = [[v, stride_name(s)] + [_value(index[v, s, n], key, fmt) for n in columns]
                 for v in variants for s in strides]
-        return markdown_table(["model / mode", "trace", *[f"n={n}" for n in lengths]], rows)
+        return markdown_table(["model / mode", "trace", *[f"n={n}" for n in columns]], rows)
 
-    median_rows = [[v, stride_name(s)] + [format(index[v, s, n]["median_len"], ".0f") for n in lengths[:-1]]
-                   for v in variants for s in strides]
     equal = [[r["length"], f"{r['target_accuracy']:.2f}"] + ["—" if r[v] is None else f"{r[v]:.1f}" for v in variants]
              for r in results["equal_accuracy"]]
     return {
@@ -207,28 +277,119 @@ def tables(results: dict[str, Any]) -> dict[str, str]:
         "accuracy": grid("accuracy", ".2f"),
         "exact_trace": grid("exact_trace", ".2f"),
         "mean_len": grid("mean_len", ".1f"),
-        "median_len": markdown_table(["model / mode", "trace", *[f"n={n}" for n in lengths[:-1]]], median_rows),
+        "median_len": grid("median_len", ".0f", lengths[:-1]),
+        "ms_per_problem": grid("ms_per_problem", ".1f", ["all"]),
         "equal_accuracy": markdown_table(["length", "target acc.", *[f"{v} len" for v in variants]], equal),
     }
 
 
+def chance(cfg: dict[str, Any]) -> float:
+    """Accuracy of a uniform guess at the answer."""
+    return 1 / 3 if cfg["family"] == "swaps" else 1 / cfg["modulus"]
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def verdict(results: dict[str, Any]) -> list[str]:
+    """The report's first lines: does answer-only accuracy with recurrent (exact) prefill beat the baseline, by
+    how much, and at what cost (training compute and time, decoding time)."""
+    cfg, cells = results["config"], results["cells"]
+    if 0 not in cfg["strides"]:
+        return ["No answer-only stride (0) was evaluated, so the study cannot say whether recurrent prefill "
+                "solves without a trace: add 0 to --strides."]
+    index = {(c["variant"], c["length"]): c for c in cells if c["stride"] == 0}
+    fullband = [v for v in results["variants"] if v != "baseline"]
+    mode = "fullband exact" if "fullband exact" in fullband else max(
+        fullband, key=lambda v: index[v, "all"]["accuracy"])
+    trained = [n for n in _lengths(cells) if cfg["min_length"] <= n <= cfg["max_length"]]
+    unseen = [n for n in _lengths(cells) if n not in trained]
+
+    def acc(variant: str, ns: list[int]) -> float:
+        return _mean([index[variant, n]["accuracy"] for n in ns])
+
+    def per_n(ns: list[int]) -> str:
+        return ", ".join(f"n={n} {_value(index[mode, n], 'accuracy', '.2f')} vs "
+                         f"{_value(index['baseline', n], 'accuracy', '.2f')}" for n in ns)
+
+    gain = acc(mode, trained) - acc("baseline", trained)
+    word = "beats" if gain > TOLERANCE else "does not beat" if gain < -TOLERANCE else "ties (within 0.05)"
+    seeds = cfg.get("seeds", 1)
+    lines = [f"**Answer-only accuracy with {mode.removeprefix('fullband ')} prefill {word} the baseline**: "
+             f"{acc(mode, trained):.2f} against {acc('baseline', trained):.2f} (mean over the trained lengths "
+             f"n = {trained[0]}..{trained[-1]}, difference {gain:+.2f}; {seeds} seed{'s' * (seeds > 1)}; chance "
+             f"{chance(cfg):.2f}).", "",
+             f"- Per length ({mode} vs baseline): {per_n(trained)}."]
+    if unseen:
+        lines.append(f"- Unseen lengths (never trained on): {per_n(unseen)}.")
+    best = max(fullband, key=lambda v: acc(v, trained))
+    lines.append(f"- Best full-bandwidth mode answer-only: {best} ({acc(best, trained):.2f} over the trained lengths"
+                 + (f", {acc(best, unseen):.2f} over the unseen ones" if unseen else "") + ").")
+    # Issue 17's target: >= 0.9 at the longest trained length, and 0.4 above the baseline's best stride-0
+    # accuracy at the first unseen length.
+    top = trained[-1]
+    target = f"- Target (>= 0.90 at n = {top}"
+    met = index[mode, top]["accuracy"] >= 0.9
+    if unseen:
+        margin = index[mode, unseen[0]]["accuracy"] - index["baseline", unseen[0]]["accuracy"]
+        target += f", and >= baseline + 0.40 at n = {unseen[0]}"
+        met = met and margin >= 0.4
+    lines.append(f"{target}): {'met' if met else 'not met'} ({mode} at n = {top}: "
+                 f"{index[mode, top]['accuracy']:.2f}" + (f"; margin at n = {unseen[0]}: {margin:+.2f}" if unseen
+                                                          else "") + ").")
+    training = results["training"]
+
+    def total(kind: str, key: str) -> float:
+        return sum(t[key] for name, t in training.items() if name.split()[0] == kind)
+
+    ms = {v: index[v, "all"]["ms_per_problem"] for v in ("baseline", mode)}
+    compute = total("fullband", "token_equiv_compute") / total("baseline", "tokens")
+    lines.append(f"- Cost: training the full-bandwidth model took {compute:.1f}x "
+                 f"the baseline's forward compute (passes: mix {list(cfg['pass_mix'])} of 2, 3, ... passes from "
+                 f"{cfg['feedback_start']:.0%} of the steps) and {total('fullband', 'seconds'):.0f} s against "
+                 f"{total('baseline', 'seconds'):.0f} s; answer-only decoding with {mode.removeprefix('fullband ')} "
+                 f"prefill (one position at a time over the prompt) {ms[mode]:.1f} ms per problem against "
+                 f"the baseline's {ms['baseline']:.1f} ms ({ms[mode] / ms['baseline']:.1f}x).")
+    return lines
+
+
 def render_report(results: dict[str, Any], command: str, plots: bool = True) -> str:
     cfg, t = results["config"], tables(results)
-    figure = f"![accuracy vs trace length]({PLOT})" if plots else "(No plot: matplotlib is not installed.)"
+    figures = (f"![accuracy vs trace length]({PLOT})\n\n![accuracy vs problem length]({LENGTH_PLOT})" if plots
+               else "(No plots: matplotlib is not installed.)")
+    unseen = [n for n in cfg.get("test_lengths", ()) if not cfg["min_length"] <= n <= cfg["max_length"]]
+    seeds = cfg.get("seeds", 1)
+    curriculum = (f" A length curriculum draws the shortest problems first over the first {cfg['curriculum']:.0%} of "
+                  "the steps." if cfg.get("curriculum") else "")
+    answer = ("" if cfg.get("answer_share") is None else
+              f" {cfg['answer_share']:.0%} of the training examples are answer-only, the rest split over the other "
+              "strides.")
+    verdict_lines = "\n".join(verdict(results))
     return f"""# Reasoning traces: shorter traces at equal accuracy?
 
 Generated by `{command}` (fullband.experiments.reasoning); every number below comes from `results.json` next to
-this file.
+this file{f', mean ± sd over {seeds} seeds' if seeds > 1 else ''}.
+
+## Verdict
+
+{verdict_lines}
+
+## Setup
 
 **Task.** {TASK_TEXT[cfg['family']].format(**cfg)} The prompt ends with the trace granularity: stride s writes
 the state after every s-th step, stride 0 the answer only (`{_example(cfg)}`). Training mixes strides
-{list(cfg['strides'])} uniformly over lengths n = {cfg['min_length']}..{cfg['max_length']} ({cfg['train_examples']}
-examples); {cfg['test_per_length']} held-out problems per length (at most half of all the
-problems of a length) are solved greedily at every stride. Trace length = generated tokens (bytes) without
-end-of-text. Both models: d_model={cfg['d_model']}, {cfg['n_layers']} layers, {cfg['n_heads']} heads,
-{cfg['steps']} steps of batch {cfg['batch_size']} on the same batches; the full-bandwidth model trains
-multi-pass (pass mix {list(cfg['pass_mix'])}) after {cfg['feedback_start']:.0%} of the steps. The baseline has no
-feedback, so all its modes are one model (reported once, as "baseline").
+{list(cfg['strides'])} over lengths n = {cfg['min_length']}..{cfg['max_length']} ({cfg['train_examples']}
+examples).{answer}{curriculum} {cfg['test_per_length']} held-out problems per length (at most half of all the
+problems of a length){f', plus unseen lengths {unseen} never trained on,' if unseen else ''} are solved greedily at
+every stride. Trace length = generated tokens (bytes) without end-of-text. Both models: d_model={cfg['d_model']},
+{cfg['n_layers']} layers, {cfg['n_heads']} heads, {cfg['steps']} steps of batch {cfg['batch_size']} on the same
+batches, optimizer {cfg.get('optimizer', 'adamw')}, input norm on plain positions: {cfg.get('input_norm', True)};
+the full-bandwidth model trains multi-pass (pass mix {list(cfg['pass_mix'])} of 2, 3, ... passes) after
+{cfg['feedback_start']:.0%} of the steps. The baseline has no feedback, so all its modes are one model (reported
+once, as "baseline"). Modes of the full-bandwidth model: standard (no feedback), soft (feedback while
+decoding only), fused(k) (k extra fused passes over the prompt), exact (the prompt fully recurrent, one position
+at a time).
 
 ## Training
 
@@ -250,13 +411,17 @@ feedback, so all its modes are one model (reported once, as "baseline").
 
 {t['median_len']}
 
+## Decoding time (ms per problem, batched greedy decoding, all lengths)
+
+{t['ms_per_problem']}
+
 ## Equal accuracy: shortest mean trace reaching the baseline's best accuracy less {TOLERANCE:.2f}
 
 {t['equal_accuracy']}
 
 — = this model/mode never reaches the target at that length with any stride.
 
-{figure}
+{figures}
 """
 
 
@@ -264,7 +429,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     """Accuracy vs mean trace length, one panel per length (and all pooled), one line per model/mode."""
     plt = pyplot()
     cells, variants = results["cells"], results["variants"]
-    lengths = [*sorted({c["length"] for c in cells if c["length"] != "all"}), "all"]
+    lengths = [*_lengths(cells), "all"]
     cols = min(4, len(lengths))
     rows = -(-len(lengths) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows), squeeze=False, sharey=True)
@@ -288,6 +453,37 @@ def plot(results: dict[str, Any], path: Path) -> None:
     save_figure(fig, path, dpi=110)
 
 
+def plot_lengths(results: dict[str, Any], path: Path) -> None:
+    """Length generalisation: accuracy vs problem length n, one panel per stride, one line per model/mode (error
+    bars: sd over seeds); lengths past the trained range are shaded, chance dotted."""
+    plt = pyplot()
+    cfg, cells, variants = results["config"], results["cells"], results["variants"]
+    strides = cfg["strides"]
+    fig, axes = plt.subplots(1, len(strides), figsize=(3.8 * len(strides), 3.2), squeeze=False, sharey=True)
+    for ax, stride in zip(axes[0], strides, strict=True):
+        for variant in variants:
+            points = sorted((c["length"], c["accuracy"], c.get("accuracy_sd", 0.0)) for c in cells
+                            if c["variant"] == variant and c["stride"] == stride and c["length"] != "all")
+            ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
+                        label=variant, capsize=2, **line_style(variant))
+        ax.axhline(chance(cfg), color="black", lw=0.8, ls=":")
+        ax.axvspan(cfg["max_length"] + 0.5, max(c["length"] for c in cells if c["length"] != "all") + 0.5,
+                   color="grey", alpha=0.12, lw=0)
+        ax.set_title(stride_name(stride))
+        ax.set_xlabel("problem length n (shaded: never trained on)")
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("accuracy")
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle("Accuracy vs problem length, per trace granularity")
+    save_figure(fig, path, dpi=110)
+
+
+def draw(results: dict[str, Any], path: Path) -> None:
+    plot(results, path)
+    plot_lengths(results, path.with_name(LENGTH_PLOT))
+
+
 # ---------------------------------------------------------------------------------------------- the study
 
 
@@ -298,7 +494,7 @@ class ReasoningStudy(PairStudy):
     title = "reasoning traces"
 
     figure = PLOT
-    draw = staticmethod(plot)
+    draw = staticmethod(draw)
     report = staticmethod(render_report)
 
     def build_data(self, data_dir: Path) -> tuple[Path, Path]:
@@ -308,11 +504,29 @@ class ReasoningStudy(PairStudy):
     def context_length(self) -> int:
         return context_length(self.cfg)
 
-    def evaluate(self, training: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        cells = evaluate(self.cfg, {k: v["model_dir"] for k, v in training.items()}, self.test)
-        variants = list(dict.fromkeys(c["variant"] for c in cells))
-        all_cells = cells + pooled(cells)
-        return {"variants": variants, "cells": all_cells, "equal_accuracy": equal_accuracy(all_cells, variants)}
+    def recipe(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"optimizer": cfg.optimizer, "muon_lr": cfg.muon_lr, "fusion_lr_mult": cfg.fusion_lr_mult,
+                "input_norm": cfg.input_norm, "curriculum": cfg.curriculum}
+
+    def collect(self) -> dict[str, Any]:
+        """Both models per seed (one seed: in out_dir itself; more: out_dir/seed<k>/), every cell per seed, then
+        the cells' means and sds over the seeds."""
+        cfg = self.cfg
+        train_path, test_path = self.build_data(self.out_dir / "data")
+        training: dict[str, dict[str, Any]] = {}
+        seed_cells: list[dict[str, Any]] = []
+        for seed in range(cfg.seed, cfg.seed + cfg.seeds):
+            run_dir = self.out_dir if cfg.seeds == 1 else self.out_dir / f"seed{seed}"
+            runs = train_both(self.model_spec(seed), train_path, test_path, run_dir, cfg.progress,
+                              reuse=cfg.reuse_models)
+            training.update({kind if cfg.seeds == 1 else f"{kind} seed{seed}": t for kind, t in runs.items()})
+            cells = evaluate(cfg, {kind: t["model_dir"] for kind, t in runs.items()}, self.test)
+            seed_cells += [c | {"seed": seed} for c in cells]
+        variants = list(dict.fromkeys(c["variant"] for c in seed_cells))
+        all_cells = over_seeds(seed_cells + pooled(seed_cells))
+        return {"study": self.title, "config": dataclasses.asdict(cfg), "training": training, "variants": variants,
+                "cells": all_cells, "seed_cells": seed_cells, "equal_accuracy": equal_accuracy(all_cells, variants)}
 
 
 def run_reasoning(cfg: ReasoningConfig) -> dict[str, Any]:

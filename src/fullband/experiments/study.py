@@ -161,6 +161,12 @@ class StudyModel:
     pass_mix: tuple[float, ...]
     seed: int = 0
     device: str = "cpu"
+    # The training recipe (the Recipe issue's levers); the defaults are the studies' original AdamW recipe.
+    optimizer: str = "adamw"
+    muon_lr: float = 0.02
+    fusion_lr_mult: float = 1.0
+    input_norm: bool = True
+    curriculum: float = 0.0
 
 
 class PairStudy(Study):
@@ -189,11 +195,20 @@ class PairStudy(Study):
     def collect(self) -> dict[str, Any]:
         cfg = self.cfg
         train_path, test_path = self.build_data(self.out_dir / "data")
-        spec = StudyModel(cfg.d_model, cfg.n_layers, cfg.n_heads, self.context_length(), cfg.steps, cfg.batch_size,
-                          cfg.lr, cfg.feedback_start, cfg.pass_mix, cfg.seed, cfg.device)
-        training = train_both(spec, train_path, test_path, self.out_dir, cfg.progress, reuse=cfg.reuse_models)
+        training = train_both(self.model_spec(cfg.seed), train_path, test_path, self.out_dir, cfg.progress,
+                              reuse=cfg.reuse_models)
         return {"study": self.title, "config": dataclasses.asdict(cfg), "training": training,
                 **self.evaluate(training)}
+
+    def model_spec(self, seed: int) -> StudyModel:
+        """Both models' size and training budget (seed ``seed``), with the study's :meth:`recipe`."""
+        cfg = self.cfg
+        return StudyModel(cfg.d_model, cfg.n_layers, cfg.n_heads, self.context_length(), cfg.steps, cfg.batch_size,
+                          cfg.lr, cfg.feedback_start, cfg.pass_mix, seed, cfg.device, **self.recipe())
+
+    def recipe(self) -> dict[str, Any]:
+        """StudyModel's recipe fields this study sets (none: the original AdamW recipe)."""
+        return {}
 
     def plot(self, results: dict[str, Any]) -> None:
         self.draw(results, self.out_dir / self.figure)
@@ -220,13 +235,16 @@ def sft_run_config(spec: StudyModel, data: Path, validation: Path, out_dir: Path
     gives the held-out loss with 1 pass (standard) and 3 passes (fused prefill, 2 extra passes) at the end."""
     return TrainRunConfig(
         model=TrainModelConfig(d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads,
-                               max_seq_len=spec.max_seq_len, feedback=feedback),
-        data=DataConfig(source=str(data), format="sft", validation_source=str(validation), tokenizer="byte"),
+                               max_seq_len=spec.max_seq_len, feedback=feedback, input_norm=spec.input_norm),
+        data=DataConfig(source=str(data), format="sft", validation_source=str(validation), tokenizer="byte",
+                        curriculum=spec.curriculum),
         train=TrainConfig(max_steps=spec.steps, batch_size=spec.batch_size, seq_len=spec.max_seq_len,
                           seed=spec.seed, eval_every=0, eval_batches=VALIDATION_BATCHES, checkpoint_every=0,
                           keep_last=1, log_every=50),
         # A short warmup and no weight decay: tiny models, few steps, synthetic data.
-        optim=OptimConfig(lr=spec.lr, warmup_steps=max(1, spec.steps // 20), weight_decay=0.0),
+        optim=OptimConfig(lr=spec.lr, warmup_steps=max(1, spec.steps // 20), weight_decay=0.0,
+                          optimizer=spec.optimizer, muon_lr=spec.muon_lr,
+                          fusion_lr_mult=spec.fusion_lr_mult if feedback else 1.0),
         schedule=ScheduleConfig(feedback_start=spec.feedback_start if feedback else 1.0, pass_mix=spec.pass_mix),
         out_dir=str(out_dir), device=spec.device, eval_passes=(1, 3),
     )

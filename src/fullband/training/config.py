@@ -288,6 +288,9 @@ class DataConfig:
     validation_source: str | None = doc(None, "sft: JSONL for validation (text sources bring their own split).")
     tokenizer: str = doc("byte", "byte (UTF-8 bytes, no training) or bpe (trained on the train split).")
     bpe_vocab_size: int = doc(2048, "Vocabulary size of a trained BPE tokenizer.")
+    curriculum: float = doc(
+        0.0, "sft: over the first this fraction of the steps, batches come from a prefix of the file that grows "
+        "linearly to all of it (so the file's order is the difficulty order); 0 = uniform throughout, in [0, 1].")
 
     def __post_init__(self) -> None:
         _require(isinstance(self.source, str) and bool(self.source), "data.source", self.source,
@@ -296,6 +299,8 @@ class DataConfig:
         _require(self.tokenizer in TOKENIZERS, "data.tokenizer", self.tokenizer, f"must be one of {TOKENIZERS}")
         _require(_is_int(self.bpe_vocab_size) and 260 <= self.bpe_vocab_size <= 1_000_000, "data.bpe_vocab_size",
                  self.bpe_vocab_size, "must be an integer in 260..1000000")
+        _require(_is_number(self.curriculum) and 0 <= self.curriculum <= 1, "data.curriculum", self.curriculum,
+                 "must be in [0, 1] (0 = no curriculum)")
 
 
 RETROFIT_LAST_HIDDEN = "last_hidden"

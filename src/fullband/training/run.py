@@ -178,7 +178,8 @@ def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) ->
     rows = t.batch_size * t.grad_accum * world_size  # global rows of one optimizer step
     if cfg.data.format == "sft":
         pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
-        train = SFTBatches(load_sft(cfg.data.source, tokenizer, t.seq_len), rows, pad, seed=t.seed)
+        train = SFTBatches(load_sft(cfg.data.source, tokenizer, t.seq_len), rows, pad, seed=t.seed,
+                           curriculum_steps=round(cfg.data.curriculum * t.total_steps(world_size)))
         evaluate = None
         if cfg.data.validation_source:
             val = SFTBatches(load_sft(cfg.data.validation_source, tokenizer, t.seq_len), t.batch_size, pad,
