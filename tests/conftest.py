@@ -165,3 +165,20 @@ def save_tiny_gpt2(directory, vocab_size: int = 320, n_positions: int = 128, see
     model.save_pretrained(directory)
     ByteTokenizer().save(directory)
     return model
+
+
+def save_strong_retrofit(root, **gpt2_options):
+    """A tiny GPT-2 in ``root/gpt2`` and its retrofit (feedback from the last hidden state, the fusion's state
+    projection scaled up so soft decoding clearly differs from standard) in ``root/retrofitted``, with the byte
+    tokenizer. Returns (GPT-2 directory, retrofitted directory, the retrofitted model)."""
+    from fullband.data import ByteTokenizer
+    from fullband.integrations.retrofit import retrofit
+
+    base = save_tiny_gpt2(root / "gpt2", **gpt2_options)
+    torch.manual_seed(1)
+    model = retrofit(base, feedback_source="last_hidden")
+    with torch.no_grad():
+        model.fusion.state_proj.weight.mul_(30)
+    model.save_pretrained(root / "retrofitted")
+    ByteTokenizer().save(root / "retrofitted")
+    return root / "gpt2", root / "retrofitted", model

@@ -18,11 +18,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 import torch
-from conftest import save_tiny_gpt2
+from conftest import save_strong_retrofit
 
 from fullband.cli import main
 from fullband.data import ByteTokenizer
-from fullband.integrations.retrofit import RetrofittedLM, retrofit
+from fullband.integrations.retrofit import RetrofittedLM
 from fullband.model_io import load_any
 
 LM_EVAL_TASKS = Path(__file__).parent.parent / "data" / "lm_eval"
@@ -34,15 +34,8 @@ pytestmark = pytest.mark.usefixtures("one_thread_per_module")  # conftest: torch
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     """(plain GPT-2 directory, its retrofitted checkpoint with a strong fusion, the retrofitted model)."""
-    root = tmp_path_factory.mktemp("retrofit")
-    base = save_tiny_gpt2(root / "gpt2", n_positions=256)  # every lm-eval test document fits one window
-    torch.manual_seed(1)
-    model = retrofit(base, feedback_source="last_hidden")
-    with torch.no_grad():
-        model.fusion.state_proj.weight.mul_(30)  # soft decoding then clearly differs from standard
-    model.save_pretrained(root / "retrofitted")
-    ByteTokenizer().save(root / "retrofitted")
-    return root / "gpt2", root / "retrofitted", model
+    # n_positions 256: every lm-eval test document fits one window
+    return save_strong_retrofit(tmp_path_factory.mktemp("retrofit"), n_positions=256)
 
 
 def generated(capsys) -> str:

@@ -6,12 +6,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
-from conftest import save_tiny_gpt2
+from conftest import save_strong_retrofit
 from serve_fixtures import LiveServer
 
 from fullband.data import ByteTokenizer
-from fullband.integrations.retrofit import retrofit
 from fullband.model_io import load_any
 from fullband.serve.config import ServeConfig
 from fullband.serve.server import build_app
@@ -21,16 +19,9 @@ pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 @pytest.fixture(scope="module")
 def retrofit_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("retrofit")
-    base = save_tiny_gpt2(root / "gpt2")
-    torch.manual_seed(1)
-    model = retrofit(base, feedback_source="last_hidden")
-    with torch.no_grad():
-        model.fusion.state_proj.weight.mul_(30)  # soft decoding then clearly differs from standard
-    model.save_pretrained(root / "retrofitted")
-    ByteTokenizer().save(root / "retrofitted")
-    app = build_app(ServeConfig(checkpoint=str(root / "retrofitted"), max_batch=4, temperature=0.0))
-    live = LiveServer(app, load_any(root / "retrofitted"), app.state.engine)
+    _, retrofitted, _ = save_strong_retrofit(tmp_path_factory.mktemp("retrofit"))
+    app = build_app(ServeConfig(checkpoint=str(retrofitted), max_batch=4, temperature=0.0))
+    live = LiveServer(app, load_any(retrofitted), app.state.engine)
     yield live
     live.stop()
 
