@@ -318,6 +318,17 @@ class ReasoningConfig(SyntheticStudyConfig):
                            "only fused inputs are normalised.")
     curriculum: float = doc(0.0, "Length curriculum: over the first this fraction of the steps, training draws "
                             "from the shortest problems first, widening linearly to all lengths; 0 = none.")
+    passes: int | None = doc(
+        None, "fullband model: every multi-pass batch runs this many passes instead of pass_mix's (at most the "
+        "batch's exact count: with passes >= the longest example and prefix_mixin false, the last pass is the "
+        "fully recurrent one exact mode runs); none = pass_mix.")
+    grad_passes: int = doc(
+        0, "fullband model: truncated gradient, only pass 1 and the last grad_passes passes of a multi-pass batch "
+        "with gradients (train.grad_passes); 0 = all.")
+    prefix_mixin: bool = doc(
+        True, "fullband model: a random plain prefix per row in training (train.prefix_mixin); false = every "
+        "position after the first fused, as in fused and exact prefill.")
+    feedback_weight: float = doc(1.0, "fullband model: λ, the weight of the multi-pass passes' loss against pass 1's.")
 
     def validate(self) -> None:
         self.strides = tuple(self.strides)
@@ -335,6 +346,10 @@ class ReasoningConfig(SyntheticStudyConfig):
         OptimConfig(optimizer=self.optimizer, lr=self.lr, muon_lr=self.muon_lr, fusion_lr_mult=self.fusion_lr_mult)
         _require(isinstance(self.input_norm, bool), "input_norm", self.input_norm, "must be true or false")
         DataConfig(curriculum=self.curriculum)  # validates it
+        _require(self.passes is None or (_is_int(self.passes) and self.passes >= 2), "passes", self.passes,
+                 "must be an integer >= 2, or none (pass_mix)")
+        TrainConfig(grad_passes=self.grad_passes, prefix_mixin=self.prefix_mixin,
+                    feedback_weight=self.feedback_weight)  # validates them
         _require(self.family in REASONING_FAMILIES, "family", self.family, f"must be one of {REASONING_FAMILIES}")
         _require(_is_int(self.modulus) and 2 <= self.modulus <= 10, "modulus", self.modulus, "must be in 2..10")
         _require(_is_int(self.max_length) and self.min_length <= self.max_length <= 26, "max_length",
