@@ -268,14 +268,17 @@ REASONING_PRESETS: dict[str, dict[str, Any]] = {
                     d_model=64, n_layers=2, n_heads=4, steps=4000, batch_size=64, lr=5e-4),
     "long": dict(min_length=2, max_length=12, strides=(1, 2, 3, 4, 0), train_examples=200_000, test_per_length=200,
                  d_model=128, n_layers=4, n_heads=4, steps=10_000, batch_size=64, lr=2e-3),
-    # Issue 17: give the recurrence the serial depth answer-only solving needs. The Recipe issue's optimiser (Muon,
-    # 3x fusion LR), plain positions unnormalised (its best variant), feedback from the first step with 2-6
-    # passes, mostly answer-only training on n <= 6, tested on n = 8, 12, 16 too; fused(k) for k = 1..8 shows
-    # whether the iteration holds past the trained depth.
+    # Issue 17: train the recurrence exact mode runs. Every batch of the full-bandwidth model runs to its exact
+    # count (passes >= its length) with no plain prefix, so its last passes are the fully recurrent states: the
+    # fixed point computed without gradients (sequentially), then 4 passes with them (truncated backpropagation,
+    # train.grad_passes) next to the plain pass 1. AdamW (Muon's baseline learned less here, docs/LOG.md), fusion
+    # LR x3, plain positions unnormalised, mostly answer-only training on n <= 6 with a length curriculum, tested on
+    # n = 8, 12, 16 too; fused(k) for k = 1..8 shows whether the iteration holds short of the fixed point.
     "serial": dict(min_length=2, max_length=6, test_lengths=(8, 12, 16), strides=(1, 0), answer_share=0.75,
-                   train_examples=100_000, test_per_length=40, d_model=64, n_layers=2, n_heads=4, steps=3000,
-                   batch_size=64, lr=1e-3, optimizer="muon", fusion_lr_mult=3.0, input_norm=False,
-                   feedback_start=0.0, pass_mix=(0.3, 0.3, 0.2, 0.2), curriculum=0.3, fused_passes=(1, 2, 4, 8)),
+                   train_examples=100_000, test_per_length=40, d_model=64, n_layers=2, n_heads=4, steps=1200,
+                   batch_size=64, lr=1e-3, optimizer="adamw", fusion_lr_mult=3.0, input_norm=False,
+                   feedback_start=0.0, passes=32, grad_passes=4, prefix_mixin=False, curriculum=0.3,
+                   fused_passes=(1, 2, 4, 8)),
 }
 REASONING_FAMILIES = ("swaps", "sum")
 
