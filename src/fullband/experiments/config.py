@@ -271,9 +271,9 @@ REASONING_PRESETS: dict[str, dict[str, Any]] = {
     # Issue 17: train the recurrence exact mode runs. Every batch of the full-bandwidth model runs to its exact
     # count (passes >= its length) with no plain prefix, so its last passes are the fully recurrent states: the
     # fixed point computed without gradients (sequentially), then 4 passes with them (truncated backpropagation,
-    # train.grad_passes) next to the plain pass 1. AdamW (Muon's baseline learned less here, docs/LOG.md), fusion
-    # LR x3, plain positions unnormalised, mostly answer-only training on n <= 6 with a length curriculum, tested on
-    # n = 8, 12, 16 too; fused(k) for k = 1..8 shows whether the iteration holds short of the fixed point.
+    # train.grad_passes) next to the plain pass 1. AdamW (Muon fit the training set lower with no held-out gain,
+    # docs/LOG.md), fusion LR x3, plain positions unnormalised, mostly answer-only training on n <= 6 with a length
+    # curriculum, tested on n = 8, 12, 16 too; fused(k), k = 1..8, shows the iteration short of the fixed point.
     "serial": dict(min_length=2, max_length=6, test_lengths=(8, 12, 16), strides=(1, 0), answer_share=0.75,
                    train_examples=100_000, test_per_length=40, d_model=64, n_layers=2, n_heads=4, steps=1200,
                    batch_size=64, lr=1e-3, optimizer="adamw", fusion_lr_mult=3.0, input_norm=False,
