@@ -84,7 +84,8 @@ def test_config_rejects_bad_values_by_name():
         ReasoningConfig(preset="smoke", optimizer="sgd")
     with pytest.raises(ConfigError, match="curriculum=2 is invalid"):
         ReasoningConfig(preset="smoke", curriculum=2)
-    assert ReasoningConfig(preset="serial").optimizer == "muon"
+    serial = ReasoningConfig(preset="serial")
+    assert (serial.passes, serial.grad_passes, serial.prefix_mixin) == (32, 4, False)
     with pytest.raises(ConfigError, match="passes=1 is invalid"):
         ReasoningConfig(preset="smoke", passes=1)
     with pytest.raises(ConfigError, match="grad_passes=-1 is invalid"):
