@@ -7,7 +7,7 @@ import random
 import pytest
 
 from fullband.cli import main
-from fullband.config import ConfigError
+from fullband.config import ConfigError, explicit_keys
 from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.reasoning import build_data, context_length, equal_accuracy, over_seeds, pooled
 from fullband.tasks.reasoning import sample_problems
@@ -86,6 +86,9 @@ def test_config_rejects_bad_values_by_name():
         ReasoningConfig(preset="smoke", curriculum=2)
     serial = ReasoningConfig(preset="serial")
     assert (serial.passes, serial.grad_passes, serial.prefix_mixin) == (32, 4, False)
+    with explicit_keys(["passes", "grad_passes"]):  # as from the command line: the pass mix again
+        shallow = ReasoningConfig(preset="serial", passes=0, grad_passes=0)
+    assert (shallow.passes, shallow.grad_passes) == (0, 0)
     with pytest.raises(ConfigError, match="passes=1 is invalid"):
         ReasoningConfig(preset="smoke", passes=1)
     with pytest.raises(ConfigError, match="grad_passes=-1 is invalid"):

@@ -321,10 +321,10 @@ class ReasoningConfig(SyntheticStudyConfig):
                            "only fused inputs are normalised.")
     curriculum: float = doc(0.0, "Length curriculum: over the first this fraction of the steps, training draws "
                             "from the shortest problems first, widening linearly to all lengths; 0 = none.")
-    passes: int | None = doc(
-        None, "fullband model: every multi-pass batch runs this many passes instead of pass_mix's (at most the "
+    passes: int = doc(
+        0, "fullband model: every multi-pass batch runs this many passes instead of pass_mix's (at most the "
         "batch's exact count: with passes >= the longest example and prefix_mixin false, the last pass is the "
-        "fully recurrent one exact mode runs); none = pass_mix.")
+        "fully recurrent one exact mode runs); 0 = pass_mix.")
     grad_passes: int = doc(
         0, "fullband model: truncated gradient, only pass 1 and the last grad_passes passes of a multi-pass batch "
         "with gradients (train.grad_passes); 0 = all.")
@@ -349,8 +349,8 @@ class ReasoningConfig(SyntheticStudyConfig):
         OptimConfig(optimizer=self.optimizer, lr=self.lr, muon_lr=self.muon_lr, fusion_lr_mult=self.fusion_lr_mult)
         _require(isinstance(self.input_norm, bool), "input_norm", self.input_norm, "must be true or false")
         DataConfig(curriculum=self.curriculum)  # validates it
-        _require(self.passes is None or (_is_int(self.passes) and self.passes >= 2), "passes", self.passes,
-                 "must be an integer >= 2, or none (pass_mix)")
+        _require(_is_int(self.passes) and (self.passes == 0 or self.passes >= 2), "passes", self.passes,
+                 "must be an integer >= 2, or 0 (pass_mix)")
         TrainConfig(grad_passes=self.grad_passes, prefix_mixin=self.prefix_mixin,
                     feedback_weight=self.feedback_weight)  # validates them
         _require(self.family in REASONING_FAMILIES, "family", self.family, f"must be one of {REASONING_FAMILIES}")

@@ -534,7 +534,7 @@ class ReasoningStudy(PairStudy):
 
     def model_spec(self, seed: int) -> StudyModel:
         spec = super().model_spec(seed)
-        if self.cfg.passes is not None:  # every multi-pass batch runs `passes` passes
+        if self.cfg.passes:  # every multi-pass batch runs `passes` passes (0: the pass mix)
             spec = dataclasses.replace(spec, pass_mix=pass_mix_of(self.cfg.passes))
         return spec
 
