@@ -169,7 +169,7 @@ class Trainer:
                 with self._autocast():
                     loss, metrics = multipass_loss(self.model, inputs[rows_here], labels[rows_here], passes, cfg,
                                                    None, z_loss_weight=z_weight, plain_prefix=prefixes[..., rows_here])
-                (loss / cfg.grad_accum).backward()
+                (loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
             _accumulate(totals, metrics, cfg.grad_accum)
 
         # One host sync for all scalars; it also makes the timing below honest on CUDA.
@@ -380,6 +380,9 @@ def _cxx_compiler() -> str | None:
 
 def _accumulate(totals: dict[str, Any], metrics: dict[str, Any], grad_accum: int) -> None:
     """Average the micro-batches' losses; sum their token counts."""
+    if grad_accum == 1:  # one micro-batch: its metrics as they are (no tensor ops)
+        totals.update(metrics)
+        return
     for key, value in metrics.items():
         if key in ("tokens", "token_equiv_compute"):
             totals[key] = totals.get(key, 0) + value
