@@ -1,5 +1,6 @@
 """``--threads``: auto = the cores this process may use, capped by OMP_NUM_THREADS, less those other running processes
-hold; every command applies it; the count a training run used is in its run metadata. (Bad values: tests/test_bad_inputs.py.)"""
+hold; every command applies it; the count a training run used is in its run metadata. (Bad values:
+tests/test_bad_inputs.py.)"""
 
 import json
 

@@ -5,6 +5,7 @@ import warnings
 import pytest
 import torch
 from test_trainer import make_trainer, records
+from torch._inductor.exc import InductorError
 
 from fullband import FullBandwidthLM
 from fullband.config import ConfigError
@@ -49,7 +50,7 @@ def test_resume_with_compiled_blocks_is_bit_exact(tmp_path):
 def test_a_failing_compile_warns_and_trains_eagerly(tmp_path, monkeypatch):
     def broken_compile(model):
         def fail(*args, **kwargs):
-            raise RuntimeError("InductorError: no working C++ compiler")
+            raise InductorError(RuntimeError("no working C++ compiler"), None)
 
         model.__dict__["_compiled_blocks"] = [fail for _ in model.blocks]
 
@@ -57,12 +58,24 @@ def test_a_failing_compile_warns_and_trains_eagerly(tmp_path, monkeypatch):
     eager = make_trainer(tmp_path / "eager", compile="false")
     eager.fit()
     fallback = make_trainer(tmp_path / "fallback", compile="true")
-    with pytest.warns(UserWarning, match=r"torch.compile failed \(RuntimeError: InductorError: no working C\+\+ "
+    with pytest.warns(UserWarning, match=r"torch.compile failed \(InductorError: RuntimeError: no working C\+\+ "
                                          r"compiler\); training eagerly"):
         fallback.fit()
     assert not fallback.compiled
     # The failed attempt left nothing behind: the same numbers as a run that never tried, bit for bit.
     assert records(tmp_path / "fallback") == records(tmp_path / "eager")
+
+
+def test_errors_that_are_not_the_compilers_are_not_swallowed(tmp_path, monkeypatch):
+    def broken_compile(model):
+        def fail(*args, **kwargs):
+            raise ValueError("a bug in a block")
+
+        model.__dict__["_compiled_blocks"] = [fail for _ in model.blocks]
+
+    monkeypatch.setattr(FullBandwidthLM, "compile_blocks", broken_compile)
+    with pytest.raises(ValueError, match="a bug in a block"):
+        make_trainer(tmp_path / "run", compile="true").fit()
 
 
 def test_auto_compiles_on_cuda_and_for_long_cpu_runs_only(monkeypatch):

@@ -127,9 +127,7 @@ class Trainer:
         rng = (torch.random.get_rng_state(), self.generator.get_state())
         try:
             record = self._train_step(step)
-        except (NonFiniteLossError, TrainingError):
-            raise
-        except Exception as error:  # whatever the compiler raised: train eagerly instead
+        except torch._dynamo.exc.TorchDynamoException as error:  # what the compiler raises (InductorError, ...)
             self.raw_model.uncompile_blocks()
             self.compiled = False
             self.optimizer.zero_grad(set_to_none=True)
