@@ -33,7 +33,6 @@ from fullband.bench import steps
 from fullband.bench.config import BenchConfig
 from fullband.bench.run import run_bench, table
 from fullband.bench.timing import interleaved, ratio
-from fullband.training.trainer import compile_blocks
 
 
 def bf16(loss_fn):
@@ -49,12 +48,12 @@ def compile_check(device: torch.device, rounds: int) -> dict:
     config = ModelConfig(vocab_size=32000, d_model=768, n_layers=12, n_heads=12, max_seq_len=512, feedback=True)
     eager = FullBandwidthLM(config).to(device).train()
     compiled = copy.deepcopy(eager)
-    compile_blocks(compiled)
+    compiled.compile_blocks()  # as the Trainer does (train.compile): used by forwards with gradients
     llama = steps.llama_twin(eager).train()
     tokens = torch.randint(0, config.vocab_size, (16, 512), device=device)
-    with torch.no_grad():
-        losses = {name: float(bf16(steps.fullband_loss(m, tokens))()) for name, m in (("eager", eager),
-                                                                                        ("compiled", compiled))}
+    # With gradients on (the compiled blocks serve only those forwards); nothing is stepped.
+    losses = {name: float(bf16(steps.fullband_loss(m, tokens))().detach()) for name, m in (("eager", eager),
+                                                                                             ("compiled", compiled))}
     cases = {}
     for name, net, loss_fn in (("fullband eager", eager, steps.fullband_loss(eager, tokens)),
                                ("fullband compiled", compiled, steps.fullband_loss(compiled, tokens)),

@@ -139,7 +139,8 @@ def validate_device_name(name: Any, field: str = "device") -> None:
 
 
 THREADS_HELP = ("torch CPU threads: auto = the cores this process may use (its CPU affinity), at most OMP_NUM_THREADS "
-                "when that is set and shared among torchrun's processes on one machine; or a count >= 1.")
+                "when that is set, shared among torchrun's processes on one machine, less the cores other running "
+                "processes hold at start; or a count >= 1.")
 
 
 def threads_field(default: str = "auto") -> Any:

@@ -13,6 +13,7 @@ use or that OMP_NUM_THREADS reserves for others, and oversubscribed threads on a
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING
 
 from fullband.config import ConfigError, validate_device_name, validate_threads
@@ -51,14 +52,35 @@ def usable_cores() -> int:
 
 def resolve_threads(setting: str | int = "auto", field: str = "threads") -> int:
     """The thread count ``setting`` means here: a count as given; ``auto`` = :func:`usable_cores`, shared among
-    torchrun's processes on this machine (LOCAL_WORLD_SIZE), and at most OMP_NUM_THREADS when that is a count."""
+    torchrun's processes on this machine (LOCAL_WORLD_SIZE), at most OMP_NUM_THREADS when that is a count, less
+    the cores other running processes hold at start (:func:`busy_elsewhere`), and at least 1."""
     setting = validate_threads(setting, field)
     if setting != "auto":
         return int(setting)
-    threads = usable_cores() // max(1, _env_count("LOCAL_WORLD_SIZE") or 1)
+    local_processes = max(1, _env_count("LOCAL_WORLD_SIZE") or 1)
+    threads = usable_cores() // local_processes
     if limit := _env_count("OMP_NUM_THREADS"):
         threads = min(threads, limit)
+    # Leave the cores other running processes hold: beside one busy process on 2 cores a 2-thread training run
+    # took 3.1x its quiet time and a 1-thread run 1.55x (benchmarks/busy_neighbour.py, docs/LOG.md), since every
+    # parallel op waits for its slowest thread.
+    threads -= max(0, busy_elsewhere() - (local_processes - 1))
     return max(1, threads)
+
+
+def busy_elsewhere(samples: int = 5, loadavg: str = "/proc/loadavg") -> int:
+    """Runnable tasks on this machine besides this process, the least of a few looks over ~20 ms (Linux's
+    /proc/loadavg; 0 where there is none). Counts torchrun's sibling processes too: the caller discounts them."""
+    try:
+        counts = []
+        for i in range(samples):
+            with open(loadavg) as f:
+                counts.append(int(f.read().split()[3].split("/")[0]))
+            if i < samples - 1:
+                time.sleep(0.005)
+    except (OSError, ValueError, IndexError):
+        return 0
+    return max(0, min(counts) - 1)  # this process is running while it reads
 
 
 def apply_threads(setting: str | int = "auto", field: str = "threads") -> int:

@@ -58,11 +58,11 @@ def transformers_loss(model: torch.nn.Module, tokens: torch.Tensor) -> Callable[
 
 
 def adamw(model: torch.nn.Module) -> torch.optim.AdamW:
-    """The optimizer every bare step uses: AdamW over all parameters, the multi-tensor (foreach) kernels on a CPU
-    and the fused kernel on CUDA, as the Trainer builds it."""
-    on_cuda = all(p.is_cuda for p in model.parameters())
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1,
-                             **({"fused": True} if on_cuda else {"foreach": True}))
+    """The optimizer every bare step uses: AdamW over all parameters with the kernel the Trainer picks (foreach on a
+    CPU, fused on CUDA), for fullband and the peers alike."""
+    from fullband.training.optim import adamw_kernel
+
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, **adamw_kernel(model.parameters()))
 
 
 def baseline_twin(model: FullBandwidthLM) -> FullBandwidthLM:
@@ -110,6 +110,8 @@ def trainer_and_bare_step(model: FullBandwidthLM, tokens: torch.Tensor,
     trainer = Trainer(copy.deepcopy(model), train_cfg, optim_cfg, schedule, lambda step, rank, world: (tokens, tokens),
                       out_dir=out_dir, progress=False)
     bare = copy.deepcopy(model)
+    if trainer.compiled:  # the bare step runs what the Trainer runs
+        bare.compile_blocks()
     optimizer = build_optimizer(bare, optim_cfg)
     params = list(bare.parameters())
     return (lambda: trainer.train_step(0)), (lambda: optimizer_step(fullband_loss(bare, tokens), optimizer, params))

@@ -245,7 +245,11 @@ def sft_run_config(spec: StudyModel, data: Path, validation: Path, out_dir: Path
         train=TrainConfig(max_steps=spec.steps, batch_size=spec.batch_size, seq_len=spec.max_seq_len,
                           seed=spec.seed, eval_every=0, eval_batches=VALIDATION_BATCHES, checkpoint_every=0,
                           keep_last=1, log_every=50, grad_passes=spec.grad_passes, prefix_mixin=spec.prefix_mixin,
-                          feedback_weight=spec.feedback_weight),
+                          feedback_weight=spec.feedback_weight,
+                          # Eager: these tiny models train in a minute or two, which a ~20 s compile does not earn
+                          # back, and the committed reports were computed eagerly (compiling changes the numbers at
+                          # float rounding).
+                          compile="false"),
         # A short warmup and no weight decay: tiny models, few steps, synthetic data.
         optim=OptimConfig(lr=spec.lr, warmup_steps=max(1, spec.steps // 20), weight_decay=0.0,
                           optimizer=spec.optimizer, muon_lr=spec.muon_lr,

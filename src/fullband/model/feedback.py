@@ -67,6 +67,15 @@ class FeedbackLM(nn.Module):
     def _empty_cache(self, batch_size: int, max_len: int) -> CacheSlots:
         raise NotImplementedError
 
+    def compile_blocks(self) -> None:
+        """torch.compile each of ``self.blocks`` in place (a network whose own code calls its layers)."""
+        for block in self.blocks:
+            block.compile()
+
+    def uncompile_blocks(self) -> None:
+        for block in self.blocks:
+            block._compiled_call_impl = None  # what nn.Module.compile set
+
     def _stack_mask(self, key_valid: torch.Tensor, T: int) -> Any:
         """The attention mask the blocks read, from which keys are real tokens (B, S), S = cached + T."""
         raise NotImplementedError

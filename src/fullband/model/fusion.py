@@ -16,6 +16,7 @@ from torch import nn
 
 from fullband.config import ModelConfig
 from fullband.model.layers import RMSNorm
+from fullband.model.linear import Linear
 
 
 class LatentFusion(nn.Module):
@@ -42,8 +43,8 @@ class LatentFusion(nn.Module):
             raise ValueError("LatentFusion needs a ModelConfig or d_model")
         # RMSNorm_e; None when the gate shares the model's input norm (the caller passes normalised embeddings).
         self.token_norm = RMSNorm(d_model, norm_eps) if own_gate_norm else None
-        self.gate_proj = nn.Linear(d_model, d_model, bias=False)  # W_G
-        self.state_proj = nn.Linear(d_model, d_model, bias=False)  # W_U
+        self.gate_proj = Linear(d_model, d_model, bias=False)  # W_G
+        self.state_proj = Linear(d_model, d_model, bias=False)  # W_U
         self.out_norm = RMSNorm(d_model, norm_eps, init=out_gain) if out_norm else None  # RMSNorm_in
 
     def forward(self, token_emb: torch.Tensor, prev_state: torch.Tensor) -> torch.Tensor:

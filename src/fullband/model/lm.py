@@ -20,6 +20,7 @@ from fullband.model.feedback import FeedbackLM
 from fullband.model.fusion import LatentFusion
 from fullband.model.kv_cache import KVCache
 from fullband.model.layers import Block, RMSNorm, rope_angles, rope_inv_freq
+from fullband.model.linear import Linear
 from fullband.model.serialization import load_config, load_state_dict_into, save_pretrained
 
 
@@ -33,7 +34,7 @@ class FullBandwidthLM(FeedbackLM):
             if config.input_norm else None
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         # The baseline has no fusion parameters at all, so its checkpoints are plain transformers.
@@ -97,9 +98,23 @@ class FullBandwidthLM(FeedbackLM):
         """Yield the input the first block sees (depth 0), then each block's output (depths 1..L)."""
         x = self.input_norm(inputs) if self.input_norm is not None else inputs
         yield x
-        for block in self.blocks:
+        compiled = self.__dict__.get("_compiled_blocks")
+        blocks = compiled if compiled and torch.is_grad_enabled() else self.blocks
+        for block in blocks:
             x = block(x, rope, mask, cache)
             yield x
+
+    def compile_blocks(self) -> None:
+        """torch.compile each block for the forwards that build a graph for backward (training).
+
+        The compiled blocks sit outside the module tree (parameter names and checkpoints do not change) and
+        share the blocks' weights; evaluation and decoding (no gradients) keep running the eager blocks, whose
+        shapes change every step and would make the compiler recompile."""
+        self.__dict__["_compiled_blocks"] = [torch.compile(block) for block in self.blocks]
+
+    def uncompile_blocks(self) -> None:
+        """Back to eager blocks everywhere (the trainer's fallback when compiling fails)."""
+        self.__dict__.pop("_compiled_blocks", None)
 
     @property
     def fuse(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:

@@ -24,6 +24,8 @@ from fullband.config import (
 LR_SCHEDULES = ("cosine", "wsd", "constant")
 Z_LOSS_WHEN = ("always", "cooldown", "off")
 AUTOCAST = ("auto", "bf16", "off")
+COMPILE = ("auto", "true", "false")
+COMPILE_MIN_CPU_STEPS = 1000  # compile="auto" on a CPU: runs this long earn back the compile (trainer.should_compile)
 PARALLEL = ("ddp", "fsdp")
 
 
@@ -140,7 +142,13 @@ class TrainConfig:
         None, "Also log every metrics record to this Weights & Biases project (pip install 'fullband[wandb]'); "
         "none = off. WANDB_MODE=offline keeps the run on disk (out_dir/wandb) for a later `wandb sync`.",
     )
-    compile: bool = doc(False, "torch.compile each transformer block (the Python loop over passes stays eager).")
+    compile: str = doc(
+        "auto",
+        "torch.compile each transformer block for the training forward (the Python loop over passes, evaluation and "
+        "decoding stay eager): 'auto' = on CUDA, and on a CPU for runs of at least 1000 steps (the compile takes "
+        "~20 s there, which shorter runs do not earn back); 'true'; 'false'. If compiling fails the run trains "
+        "eagerly and says so.",
+    )
     autocast: str = doc(
         "auto", "Mixed precision: 'auto' = bf16 autocast on CUDA, none elsewhere; 'bf16' = require it; 'off'."
     )
@@ -242,7 +250,13 @@ def validate_train_config(c: TrainConfig) -> None:
     if c.token_budget is not None:
         _require(_is_int(c.token_budget) and c.token_budget >= 1, "token_budget", c.token_budget,
                  "must be an integer >= 1 (or None)")
-    for name in ("compile", "detach_passes", "prefix_mixin", "prefix_per_pass"):
+    if isinstance(c.compile, bool):  # true/false from a TOML/JSON file or a Python caller
+        c.compile = "true" if c.compile else "false"
+    elif isinstance(c.compile, str):  # yes/on/1 and no/off/0 as the boolean options take them
+        c.compile = {"1": "true", "yes": "true", "on": "true", "0": "false", "no": "false", "off": "false"}.get(
+            c.compile.lower(), c.compile.lower())
+    _require(c.compile in COMPILE, "compile", c.compile, f"must be one of {COMPILE}")
+    for name in ("detach_passes", "prefix_mixin", "prefix_per_pass"):
         _require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
     _require(c.autocast in AUTOCAST, "autocast", c.autocast, f"must be one of {AUTOCAST}")
     _require(c.parallel in PARALLEL, "parallel", c.parallel, f"must be one of {PARALLEL}")
