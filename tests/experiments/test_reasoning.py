@@ -7,7 +7,7 @@ import random
 import pytest
 
 from fullband.cli import main
-from fullband.config import ConfigError
+from fullband.config import ConfigError, explicit_keys
 from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.reasoning import build_data, context_length, equal_accuracy, over_seeds, pooled
 from fullband.tasks.reasoning import sample_problems
@@ -84,7 +84,32 @@ def test_config_rejects_bad_values_by_name():
         ReasoningConfig(preset="smoke", optimizer="sgd")
     with pytest.raises(ConfigError, match="curriculum=2 is invalid"):
         ReasoningConfig(preset="smoke", curriculum=2)
-    assert ReasoningConfig(preset="serial").optimizer == "muon"
+    serial = ReasoningConfig(preset="serial")
+    assert (serial.passes, serial.grad_passes, serial.prefix_mixin) == (32, 4, False)
+    with explicit_keys(["passes", "grad_passes"]):  # as from the command line: the pass mix again
+        shallow = ReasoningConfig(preset="serial", passes=0, grad_passes=0)
+    assert (shallow.passes, shallow.grad_passes) == (0, 0)
+    with pytest.raises(ConfigError, match="passes=1 is invalid"):
+        ReasoningConfig(preset="smoke", passes=1)
+    with pytest.raises(ConfigError, match="grad_passes=-1 is invalid"):
+        ReasoningConfig(preset="smoke", grad_passes=-1)
+    with pytest.raises(ConfigError, match="feedback_weight=-1 is invalid"):
+        ReasoningConfig(preset="smoke", feedback_weight=-1)
+
+
+def test_deep_truncated_passes_reach_the_training_run(tmp_path):
+    out = tmp_path / "study"
+    assert main(["eval-reasoning", "--preset", "smoke", "--out_dir", str(out), "--progress", "false", "--modes",
+                 "exact", "--feedback_start", "0", "--passes", "40", "--grad_passes", "2", "--prefix_mixin", "false",
+                 "--feedback_weight", "2"]) == 0
+    records = [json.loads(line) for line in (out / "fullband" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    # Every batch runs to its exact count (its length: no prefix mixin) with 3 scored passes (1 and the last 2).
+    assert all(r["passes"] > 2 and len(r["pass_losses"]) == 3 for r in train)
+    config = json.loads((out / "results.json").read_text())["config"]
+    assert (config["passes"], config["grad_passes"], config["prefix_mixin"]) == (40, 2, False)
+    report = (out / "report.md").read_text()
+    assert "40 passes each" in report and "last 2 passes only" in report and "λ = 2" in report
 
 
 def test_eval_reasoning_smoke_runs_end_to_end(tmp_path, capsys):

@@ -92,3 +92,59 @@ def test_baseline_model_runs_one_pass_and_counts_one_pass_of_compute(batch):
     loss, metrics = multipass_loss(model, inputs, labels, 3, TrainConfig(seq_len=T), torch.Generator())
     assert metrics["passes"] == 1 and metrics["token_equiv_compute"] == B * T
     torch.testing.assert_close(loss, ntp(model(inputs).logits, labels), rtol=1e-12, atol=1e-12)
+
+
+def test_truncated_gradient_keeps_the_values_and_cuts_the_middle_passes(batch):
+    inputs, labels = batch
+    model = make_model()
+    cfg = TrainConfig(seq_len=T, jitter=0.0, prefix_mixin=False, grad_passes=2, feedback_weight=0.5)
+    loss, metrics = multipass_loss(model, inputs, labels, 6, cfg, None)
+    # Scored: pass 1 and the last two passes, each the value of the k-pass forward.
+    manual = [ntp(model(inputs, passes=k, plain_prefix=1).logits, labels) for k in (1, 5, 6)]
+    torch.testing.assert_close(torch.stack(metrics["pass_losses"]), torch.stack(manual), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(loss, manual[0] + 0.5 * (manual[1] + manual[2]) / 2, rtol=1e-12, atol=1e-12)
+    assert metrics["passes"] == 6
+    # Gradient: pass 1 and passes 5-6 with pass 4's states as constants (detached), nothing through passes 2-4.
+    loss.backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    four = [s.hidden for s in model.iterate_passes(inputs, 4, 1)][-1].detach()
+    five = model.stack_inputs(inputs, four)
+    h5, head5 = model.run_stack(five, torch.arange(T).expand(B, T))
+    _, head6 = model.run_stack(model.stack_inputs(inputs, h5), torch.arange(T).expand(B, T))
+    one = ntp(model(inputs, passes=1).logits, labels)
+    (one + 0.5 * (ntp(model.lm_head(head5), labels) + ntp(model.lm_head(head6), labels)) / 2).backward()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(got[name], param.grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_truncated_gradient_stops_at_the_exact_pass_count(batch):
+    inputs, labels = batch
+    model = make_model()
+    cfg = TrainConfig(seq_len=T, jitter=0.0, prefix_mixin=False, grad_passes=1)
+    _, metrics = multipass_loss(model, inputs, labels, 50, cfg, None)
+    assert metrics["passes"] == T  # every position exact after T passes with plain prefix 1
+    exact = model.forward_exact(inputs, plain_prefix=1).logits
+    torch.testing.assert_close(ntp(exact, labels), metrics["pass_losses"][-1], rtol=1e-10, atol=1e-10)
+    baseline = make_model(feedback=False)
+    _, metrics = multipass_loss(baseline, inputs, labels, 5, cfg, None)
+    assert metrics["passes"] == 1 and len(metrics["pass_losses"]) == 1
+
+
+def test_truncated_gradient_from_the_fixed_point_backpropagates_through_the_last_passes_only(batch):
+    inputs, labels = batch
+    model = make_model()
+    cfg = TrainConfig(seq_len=T, jitter=0.0, prefix_mixin=False, grad_passes=2)
+    loss, metrics = multipass_loss(model, inputs, labels, 100, cfg, None)
+    loss.backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    fixed = model.forward_exact(inputs, plain_prefix=1).hidden  # no gradient: the fixed point as a constant
+    positions = torch.arange(T).expand(B, T)
+    h, head = model.run_stack(model.stack_inputs(inputs, fixed), positions)
+    _, head2 = model.run_stack(model.stack_inputs(inputs, h), positions)
+    one = ntp(model(inputs, passes=1).logits, labels)
+    (one + (ntp(model.lm_head(head), labels) + ntp(model.lm_head(head2), labels)) / 2).backward()
+    assert metrics["passes"] == T and set(got) == {n for n, p in model.named_parameters() if p.grad is not None}
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(got[name], param.grad, rtol=1e-10, atol=1e-12, msg=name)

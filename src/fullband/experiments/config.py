@@ -268,14 +268,17 @@ REASONING_PRESETS: dict[str, dict[str, Any]] = {
                     d_model=64, n_layers=2, n_heads=4, steps=4000, batch_size=64, lr=5e-4),
     "long": dict(min_length=2, max_length=12, strides=(1, 2, 3, 4, 0), train_examples=200_000, test_per_length=200,
                  d_model=128, n_layers=4, n_heads=4, steps=10_000, batch_size=64, lr=2e-3),
-    # Issue 17: give the recurrence the serial depth answer-only solving needs. The Recipe issue's optimiser (Muon,
-    # 3x fusion LR), plain positions unnormalised (its best variant), feedback from the first step with 2-6
-    # passes, mostly answer-only training on n <= 6, tested on n = 8, 12, 16 too; fused(k) for k = 1..8 shows
-    # whether the iteration holds past the trained depth.
+    # Issue 17: train the recurrence exact mode runs. Every batch of the full-bandwidth model runs to its exact
+    # count (passes >= its length) with no plain prefix, so its last passes are the fully recurrent states: the
+    # fixed point computed without gradients (sequentially), then 4 passes with them (truncated backpropagation,
+    # train.grad_passes) next to the plain pass 1. AdamW (Muon fit the training set lower with no held-out gain,
+    # docs/LOG.md), fusion LR x3, plain positions unnormalised, mostly answer-only training on n <= 6 with a length
+    # curriculum, tested on n = 8, 12, 16 too; fused(k), k = 1..8, shows the iteration short of the fixed point.
     "serial": dict(min_length=2, max_length=6, test_lengths=(8, 12, 16), strides=(1, 0), answer_share=0.75,
-                   train_examples=100_000, test_per_length=40, d_model=64, n_layers=2, n_heads=4, steps=3000,
-                   batch_size=64, lr=1e-3, optimizer="muon", fusion_lr_mult=3.0, input_norm=False,
-                   feedback_start=0.0, pass_mix=(0.3, 0.3, 0.2, 0.2), curriculum=0.3, fused_passes=(1, 2, 4, 8)),
+                   train_examples=100_000, test_per_length=40, d_model=64, n_layers=2, n_heads=4, steps=1200,
+                   batch_size=64, lr=1e-3, optimizer="adamw", fusion_lr_mult=3.0, input_norm=False,
+                   feedback_start=0.0, passes=32, grad_passes=4, prefix_mixin=False, curriculum=0.3,
+                   fused_passes=(1, 2, 4, 8)),
 }
 REASONING_FAMILIES = ("swaps", "sum")
 
@@ -318,6 +321,17 @@ class ReasoningConfig(SyntheticStudyConfig):
                            "only fused inputs are normalised.")
     curriculum: float = doc(0.0, "Length curriculum: over the first this fraction of the steps, training draws "
                             "from the shortest problems first, widening linearly to all lengths; 0 = none.")
+    passes: int = doc(
+        0, "fullband model: every multi-pass batch runs this many passes instead of pass_mix's (at most the "
+        "batch's exact count: with passes >= the longest example and prefix_mixin false, the last pass is the "
+        "fully recurrent one exact mode runs); 0 = pass_mix.")
+    grad_passes: int = doc(
+        0, "fullband model: truncated gradient, only pass 1 and the last grad_passes passes of a multi-pass batch "
+        "with gradients (train.grad_passes); 0 = all.")
+    prefix_mixin: bool = doc(
+        True, "fullband model: a random plain prefix per row in training (train.prefix_mixin); false = every "
+        "position after the first fused, as in fused and exact prefill.")
+    feedback_weight: float = doc(1.0, "fullband model: λ, the weight of the multi-pass passes' loss against pass 1's.")
 
     def validate(self) -> None:
         self.strides = tuple(self.strides)
@@ -335,6 +349,10 @@ class ReasoningConfig(SyntheticStudyConfig):
         OptimConfig(optimizer=self.optimizer, lr=self.lr, muon_lr=self.muon_lr, fusion_lr_mult=self.fusion_lr_mult)
         _require(isinstance(self.input_norm, bool), "input_norm", self.input_norm, "must be true or false")
         DataConfig(curriculum=self.curriculum)  # validates it
+        _require(_is_int(self.passes) and (self.passes == 0 or self.passes >= 2), "passes", self.passes,
+                 "must be an integer >= 2, or 0 (pass_mix)")
+        TrainConfig(grad_passes=self.grad_passes, prefix_mixin=self.prefix_mixin,
+                    feedback_weight=self.feedback_weight)  # validates them
         _require(self.family in REASONING_FAMILIES, "family", self.family, f"must be one of {REASONING_FAMILIES}")
         _require(_is_int(self.modulus) and 2 <= self.modulus <= 10, "modulus", self.modulus, "must be in 2..10")
         _require(_is_int(self.max_length) and self.min_length <= self.max_length <= 26, "max_length",

@@ -36,6 +36,7 @@ from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.plots import pyplot, save_figure
 from fullband.experiments.study import (
     PairStudy,
+    StudyModel,
     line_style,
     markdown_table,
     summarize,
@@ -95,6 +96,28 @@ def task_of(cfg: ReasoningConfig) -> ReasoningTask:
 def unseen_lengths(cfg: ReasoningConfig) -> list[int]:
     """The test lengths outside the trained range (length generalisation)."""
     return sorted(n for n in set(cfg.test_lengths) if not cfg.min_length <= n <= cfg.max_length)
+
+
+def pass_mix_of(passes: int) -> tuple[float, ...]:
+    """The schedule's pass mix (probabilities of 2, 3, ... passes) that always runs ``passes``."""
+    return (0.0,) * (passes - 2) + (1.0,)
+
+
+def objective_text(cfg: dict[str, Any]) -> str:
+    """How the full-bandwidth model's multi-pass batches run, in words (results.json's config)."""
+    if cfg.get("passes"):
+        depth = f"{cfg['passes']} passes each, at most the batch's length (where every position is exact)"
+    else:
+        depth = f"pass mix {list(cfg['pass_mix'])} of 2, 3, ... passes"
+    parts = [f"{depth}, from {cfg['feedback_start']:.0%} of the steps"]
+    if cfg.get("grad_passes"):
+        parts.append(f"gradients through pass 1 and the last {cfg['grad_passes']} pass"
+                     f"{'es' * (cfg['grad_passes'] > 1)} only")
+    parts.append("a random plain prefix per row" if cfg.get("prefix_mixin", True)
+                 else "every position after the first fused (no prefix mixin)")
+    if cfg.get("feedback_weight", 1.0) != 1.0:
+        parts.append(f"λ = {cfg['feedback_weight']:g}")
+    return "; ".join(parts)
 
 
 def train_stride(cfg: ReasoningConfig, rng: random.Random) -> int:
@@ -346,8 +369,8 @@ def verdict(results: dict[str, Any]) -> list[str]:
     ms = {v: index[v, "all"]["ms_per_problem"] for v in ("baseline", mode)}
     compute = total("fullband", "token_equiv_compute") / total("baseline", "tokens")
     lines.append(f"- Cost: training the full-bandwidth model took {compute:.1f}x "
-                 f"the baseline's forward compute (passes: mix {list(cfg['pass_mix'])} of 2, 3, ... passes from "
-                 f"{cfg['feedback_start']:.0%} of the steps) and {total('fullband', 'seconds'):.0f} s against "
+                 f"the baseline's forward compute (passes run, with or without gradients: {objective_text(cfg)}) "
+                 f"and {total('fullband', 'seconds'):.0f} s against "
                  f"{total('baseline', 'seconds'):.0f} s; answer-only decoding with {mode.removeprefix('fullband ')} "
                  f"prefill (one position at a time over the prompt) {ms[mode]:.1f} ms per problem against "
                  f"the baseline's {ms['baseline']:.1f} ms ({ms[mode] / ms['baseline']:.1f}x).")
@@ -385,11 +408,10 @@ problems of a length){f', plus unseen lengths {unseen} never trained on,' if uns
 every stride. Trace length = generated tokens (bytes) without end-of-text. Both models: d_model={cfg['d_model']},
 {cfg['n_layers']} layers, {cfg['n_heads']} heads, {cfg['steps']} steps of batch {cfg['batch_size']} on the same
 batches, optimizer {cfg.get('optimizer', 'adamw')}, input norm on plain positions: {cfg.get('input_norm', True)};
-the full-bandwidth model trains multi-pass (pass mix {list(cfg['pass_mix'])} of 2, 3, ... passes) after
-{cfg['feedback_start']:.0%} of the steps. The baseline has no feedback, so all its modes are one model (reported
-once, as "baseline"). Modes of the full-bandwidth model: standard (no feedback), soft (feedback while
-decoding only), fused(k) (k extra fused passes over the prompt), exact (the prompt fully recurrent, one position
-at a time).
+the full-bandwidth model trains multi-pass ({objective_text(cfg)}). The baseline has no feedback, so all
+its modes are one model (reported once, as "baseline"). Modes of the full-bandwidth model: standard (no
+feedback), soft (feedback while decoding only), fused(k) (k extra fused passes over the prompt), exact (the
+prompt fully recurrent, one position at a time).
 
 ## Training
 
@@ -507,7 +529,14 @@ class ReasoningStudy(PairStudy):
     def recipe(self) -> dict[str, Any]:
         cfg = self.cfg
         return {"optimizer": cfg.optimizer, "muon_lr": cfg.muon_lr, "fusion_lr_mult": cfg.fusion_lr_mult,
-                "input_norm": cfg.input_norm, "curriculum": cfg.curriculum}
+                "input_norm": cfg.input_norm, "curriculum": cfg.curriculum, "grad_passes": cfg.grad_passes,
+                "prefix_mixin": cfg.prefix_mixin, "feedback_weight": cfg.feedback_weight}
+
+    def model_spec(self, seed: int) -> StudyModel:
+        spec = super().model_spec(seed)
+        if self.cfg.passes:  # every multi-pass batch runs `passes` passes (0: the pass mix)
+            spec = dataclasses.replace(spec, pass_mix=pass_mix_of(self.cfg.passes))
+        return spec
 
     def collect(self) -> dict[str, Any]:
         """Both models per seed (one seed: in out_dir itself; more: out_dir/seed<k>/), every cell per seed, then

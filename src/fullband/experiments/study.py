@@ -167,6 +167,10 @@ class StudyModel:
     fusion_lr_mult: float = 1.0
     input_norm: bool = True
     curriculum: float = 0.0
+    # The multi-pass objective's knobs (TrainConfig's fields of the same names; the defaults are the paper's).
+    grad_passes: int = 0
+    prefix_mixin: bool = True
+    feedback_weight: float = 1.0
 
 
 class PairStudy(Study):
@@ -240,7 +244,8 @@ def sft_run_config(spec: StudyModel, data: Path, validation: Path, out_dir: Path
                         curriculum=spec.curriculum),
         train=TrainConfig(max_steps=spec.steps, batch_size=spec.batch_size, seq_len=spec.max_seq_len,
                           seed=spec.seed, eval_every=0, eval_batches=VALIDATION_BATCHES, checkpoint_every=0,
-                          keep_last=1, log_every=50,
+                          keep_last=1, log_every=50, grad_passes=spec.grad_passes, prefix_mixin=spec.prefix_mixin,
+                          feedback_weight=spec.feedback_weight,
                           # Eager: these tiny models train in a minute or two, which a ~20 s compile does not earn
                           # back, and the committed reports were computed eagerly (compiling changes the numbers at
                           # float rounding).

@@ -164,6 +164,12 @@ class TrainConfig:
     detach_passes: bool = doc(
         False, "Stop gradients between passes (saves memory; the paper backpropagates through all passes)."
     )
+    grad_passes: int = doc(
+        0,
+        "Truncated gradient (ours): in a multi-pass batch only pass 1 and the last grad_passes passes run with "
+        "gradients and are scored, the passes between without (about 3x cheaper each), and the batch runs at most "
+        "the passes that make every position exact; 0 = every pass with gradients (the paper). One process only.",
+    )
     prefix_mixin: bool = doc(
         True,
         "Give each row a random plain prefix p ~ Uniform{1..seq_len-1} (prompt-then-generate, DESIGN.md §3); "
@@ -238,7 +244,7 @@ def validate_optim_config(c: OptimConfig) -> None:
 def validate_train_config(c: TrainConfig) -> None:
     for name, low in (("max_steps", 1), ("batch_size", 1), ("seq_len", 2), ("grad_accum", 1), ("seed", 0),
                       ("eval_every", 0), ("eval_batches", 1), ("checkpoint_every", 0), ("keep_last", 1),
-                      ("log_every", 1)):
+                      ("log_every", 1), ("grad_passes", 0)):
         value = getattr(c, name)
         _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
     if c.token_budget is not None:
