@@ -146,7 +146,7 @@ class TrainConfig:
         "auto",
         "torch.compile each transformer block for the training forward (the Python loop over passes, evaluation and "
         "decoding stay eager): 'auto' = on CUDA, and on a CPU for runs of at least 1000 steps (the compile takes "
-        "~20 s there, which shorter runs do not earn back); 'true'; 'false'. If compiling fails the run trains "
+        "~18 s there cold, a large share of a shorter run); 'true'; 'false'. If compiling fails the run trains "
         "eagerly and says so.",
     )
     autocast: str = doc(

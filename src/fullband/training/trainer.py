@@ -362,8 +362,9 @@ def should_compile(setting: str, device: torch.device, total_steps: int) -> bool
 
     Blocks, not the whole model (as torchtitan does): the forward around them is Python control flow over
     passes, prefixes and caches that would break a whole-model graph many times; the blocks are where the FLOPs
-    are, and they see one shape per run whatever the pass count. On 2 CPU cores the compile took ~18 s and made a
-    step ~1.25x faster at nanoGPT's CPU config (``fullband bench``; docs/LOG.md), so short runs stay eager.
+    are, and they see one shape per run whatever the pass count. On 2 CPU cores the compile took ~18 s cold (2-3 s
+    from inductor's disk cache) and made a step 1.04-1.28x faster at nanoGPT's CPU config (``fullband bench``;
+    docs/LOG.md): short runs stay eager.
     """
     if setting != "auto":
         return setting == "true"
