@@ -156,6 +156,10 @@ def validate_threads(value: Any, field: str = "threads") -> str:
     return text if text == "auto" else str(int(text))
 
 
+# What a boolean option accepts as text (the command line, YAML's strings), lower-cased.
+BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
 def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"{name}={value!r} is invalid: {allowed}")

@@ -21,7 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
-from fullband.config import ConfigError, explicit_keys
+from fullband.config import BOOL_WORDS, ConfigError, explicit_keys
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,7 +31,6 @@ else:  # pragma: no cover
 T = TypeVar("T")
 _DEST = "_cfg:"  # argparse dest prefix; what follows is the dotted key
 _NONE = ("none", "null")
-_BOOLS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
 
 @functools.cache
@@ -96,7 +95,7 @@ def _convert(value: Any, tp: Any) -> Any:
     if base not in (bool, int, float, str):
         raise TypeError(f"unsupported config field type {tp!r}")
     if base is bool and isinstance(value, str):
-        value = _BOOLS.get(value.strip().lower(), value)
+        value = BOOL_WORDS.get(value.strip().lower(), value)
     elif base in (int, float) and isinstance(value, str):  # also YAML, which reads 3e-4 (no dot) as a string
         value = base(value.strip())
     elif base is int and isinstance(value, float) and value.is_integer():  # 1e5 steps written in TOML/YAML

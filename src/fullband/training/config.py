@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from fullband.config import (
+    BOOL_WORDS,
     HF_PREFIX,
     ConfigError,
     ModelConfig,
@@ -253,8 +254,8 @@ def validate_train_config(c: TrainConfig) -> None:
     if isinstance(c.compile, bool):  # true/false from a TOML/JSON file or a Python caller
         c.compile = "true" if c.compile else "false"
     elif isinstance(c.compile, str):  # yes/on/1 and no/off/0 as the boolean options take them
-        c.compile = {"1": "true", "yes": "true", "on": "true", "0": "false", "no": "false", "off": "false"}.get(
-            c.compile.lower(), c.compile.lower())
+        word = c.compile.lower()
+        c.compile = str(BOOL_WORDS[word]).lower() if word in BOOL_WORDS else word
     _require(c.compile in COMPILE, "compile", c.compile, f"must be one of {COMPILE}")
     for name in ("detach_passes", "prefix_mixin", "prefix_per_pass"):
         _require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
