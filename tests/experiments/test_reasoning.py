@@ -95,6 +95,11 @@ def test_config_rejects_bad_values_by_name():
         ReasoningConfig(preset="smoke", grad_passes=-1)
     with pytest.raises(ConfigError, match="feedback_weight=-1 is invalid"):
         ReasoningConfig(preset="smoke", feedback_weight=-1)
+    with pytest.raises(ConfigError, match="workers=0 is invalid"):
+        ReasoningConfig(preset="smoke", workers=0)
+    recurrent = ReasoningConfig(preset="recurrent")  # issue 17's result: serial on sum, λ = 0.3, 2 seeds at once
+    assert (recurrent.family, recurrent.feedback_weight, recurrent.steps, recurrent.seeds, recurrent.workers,
+            recurrent.passes) == ("sum", 0.3, 3600, 2, 2, 32)
 
 
 def test_deep_truncated_passes_reach_the_training_run(tmp_path):
@@ -133,6 +138,8 @@ def test_eval_reasoning_smoke_runs_end_to_end(tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert report.splitlines()[5] == "## Verdict" and "Answer-only accuracy with exact prefill" in report
     assert "Unseen lengths (never trained on): n=6" in report and "## Equal accuracy" in report
+    assert "Past the trained lengths it" in report.splitlines()[7]  # the verdict's first line
+    assert "- Wall time of this command: " in report and "the seeds one after the other" in report
     # A second run into the same directory must not silently retrain; --reuse_models evaluates again.
     assert main(args) == 2
     assert "already holds a trained baseline" in capsys.readouterr().err
@@ -153,3 +160,17 @@ def test_eval_reasoning_two_seeds_train_apart_and_report_sd(tmp_path):
     assert (out / "seed1" / "fullband" / "model").is_dir()
     assert {c["seed"] for c in results["seed_cells"]} == {0, 1} and all(c["seeds"] == 2 for c in results["cells"])
     assert "mean ± sd over 2 seeds" in (out / "report.md").read_text()
+    # The seeds side by side in two worker processes: the same models, the same cells.
+    side_by_side = tmp_path / "workers"
+    assert main(["eval-reasoning", "--preset", "smoke", "--out_dir", str(side_by_side), "--progress", "false",
+                 "--seeds", "2", "--modes", "standard,exact", "--curriculum", "0.5", "--workers", "2"]) == 0
+    parallel = json.loads((side_by_side / "results.json").read_text())
+
+    def untimed(cells):
+        return [{k: v for k, v in c.items() if not k.startswith("ms_per_problem")} for c in cells]
+
+    assert untimed(parallel["seed_cells"]) == untimed(results["seed_cells"])
+    for run, summary in results["training"].items():
+        assert parallel["training"][run]["final_loss"] == summary["final_loss"], run
+    assert "--workers 2" in (side_by_side / "report.md").read_text()
+    assert "the seeds side by side in 2 processes" in (side_by_side / "report.md").read_text()

@@ -15,12 +15,10 @@ import contextlib
 import dataclasses
 import json
 import math
-import multiprocessing
 import os
 import platform
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from fullband.data import eval_windows, load_tokenizer, load_tokens
 from fullband.devices import usable_cores
 from fullband.experiments.config import CompareConfig
 from fullband.experiments.multiplier import tokens_to_match
+from fullband.experiments.parallel import map_jobs
 from fullband.experiments.perplexity import ExactSpec, evaluate_modes, exact_agreement
 from fullband.experiments.plots import have_matplotlib
 from fullband.experiments.report import plot_compare, print_summary, render_markdown
@@ -163,19 +162,14 @@ def run_jobs(jobs: list[Job], workers: int, progress: bool,
         _say(progress, f"resuming: {len(jobs) - len(todo)} of {len(jobs)} runs finished earlier")
         fresh = iter(run_jobs(todo, workers, progress))
         return [done[i] if done[i] is not None else next(fresh) for i in range(len(jobs))]
-    if workers <= 1:
-        return [train_and_evaluate(job, i, len(jobs), progress) for i, job in enumerate(jobs, start=1)]
-    threads = max(1, torch.get_num_threads() // workers)
-    context = multiprocessing.get_context("spawn")  # no fork of a process whose OpenMP pool is running
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=torch.set_num_threads,
-                             initargs=(threads,)) as pool:
-        futures = [pool.submit(train_and_evaluate, job, i, len(jobs), False) for i, job in enumerate(jobs, start=1)]
-        results = []
-        for future in futures:
-            results.append(future.result())
-            _say(progress, f"finished {results[-1][0]['name']} (seed {results[-1][0]['seed']}): "
-                 f"{results[-1][0]['train_seconds']:.0f} s training")
-        return results
+    results = []
+    for record, stability in map_jobs(train_and_evaluate, [(job, i, len(jobs), progress and workers <= 1)
+                                                           for i, job in enumerate(jobs, start=1)], workers):
+        results.append((record, stability))
+        if workers > 1:
+            _say(progress, f"finished {record['name']} (seed {record['seed']}): {record['train_seconds']:.0f} s "
+                 "training")
+    return results
 
 
 def train_and_evaluate(job: Job, index: int, count: int,

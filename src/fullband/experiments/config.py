@@ -280,6 +280,11 @@ REASONING_PRESETS: dict[str, dict[str, Any]] = {
                    feedback_start=0.0, passes=32, grad_passes=4, prefix_mixin=False, curriculum=0.3,
                    fused_passes=(1, 2, 4, 8)),
 }
+# Issue 17's positive results (docs/results/reasoning-sum-recurrent, and -swaps-recurrent with --family swaps):
+# serial's recipe with the fixed-point passes' loss weighted 0.3 and 3x the steps, two seeds side by side (one per
+# core: 21-22 min on 2 quiet cores).
+REASONING_PRESETS["recurrent"] = REASONING_PRESETS["serial"] | dict(family="sum", feedback_weight=0.3, steps=3600,
+                                                                    seeds=2, workers=2)
 REASONING_FAMILIES = ("swaps", "sum")
 
 
@@ -313,6 +318,8 @@ class ReasoningConfig(SyntheticStudyConfig):
         "accuracy against the iteration's depth.")
     seeds: int = doc(1, "Train and evaluate both models with seeds seed, seed+1, ...; >1 reports mean ± sd "
                      "(the test problems stay those of seed).")
+    workers: int = doc(1, "Seeds trained and evaluated at a time, each in its own process with the torch threads "
+                       "shared out (2 seeds on 2 cores: 2). The numbers do not depend on it.")
     optimizer: str = doc("adamw", "Both models: adamw, or muon (Muon on the hidden matrices at muon_lr, AdamW at lr "
                          "on the rest; the Recipe issue's best).")
     muon_lr: float = doc(0.02, "optimizer=muon: Muon's peak learning rate.")
@@ -338,7 +345,8 @@ class ReasoningConfig(SyntheticStudyConfig):
         self.modes = tuple(self.modes)
         self.test_lengths = tuple(self.test_lengths)
         self.fused_passes = (self.fused_passes,) if _is_int(self.fused_passes) else tuple(self.fused_passes)
-        _require_ints(self, {"min_length": 1, "train_examples": 1, "test_per_length": 1, "seeds": 1})
+        _require_ints(self, {"min_length": 1, "train_examples": 1, "test_per_length": 1, "seeds": 1,
+                             "workers": 1})
         _require(len(self.fused_passes) > 0 and all(_is_int(k) and k >= 0 for k in self.fused_passes),
                  "fused_passes", self.fused_passes, "must be a non-empty list of integers >= 0")
         _require(all(_is_int(n) and 1 <= n <= 26 for n in self.test_lengths), "test_lengths", self.test_lengths,

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from fullband.data import ByteTokenizer, Tokenizer
 from fullband.experiments.config import ReasoningConfig
+from fullband.experiments.parallel import map_jobs
 from fullband.experiments.plots import pyplot, save_figure
 from fullband.experiments.study import (
     PairStudy,
@@ -336,13 +337,22 @@ def verdict(results: dict[str, Any]) -> list[str]:
         return ", ".join(f"n={n} {_value(index[mode, n], 'accuracy', '.2f')} vs "
                          f"{_value(index['baseline', n], 'accuracy', '.2f')}" for n in ns)
 
-    gain = acc(mode, trained) - acc("baseline", trained)
-    word = "beats" if gain > TOLERANCE else "does not beat" if gain < -TOLERANCE else "ties (within 0.05)"
+    def compared(ns: list[int]) -> tuple[str, float]:
+        gain = acc(mode, ns) - acc("baseline", ns)
+        return "beats" if gain > TOLERANCE else "does not beat" if gain < -TOLERANCE else "ties (within 0.05)", gain
+
+    word, gain = compared(trained)
     seeds = cfg.get("seeds", 1)
+    past = ""
+    if unseen:
+        word_unseen, gain_unseen = compared(unseen)
+        past = (f" **Past the trained lengths it {word_unseen} the baseline**: {acc(mode, unseen):.2f} against "
+                f"{acc('baseline', unseen):.2f} (mean over n = {', '.join(map(str, unseen))}, never trained on, "
+                f"difference {gain_unseen:+.2f}).")
     lines = [f"**Answer-only accuracy with {mode.removeprefix('fullband ')} prefill {word} the baseline**: "
              f"{acc(mode, trained):.2f} against {acc('baseline', trained):.2f} (mean over the trained lengths "
              f"n = {trained[0]}..{trained[-1]}, difference {gain:+.2f}; {seeds} seed{'s' * (seeds > 1)}; chance "
-             f"{chance(cfg):.2f}).", "",
+             f"{chance(cfg):.2f}).{past}", "",
              f"- Per length ({mode} vs baseline): {per_n(trained)}."]
     if unseen:
         lines.append(f"- Unseen lengths (never trained on): {per_n(unseen)}.")
@@ -374,6 +384,12 @@ def verdict(results: dict[str, Any]) -> list[str]:
                  f"{total('baseline', 'seconds'):.0f} s; answer-only decoding with {mode.removeprefix('fullband ')} "
                  f"prefill (one position at a time over the prompt) {ms[mode]:.1f} ms per problem against "
                  f"the baseline's {ms['baseline']:.1f} ms ({ms[mode] / ms['baseline']:.1f}x).")
+    if "seconds" in results:
+        workers = min(cfg.get("workers", 1), seeds)
+        how = f"side by side in {workers} processes" if workers > 1 else "one after the other"
+        reused = " (evaluating models an earlier run trained)" if cfg.get("reuse_models") else ""
+        lines.append(f"- Wall time of this command{reused}: {results['seconds'] / 60:.1f} min, the seeds {how} "
+                     f"(threads {cfg.get('threads', '1')}{', shared out' if workers > 1 else ''}).")
     return lines
 
 
@@ -514,6 +530,7 @@ class ReasoningStudy(PairStudy):
 
     command = "eval-reasoning"
     title = "reasoning traces"
+    timed = True  # the report states the command's wall time (its cost, with the seeds run side by side or not)
 
     figure = PLOT
     draw = staticmethod(draw)
@@ -543,19 +560,29 @@ class ReasoningStudy(PairStudy):
         the cells' means and sds over the seeds."""
         cfg = self.cfg
         train_path, test_path = self.build_data(self.out_dir / "data")
+        seeds = range(cfg.seed, cfg.seed + cfg.seeds)
+        jobs = [(cfg, self.model_spec(seed), train_path, test_path,
+                 self.out_dir if cfg.seeds == 1 else self.out_dir / f"seed{seed}", self.test,
+                 cfg.progress and cfg.workers <= 1) for seed in seeds]
+        if cfg.workers > 1 and cfg.progress:
+            print(f"training and evaluating {len(jobs)} seeds, {min(cfg.workers, len(jobs))} at a time", flush=True)
         training: dict[str, dict[str, Any]] = {}
         seed_cells: list[dict[str, Any]] = []
-        for seed in range(cfg.seed, cfg.seed + cfg.seeds):
-            run_dir = self.out_dir if cfg.seeds == 1 else self.out_dir / f"seed{seed}"
-            runs = train_both(self.model_spec(seed), train_path, test_path, run_dir, cfg.progress,
-                              reuse=cfg.reuse_models)
+        for seed, (runs, cells) in zip(seeds, map_jobs(train_and_evaluate, jobs, cfg.workers), strict=True):
             training.update({kind if cfg.seeds == 1 else f"{kind} seed{seed}": t for kind, t in runs.items()})
-            cells = evaluate(cfg, {kind: t["model_dir"] for kind, t in runs.items()}, self.test)
             seed_cells += [c | {"seed": seed} for c in cells]
         variants = list(dict.fromkeys(c["variant"] for c in seed_cells))
         all_cells = over_seeds(seed_cells + pooled(seed_cells))
         return {"study": self.title, "config": dataclasses.asdict(cfg), "training": training, "variants": variants,
                 "cells": all_cells, "seed_cells": seed_cells, "equal_accuracy": equal_accuracy(all_cells, variants)}
+
+
+def train_and_evaluate(cfg: ReasoningConfig, spec: StudyModel, train_path: Path, test_path: Path, run_dir: Path,
+                       test: list[Problem], progress: bool) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """One seed: both models trained into ``run_dir`` (or reused), then every cell evaluated -> (training
+    summaries, cells). Module-level, so that seeds can run in worker processes (``cfg.workers``)."""
+    runs = train_both(spec, train_path, test_path, run_dir, progress, reuse=cfg.reuse_models)
+    return runs, evaluate(cfg, {kind: t["model_dir"] for kind, t in runs.items()}, test)
 
 
 def run_reasoning(cfg: ReasoningConfig) -> dict[str, Any]:
