@@ -561,11 +561,12 @@ class ReasoningStudy(PairStudy):
         cfg = self.cfg
         train_path, test_path = self.build_data(self.out_dir / "data")
         seeds = range(cfg.seed, cfg.seed + cfg.seeds)
+        side_by_side = min(cfg.workers, cfg.seeds) > 1  # else map_jobs runs them here, where bars can show
         jobs = [(cfg, self.model_spec(seed), train_path, test_path,
                  self.out_dir if cfg.seeds == 1 else self.out_dir / f"seed{seed}", self.test,
-                 cfg.progress and cfg.workers <= 1) for seed in seeds]
-        if cfg.workers > 1 and cfg.progress:
-            print(f"training and evaluating {len(jobs)} seeds, {min(cfg.workers, len(jobs))} at a time", flush=True)
+                 cfg.progress and not side_by_side) for seed in seeds]
+        if side_by_side and cfg.progress:
+            print(f"training and evaluating {cfg.seeds} seeds, {min(cfg.workers, cfg.seeds)} at a time", flush=True)
         training: dict[str, dict[str, Any]] = {}
         seed_cells: list[dict[str, Any]] = []
         for seed, (runs, cells) in zip(seeds, map_jobs(train_and_evaluate, jobs, cfg.workers), strict=True):
