@@ -1,6 +1,7 @@
 """The reasoning-traces study: the data split, the equal-accuracy analysis, and ``fullband eval-reasoning --preset
 smoke`` end to end (the problems and traces themselves: tests/tasks/test_reasoning_tasks.py)."""
 
+import copy
 import json
 import random
 
@@ -9,7 +10,15 @@ import pytest
 from fullband.cli import main
 from fullband.config import ConfigError, explicit_keys
 from fullband.experiments.config import ReasoningConfig
-from fullband.experiments.reasoning import build_data, context_length, equal_accuracy, over_seeds, pooled
+from fullband.experiments.reasoning import (
+    build_data,
+    chance,
+    context_length,
+    equal_accuracy,
+    over_seeds,
+    pooled,
+    verdict,
+)
 from fullband.tasks.reasoning import sample_problems
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
@@ -140,6 +149,15 @@ def test_eval_reasoning_smoke_runs_end_to_end(tmp_path, capsys):
     assert "Unseen lengths (never trained on): n=6" in report and "## Equal accuracy" in report
     assert "Past the trained lengths it" in report.splitlines()[7]  # the verdict's first line
     assert "- Wall time of this command: " in report and "the seeds one after the other" in report
+    # Ahead of the baseline but no better than a guess is "at chance", not "beats".
+    edited, level = copy.deepcopy(results), chance(results["config"])
+    for c in edited["cells"]:
+        if c["stride"] == 0 and c["length"] == 6:
+            c["accuracy"] = level if c["variant"] == "fullband exact" else level - 0.2
+    assert "**Past the trained lengths it is at chance, like the baseline**" in verdict(edited)[0]
+    next(c for c in edited["cells"] if c["stride"] == 0 and c["length"] == 6
+         and c["variant"] == "fullband exact")["accuracy"] = level + 0.2
+    assert "**Past the trained lengths it beats the baseline**" in verdict(edited)[0]
     # A second run into the same directory must not silently retrain; --reuse_models evaluates again.
     assert main(args) == 2
     assert "already holds a trained baseline" in capsys.readouterr().err

@@ -339,6 +339,8 @@ def verdict(results: dict[str, Any]) -> list[str]:
 
     def compared(ns: list[int]) -> tuple[str, float]:
         gain = acc(mode, ns) - acc("baseline", ns)
+        if gain > TOLERANCE and acc(mode, ns) <= chance(cfg) + TOLERANCE:  # both no better than a guess
+            return "is at chance, like", gain
         return "beats" if gain > TOLERANCE else "does not beat" if gain < -TOLERANCE else "ties (within 0.05)", gain
 
     word, gain = compared(trained)
@@ -348,7 +350,7 @@ def verdict(results: dict[str, Any]) -> list[str]:
         word_unseen, gain_unseen = compared(unseen)
         past = (f" **Past the trained lengths it {word_unseen} the baseline**: {acc(mode, unseen):.2f} against "
                 f"{acc('baseline', unseen):.2f} (mean over n = {', '.join(map(str, unseen))}, never trained on, "
-                f"difference {gain_unseen:+.2f}).")
+                f"difference {gain_unseen:+.2f}; chance {chance(cfg):.2f}).")
     lines = [f"**Answer-only accuracy with {mode.removeprefix('fullband ')} prefill {word} the baseline**: "
              f"{acc(mode, trained):.2f} against {acc('baseline', trained):.2f} (mean over the trained lengths "
              f"n = {trained[0]}..{trained[-1]}, difference {gain:+.2f}; {seeds} seed{'s' * (seeds > 1)}; chance "
