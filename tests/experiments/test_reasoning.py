@@ -107,8 +107,10 @@ def test_config_rejects_bad_values_by_name():
     with pytest.raises(ConfigError, match="workers=0 is invalid"):
         ReasoningConfig(preset="smoke", workers=0)
     recurrent = ReasoningConfig(preset="recurrent")  # issue 17's result: serial on sum, λ = 0.3, 2 seeds at once
-    assert (recurrent.family, recurrent.feedback_weight, recurrent.steps, recurrent.seeds, recurrent.workers,
-            recurrent.passes) == ("sum", 0.3, 3600, 2, 2, 32)
+    assert (recurrent.family, recurrent.feedback_weight, recurrent.steps, recurrent.grad_passes, recurrent.seeds,
+            recurrent.workers, recurrent.passes) == ("sum", 0.3, 3000, 8, 2, 2, 32)
+    with explicit_keys({"family"}):  # --family swaps on the command line beats the preset's sum
+        assert ReasoningConfig(preset="recurrent", family="swaps").family == "swaps"
 
 
 def test_deep_truncated_passes_reach_the_training_run(tmp_path):

@@ -281,11 +281,11 @@ REASONING_PRESETS: dict[str, dict[str, Any]] = {
                    fused_passes=(1, 2, 4, 8)),
 }
 # Issue 17's positive results (docs/results/reasoning-sum-recurrent, and -swaps-recurrent with --family swaps):
-# serial's recipe with the fixed-point passes' loss weighted 0.3 and 3x the steps, two seeds side by side (one per
-# core: 21-22 min on 2 quiet cores). On swaps, --grad_passes 8 --steps 3000 extrapolates with both seeds (26 min:
-# docs/results/reasoning-swaps-recurrent-g8).
-REASONING_PRESETS["recurrent"] = REASONING_PRESETS["serial"] | dict(family="sum", feedback_weight=0.3, steps=3600,
-                                                                    seeds=2, workers=2)
+# serial's recipe with the fixed-point passes' loss weighted 0.3, 2.5x the steps and gradients through the last 8
+# passes, two seeds side by side (one per core: 23-26 min on 2 quiet cores). With 4 gradient passes and 3600 steps
+# sum extrapolates as well but swaps with one seed of two (the -g4 reports).
+REASONING_PRESETS["recurrent"] = REASONING_PRESETS["serial"] | dict(family="sum", feedback_weight=0.3, steps=3000,
+                                                                    grad_passes=8, seeds=2, workers=2)
 REASONING_FAMILIES = ("swaps", "sum")
 
 
