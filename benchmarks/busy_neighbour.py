@@ -21,13 +21,11 @@ import time
 
 JOB = """
 import sys, time, torch
-from fullband import FullBandwidthLM, ModelConfig
 from fullband.bench import steps
 from fullband.devices import apply_threads
 threads = apply_threads(sys.argv[1])
 torch.manual_seed(0)
-model = FullBandwidthLM(ModelConfig(vocab_size=320, d_model=128, n_layers=4, n_heads=4, max_seq_len=64)).train()
-tokens = torch.randint(0, 320, (12, 64))
+model, tokens = steps.train_model()
 optimizer, params = steps.adamw(model), list(model.parameters())
 step = lambda: steps.optimizer_step(steps.fullband_loss(model, tokens), optimizer, params)
 for _ in range(3):

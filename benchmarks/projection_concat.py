@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from fullband import FullBandwidthLM, ModelConfig
+from fullband import FullBandwidthLM
 from fullband.bench import steps
 from fullband.model import layers
 
@@ -63,8 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=320, d_model=128, n_layers=4, n_heads=4, max_seq_len=64, feedback=True)
-    model, tokens = FullBandwidthLM(config).train(), torch.randint(0, 320, (12, 64))
+    model, tokens = steps.train_model()
     cases = {f"{'concatenated' if cat else 'separate'} {'compiled' if comp else 'eager'}": train_step(
         model, tokens, cat, comp) for cat in (False, True) for comp in (False, True)}
     for step in cases.values():  # warm up (and compile)

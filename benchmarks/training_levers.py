@@ -33,37 +33,36 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from fullband import FullBandwidthLM, ModelConfig
 from fullband.bench import steps
 
 MODELS = ("fullband eager", "fullband compiled", "llama")
 
 
-def build(name: str, seed: int = 0) -> tuple[torch.nn.Module, Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]]:
-    """(model, loss of a batch through a module that wraps or is the model) with the bench's weights."""
-    torch.manual_seed(seed)
-    model = FullBandwidthLM(ModelConfig(vocab_size=320, d_model=128, n_layers=4, n_heads=4, max_seq_len=64)).train()
+Loss = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+
+
+def build(name: str) -> tuple[torch.nn.Module, Loss, torch.Tensor]:
+    """(model, loss of a batch through a module that wraps or is the model, the batch): the same weights and
+    batch for every case (``fullband bench``'s training model, seed 0)."""
+    torch.manual_seed(0)
+    model, tokens = steps.train_model()
     if name == "llama":
-        return steps.llama_twin(model).train(), lambda net, t: net(input_ids=t, labels=t).loss
+        return steps.llama_twin(model).train(), lambda net, t: net(input_ids=t, labels=t).loss, tokens
     if name == "fullband compiled":
         model.compile_blocks()
-    return model, lambda net, t: net(t, passes=1, plain_prefix=1, labels=t).loss
-
-
-def batch() -> torch.Tensor:
-    return torch.randint(0, 320, (12, 64), generator=torch.Generator().manual_seed(1))
+    return model, lambda net, t: net(t, passes=1, plain_prefix=1, labels=t).loss, tokens
 
 
 def bf16_rounds(rounds: int) -> dict[str, list[float]]:
     torch.set_num_threads(2)
-    tokens, cases = batch(), {}
+    cases = {}
     for name in MODELS:
         for precision in ("float32", "bf16"):
-            model, loss = build(name)  # a fresh copy of the same weights per case
+            model, loss, tokens = build(name)  # a fresh copy of the same weights per case
             bf16 = precision == "bf16"
             ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
 
-            def forward(model=model, loss=loss, ctx=ctx) -> torch.Tensor:
+            def forward(model=model, loss=loss, tokens=tokens, ctx=ctx) -> torch.Tensor:
                 with ctx():
                     return loss(model, tokens)
 
@@ -87,9 +86,9 @@ def ddp_worker(rank: int, world: int, name: str, port: int, queue: mp.Queue) -> 
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    model, loss = build(name)
-    rows = 12 // world
-    mine = batch()[rank * rows:(rank + 1) * rows]
+    model, loss, tokens = build(name)
+    rows = len(tokens) // world
+    mine = tokens[rank * rows:(rank + 1) * rows]
     net = model
     if world > 1:  # the fusion's weights get no gradient in single-pass steps
         net = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=name != "llama")

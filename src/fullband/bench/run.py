@@ -23,8 +23,6 @@ from fullband.devices import resolve_device
 from fullband.model.recurrence import auto_exact_method
 from fullband.training.metrics import flops_per_token
 
-BYTE_VOCAB = 320  # fullband train's byte vocabulary: 257 ids rounded up to a multiple of 64
-
 
 @dataclass
 class Row:
@@ -71,12 +69,7 @@ class Bench:
     # ------------------------------------------------------------------ sections
 
     def _train_model(self) -> tuple[FullBandwidthLM, torch.Tensor]:
-        c = self.cfg.train
-        config = ModelConfig(vocab_size=BYTE_VOCAB, d_model=c.d_model, n_layers=c.n_layers, n_heads=c.n_heads,
-                             max_seq_len=c.seq_len, feedback=True)
-        model = FullBandwidthLM(config).to(self.device).train()
-        tokens = torch.randint(0, BYTE_VOCAB, (c.batch_size, c.seq_len), device=self.device)
-        return model, tokens
+        return steps.train_model(self.cfg.train, self.device)
 
     def train(self) -> None:
         c = self.cfg.train
@@ -195,8 +188,8 @@ class Bench:
             model = load_any(c.checkpoint, device=str(self.device)).eval()
         else:  # the train section's (compare's default) dimensions, random weights
             t = self.cfg.train
-            config = ModelConfig(vocab_size=BYTE_VOCAB, d_model=t.d_model, n_layers=t.n_layers, n_heads=t.n_heads,
-                                 max_seq_len=c.seq_len, feedback=True)
+            config = ModelConfig(vocab_size=steps.BYTE_VOCAB, d_model=t.d_model, n_layers=t.n_layers,
+                                 n_heads=t.n_heads, max_seq_len=c.seq_len, feedback=True)
             model = FullBandwidthLM(config).to(self.device).eval()
         tokens = torch.randint(0, model.config.vocab_size, (c.batch_size, c.seq_len), device=self.device)
         tol = f"tol {c.tol:g}"

@@ -10,6 +10,9 @@ from typing import Any
 import torch
 
 from fullband import FullBandwidthLM, ModelConfig
+from fullband.bench.config import BenchTrainConfig
+
+BYTE_VOCAB = 320  # fullband train's byte vocabulary: 257 ids rounded up to a multiple of 64
 
 
 class SavedTensorBytes:
@@ -27,6 +30,18 @@ class SavedTensorBytes:
     @property
     def total(self) -> int:
         return sum(self.storages.values())
+
+
+def train_model(cfg: BenchTrainConfig | None = None,
+                device: torch.device | str = "cpu") -> tuple[FullBandwidthLM, torch.Tensor]:
+    """(a feedback model in training mode, one batch of random byte ids) at the [train] section's dimensions
+    (default: nanoGPT's README CPU config), both drawn from torch's global RNG: the model every training timing of
+    ``fullband bench`` and benchmarks/ runs."""
+    c = cfg or BenchTrainConfig()
+    config = ModelConfig(vocab_size=BYTE_VOCAB, d_model=c.d_model, n_layers=c.n_layers, n_heads=c.n_heads,
+                         max_seq_len=c.seq_len, feedback=True)
+    model = FullBandwidthLM(config).to(device).train()
+    return model, torch.randint(0, BYTE_VOCAB, (c.batch_size, c.seq_len), device=device)
 
 
 def optimizer_step(loss_fn: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer,
