@@ -86,11 +86,12 @@ def make_model(seed: int = 0, dtype: torch.dtype = torch.float64, **overrides) -
     return model.to(dtype).eval()
 
 
-@pytest.fixture(params=[(True, "own"), (True, "shared"), (False, "own")],
-                ids=["input_norm", "shared_gate_norm", "legacy_inputs"])
+@pytest.fixture(params=[("fused", "own"), ("fused", "shared"), ("paper", "shared"), ("all", "own")],
+                ids=["fused_inputs_normed", "shared_gate_norm", "paper_form", "all_inputs_normed"])
 def model(request) -> FullBandwidthLM:
-    """The tiny model with the input norm of DESIGN.md §1 (the default; the gate with its own norm or the input
-    norm) and without it (older checkpoints)."""
+    """The tiny model in each input form of DESIGN.md §1: the default (only fused inputs normalised; the gate with
+    its own norm or the input norm), the paper's literal form (at inference, as here in eval mode, plain inputs
+    stay raw), and every input normalised (the earlier default)."""
     input_norm, gate_norm = request.param
     return make_model(input_norm=input_norm, gate_norm=gate_norm)
 
@@ -107,29 +108,32 @@ def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
     return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain
 
 
-def formula_input(model: FullBandwidthLM, e: torch.Tensor, prev_state: torch.Tensor | None) -> torch.Tensor:
+def formula_input(model: FullBandwidthLM, e: torch.Tensor, prev_state: torch.Tensor | None,
+                  feedback_pass: bool = False) -> torch.Tensor:
     """The stack's input u_t from the formula, using only the model's weight tensors (never its modules):
 
-        plain:  u = RMSNorm_in(e)                    (raw e for a checkpoint without the input norm)
+        plain:  u = e                                 (input_norm "fused", and "paper" outside training passes >= 2)
+                u = RMSNorm_in(e)                     ("all"; "paper" in a training pass >= 2: ``feedback_pass``)
         fused:  x = (W_U h_{t-1}) * sigmoid(W_G RMSNorm_e(e)),  u = RMSNorm_in(x)
                 (RMSNorm_e = RMSNorm_in with gate_norm="shared")
     """
-    eps = model.config.norm_eps
-    if prev_state is None:
-        return rms_norm(e, model.input_norm.weight, eps) if model.config.input_norm else e
+    eps, form = model.config.norm_eps, model.config.input_norm
     f = model.fusion
-    gate_gain = model.input_norm.weight if model.config.gate_norm == "shared" else f.token_norm.weight
+    in_gain = f.out_norm.weight if form == "fused" else model.input_norm.weight  # RMSNorm_in's gain
+    if prev_state is None:
+        normalised = form == "all" or (form == "paper" and feedback_pass)
+        return rms_norm(e, in_gain, eps) if normalised else e
+    gate_gain = in_gain if model.config.gate_norm == "shared" else f.token_norm.weight
     gate = torch.sigmoid(rms_norm(e, gate_gain, eps) @ f.gate_proj.weight.T)
     x = (prev_state @ f.state_proj.weight.T) * gate
-    gain = model.input_norm.weight if model.config.input_norm else f.out_norm.weight
-    return rms_norm(x, gain, eps)
+    return rms_norm(x, in_gain, eps)
 
 
 def stack_from_inputs(model: FullBandwidthLM, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The blocks over inputs u (B, T, D) that are already normalised -> (carried states, final-normed states)."""
     B, T, _ = inputs.shape
-    if model.config.input_norm:  # run_stack normalises its inputs; undo nothing, just skip that layer here
-        norm, model.input_norm = model.input_norm, None
+    if model.config.input_norm == "all":  # run_stack normalises its inputs: skip that layer here
+        norm, model.input_norm = model.input_norm, torch.nn.Identity()
         try:
             return model.run_stack(inputs, torch.arange(T).expand(B, T))
         finally:

@@ -60,16 +60,15 @@ CASES = [
     Case("heads-do-not-divide", [*TRAIN, "--model.n_heads", "5"], "n_heads=5"),
     Case("zero-layers", [*TRAIN, "--model.n_layers", "0"], "n_layers=0"),
     # --- recipe settings (the Recipe issue): Muon on a 1-D tensor, a mix that does not sum to 1, a feedback phase
-    # outside the run, an unknown optimiser, the shared gate norm without an input norm
+    # outside the run, an unknown optimiser, an unknown input form
     Case("muon-on-a-gain", [*TRAIN, "--data.source", "{c}/text.txt", "--optim.optimizer", "muon",
-                            "--optim.muon_params", "input_norm"], "muon_params entry 'input_norm'", setup="a_text"),
+                            "--optim.muon_params", "norm"], "muon_params entry 'norm'", setup="a_text"),
     Case("pass-mix-sum", [*TRAIN, "--schedule.pass_mix", "0.5,0.4"], "pass_mix=(0.5, 0.4)"),
     Case("feedback-after-the-run", [*TRAIN, "--schedule.feedback_end", "1.5"], "feedback_end=1.5"),
     Case("feedback-phase-empty", [*TRAIN, "--schedule.feedback_start", "0.5", "--schedule.feedback_end", "0.5"],
          "feedback_end=0.5"),
     Case("unknown-optimizer", [*TRAIN, "--optim.optimizer", "sgd"], "optimizer='sgd'"),
-    Case("shared-gate-without-input-norm", [*TRAIN, "--model.input_norm", "false", "--model.gate_norm", "shared"],
-         "gate_norm='shared'"),
+    Case("unknown-input-form", [*TRAIN, "--model.input_norm", "both"], "input_norm='both'"),
     Case("seq-len-1", [*TRAIN, "--train.seq_len", "1"], "seq_len=1"),
     Case("zero-steps", [*TRAIN, "--train.max_steps", "0"], "max_steps=0"),
     Case("negative-lr", [*TRAIN, "--optim.lr", "-1"], "lr=-1"),

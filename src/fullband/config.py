@@ -33,6 +33,8 @@ def doc(default: Any, help: str, **kwargs: Any) -> Any:
 FEEDBACK_SOURCES = ("residual", "normed")
 FUSIONS = ("glu_cross",)
 GATE_NORMS = ("own", "shared")
+# Which stack inputs the input RMSNorm sees (DESIGN.md §1): fused only; the paper's literal code; every input.
+INPUT_NORMS = ("fused", "paper", "all")
 # forward_exact's methods; auto = fullband.model.recurrence.auto_exact_method's choice for the device
 EXACT_METHODS = ("auto", "sequential", "chunked", "jacobi")
 
@@ -56,21 +58,24 @@ class ModelConfig:
     fusion: str = doc(
         "glu_cross", "Fusion of carried state and token: glu_cross = RMSNorm((W_U h) * sigmoid(W_G RMSNorm(e)))."
     )
-    input_norm: bool = doc(
-        True,
-        "Run every input of the stack, plain embedding or fused state, through one input RMSNorm (the paper's "
-        "App. C; DESIGN.md section 1). False = plain positions take the raw embedding and only fused inputs are "
-        "normalised (checkpoints from before this option load with False).",
+    input_norm: str = doc(
+        "fused",
+        "Which inputs of the stack go through the input RMSNorm (DESIGN.md section 1): 'fused' = fused inputs only, "
+        "plain positions take the raw embedding in every pass, so pass 1 and standard decoding are the baseline's "
+        "computation; 'paper' = the paper's literal App. C code, which also normalises the plain-prefix positions "
+        "of training passes >= 2 (raw in pass 1 and at inference); 'all' = every input, plain or fused (the default "
+        "before 2026-12-04). true/false (older configs and checkpoints) mean 'all'/'fused'.",
     )
-    input_norm_init: float = doc(
-        0.02,
-        "Initial gain of the input RMSNorm (input_norm=true). 0.02 starts plain and fused inputs at the scale of "
-        "the embeddings' init (init_std); 1 starts them at unit RMS.",
+    input_norm_init: float | None = doc(
+        None,
+        "Initial gain of the input RMSNorm; none = 1 for input_norm='fused' (fused inputs start at unit RMS, as "
+        "the recipe study measured best) and 0.02 (the embeddings' init scale) for 'paper' and 'all', whose norm "
+        "also meets plain embeddings.",
     )
     gate_norm: str = doc(
         "own",
         "Norm of the token embedding the fusion's gate reads: 'own' = its own RMSNorm (gain init 1), 'shared' = the "
-        "input RMSNorm (the paper's `glu_cross(h, input_rmsnorm(e))`; needs input_norm=true).",
+        "input RMSNorm, gain shared with the fused inputs' norm (the paper's `glu_cross(h, input_rmsnorm(e))`).",
     )
     feedback_source: str = doc(
         "residual",
@@ -79,7 +84,23 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
+        self.read_boolean_input_norm()
         validate_model_config(self)
+
+    def read_boolean_input_norm(self) -> None:
+        """``input_norm`` true/false (configs and checkpoints from before the three forms) -> "all"/"fused"."""
+        legacy = self.input_norm if isinstance(self.input_norm, bool) else BOOL_WORDS.get(str(self.input_norm).lower())
+        if legacy is not None:
+            self.input_norm = "all" if legacy else "fused"
+            if not legacy:  # the old raw-plain form's fused-input norm always started at gain 1, whatever this said
+                self.input_norm_init = 1.0
+
+    @property
+    def input_gain(self) -> float:
+        """The input RMSNorm's initial gain (``input_norm_init``, or its default for the form)."""
+        if self.input_norm_init is not None:
+            return float(self.input_norm_init)
+        return 1.0 if self.input_norm == "fused" else 0.02
 
     @property
     def head_dim(self) -> int:
@@ -121,7 +142,7 @@ class ModelConfig:
         except json.JSONDecodeError as err:
             raise ConfigError(f"{path} is not valid JSON: {err}") from None
         if isinstance(data, dict):
-            # Checkpoints saved before the input norm existed were trained without it: decode them as trained.
+            # Checkpoints saved before the input norm existed were trained without it (the 'fused' form).
             data.setdefault("input_norm", False)
         return cls.from_dict(data)
 
@@ -188,14 +209,13 @@ def validate_model_config(c: ModelConfig) -> None:
     _require(isinstance(c.rope_theta, (int, float)) and c.rope_theta > 0, "rope_theta", c.rope_theta, "must be > 0")
     _require(isinstance(c.norm_eps, (int, float)) and 0 < c.norm_eps < 1, "norm_eps", c.norm_eps, "must be in (0, 1)")
     _require(isinstance(c.init_std, (int, float)) and c.init_std > 0, "init_std", c.init_std, "must be > 0")
-    _require(_is_number(c.input_norm_init) and c.input_norm_init > 0, "input_norm_init", c.input_norm_init,
-             "must be > 0")
-    for name in ("tie_embeddings", "feedback", "input_norm"):
+    _require(c.input_norm_init is None or (_is_number(c.input_norm_init) and c.input_norm_init > 0),
+             "input_norm_init", c.input_norm_init, "must be > 0 (or none: the form's default)")
+    _require(c.input_norm in INPUT_NORMS, "input_norm", c.input_norm, f"must be one of {INPUT_NORMS}")
+    for name in ("tie_embeddings", "feedback"):
         _require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
     _require(c.fusion in FUSIONS, "fusion", c.fusion, f"must be one of {FUSIONS}")
     _require(c.gate_norm in GATE_NORMS, "gate_norm", c.gate_norm, f"must be one of {GATE_NORMS}")
-    _require(c.gate_norm == "own" or c.input_norm, "gate_norm", c.gate_norm,
-             "'shared' reads the input RMSNorm, so it needs input_norm=true")
     source = c.feedback_source
     if isinstance(source, str) and source.startswith("layer:"):
         n = source.split(":", 1)[1]

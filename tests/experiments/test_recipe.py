@@ -12,19 +12,19 @@ from fullband.experiments.config import RECIPE_VARIANTS, RecipeConfig
 def test_smoke_study_writes_every_row_width_and_curve(tmp_path, capsys):
     out = tmp_path / "recipe"
     argv = ["recipe", "--preset", "smoke", "--out_dir", str(out), "--seeds", "1", "--workers", "1",
-            "--variants", "best,no-input-norm,2-pass-only", "--widths", "16", "--train_eval_points", "2"]
+            "--variants", "best,input-norm-all,2-pass-only", "--widths", "16", "--train_eval_points", "2"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "fused(1)-vs-standard gap" in printed and "report:" in printed
     results = json.loads((out / "results.json").read_text())
     names = {r["name"] for r in results["runs"]}
-    assert names == {"baseline-1x", "baseline-1.5x", "baseline-2x", "best", "no-input-norm", "baseline-no-input-norm",
-                     "2-pass-only", "baseline-d16", "best-d16"}
+    assert names == {"baseline-1x", "baseline-1.5x", "baseline-2x", "best", "input-norm-all",
+                     "baseline-input-norm-all", "2-pass-only", "baseline-d16", "best-d16"}
     runs = {r["name"]: r for r in results["runs"]}
     # The toggled ingredient really changed the run, and only the paired variant got its own baseline.
-    assert runs["no-input-norm"]["test"]["standard"]["loss"] != runs["best"]["test"]["standard"]["loss"]
+    assert runs["input-norm-all"]["test"]["standard"]["loss"] != runs["best"]["test"]["standard"]["loss"]
     variants = results["variants"]
-    assert variants["no-input-norm"]["reference"] == "baseline-no-input-norm"
+    assert variants["input-norm-all"]["reference"] == "baseline-input-norm-all"
     assert variants["2-pass-only"]["reference"] == "baseline-1x"
     gap = variants["best"]["modes"]["fused1"]["gap_to_baseline"][0]
     expected = runs["best"]["test"]["fused1"]["loss"] - runs["baseline-1x"]["test"]["standard"]["loss"]

@@ -25,8 +25,8 @@ def test_residual_stream_top_equals_the_models_forward(passes):
     reference = model.forward_exact(tokens, plain_prefix=1) if passes is None else model(tokens, passes=passes)
     torch.testing.assert_close(stream[-1], reference.hidden, rtol=0, atol=1e-12)
     torch.testing.assert_close(model.lm_head(model.norm(stream[-1])), reference.logits, rtol=0, atol=1e-12)
-    # Position 1 is always plain: depth 0 holds what the first block sees, its normalised embedding.
-    torch.testing.assert_close(stream[0, :, 0], model.input_norm(model.embed(tokens[:, 0])))
+    # Position 1 is always plain: depth 0 holds what the first block sees, its raw embedding (DESIGN.md §1).
+    torch.testing.assert_close(stream[0, :, 0], model.embed(tokens[:, 0]))
     # Depth 0 of the last position: its embedding when plain, otherwise it depends on the earlier tokens.
     other = torch.cat((tokens[:, :1], (tokens[:, 1:-1] + 1) % 61, tokens[:, -1:]), dim=1)
     changed = (residual_stream(model, other, passes)[0, :, -1] - stream[0, :, -1]).abs().max()

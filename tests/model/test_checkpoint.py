@@ -27,23 +27,49 @@ def test_round_trip_gives_identical_logits(tmp_path, tokens, overrides):
 @pytest.mark.parametrize("feedback", [True, False])
 def test_checkpoint_from_before_the_input_norm_decodes_as_trained(tmp_path, tokens, feedback):
     # Such a checkpoint's config.json has no input_norm key and its fusion holds out_norm (RMSNorm_in).
-    model = make_model(dtype=torch.float32, input_norm=False, feedback=feedback)
+    model = make_model(dtype=torch.float32, input_norm="fused", feedback=feedback)
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     del config["input_norm"], config["input_norm_init"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     loaded = FullBandwidthLM.from_pretrained(tmp_path)
-    assert loaded.config.input_norm is False and loaded.input_norm is None
+    assert loaded.config.input_norm == "fused" and loaded.input_norm is None
     with torch.no_grad():
         torch.testing.assert_close(loaded(tokens, passes=3).logits, model(tokens, passes=3).logits, atol=0, rtol=0)
         assert loaded.generate([1, 2, 3], max_new_tokens=5) == model.generate([1, 2, 3], max_new_tokens=5)
 
 
-def test_new_models_normalise_every_input_and_record_it(tmp_path):
-    model = make_model(dtype=torch.float32)
-    assert model.config.input_norm and model.fusion.out_norm is None  # the stack's input norm serves both
+@pytest.mark.parametrize(("written", "form"), [(True, "all"), (False, "fused")])
+def test_boolean_input_norm_checkpoints_decode_as_trained(tmp_path, tokens, written, form):
+    # Checkpoints from when input_norm was a boolean: true normalised every input, false only the fused ones.
+    model = make_model(dtype=torch.float32, input_norm=form)
     model.save_pretrained(tmp_path)
-    assert json.loads((tmp_path / "config.json").read_text())["input_norm"] is True
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["input_norm"], config["input_norm_init"] = written, 0.02
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = FullBandwidthLM.from_pretrained(tmp_path)
+    assert loaded.config.input_norm == form
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens, passes=3).logits, model(tokens, passes=3).logits, atol=0, rtol=0)
+        assert loaded.generate([1, 2, 3], max_new_tokens=5, mode="soft") == \
+            model.generate([1, 2, 3], max_new_tokens=5, mode="soft")
+
+
+@pytest.mark.parametrize("form", ["fused", "paper", "all"])
+def test_checkpoints_record_the_input_form(tmp_path, tokens, form):
+    model = make_model(dtype=torch.float32, input_norm=form)
+    assert (model.fusion.out_norm is not None) == (form == "fused")  # else the model's input norm serves both
+    assert (model.input_norm is None) == (form == "fused")
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["input_norm"] == form
+    loaded = FullBandwidthLM.from_pretrained(tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens, passes=3).logits, model(tokens, passes=3).logits, atol=0, rtol=0)
+
+
+def test_new_models_normalise_only_fused_inputs():
+    config = make_model().config
+    assert config.input_norm == "fused" and config.input_gain == 1.0
 
 
 def test_load_casts_to_requested_dtype(tmp_path):

@@ -134,7 +134,7 @@ def standard_transformer_reference(model: FullBandwidthLM, tokens: torch.Tensor)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)
 
     x = model.embed.weight[tokens]
-    if cfg.input_norm:
+    if cfg.input_norm == "all":
         x = rms(x, model.input_norm.weight)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     for block in model.blocks:

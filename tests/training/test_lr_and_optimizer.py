@@ -88,7 +88,7 @@ def test_muon_on_a_baseline_skips_the_missing_fusion():
 
 
 @pytest.mark.parametrize(("params", "message"), [
-    (("input_norm",), r"'input_norm' names only 1 non-matrix tensor.*2-D matrices only"),
+    (("norm",), r"'norm' names only 1 non-matrix tensor.*2-D matrices only"),
     (("blocks.0.attn_norm.weight",), r"non-matrix tensor.*leave 1-D gains to AdamW"),
     (("decoder",), r"'decoder' matches no parameter"),
 ])

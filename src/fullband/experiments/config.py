@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from fullband.config import (
     DECODING_MODES,
     EXACT_METHODS,
+    ModelConfig,
     _is_int,
     _is_number,
     _require,
@@ -153,10 +154,14 @@ def validate_compare_config(c: CompareConfig) -> None:
 # Each ingredient of the recipe, toggled away from the compare default (the best recipe found) one at a time:
 # name -> (overrides of the compare config, whether the baseline changes too, what it tests).
 RECIPE_VARIANTS: dict[str, tuple[dict[str, Any], bool, str]] = {
-    "best": ({}, False, "the compare default: DESIGN.md's input norm, Muon, 3x fusion LR, feedback from the start"),
-    "no-input-norm": ({"model.input_norm": False}, True,
-                      "plain positions take raw embeddings, only fused inputs are normalised (the old model)"),
-    "input-gain-1": ({"model.input_norm_init": 1.0}, True, "the input norm's gain starts at 1 instead of 0.02"),
+    "best": ({}, False, "the compare default: raw plain inputs and normalised fused inputs (DESIGN.md section 1), "
+             "Muon, 3x fusion LR, feedback from the start"),
+    "input-norm-paper": ({"model.input_norm": "paper"}, False, "the paper's literal App. C code: the plain prefix "
+                         "normalised too in training passes >= 2 (raw in pass 1 and at inference)"),
+    "input-norm-all": ({"model.input_norm": "all"}, True,
+                       "every input normalised, plain ones too (the default before 2026-12-04)"),
+    "input-gain-0.02": ({"model.input_norm_init": 0.02}, False,
+                        "the fused inputs' norm starts at gain 0.02 (the embeddings' init scale) instead of 1"),
     "shared-gate-norm": ({"model.gate_norm": "shared"}, False, "the gate reads the input norm (the paper's "
                          "glu_cross(h, input_rmsnorm(e))) instead of its own RMSNorm"),
     "adamw": ({"optim.optimizer": "adamw"}, True, "AdamW (wd 0.1) on the hidden matrices too, instead of Muon"),
@@ -276,7 +281,7 @@ REASONING_PRESETS: dict[str, dict[str, Any]] = {
     # curriculum, tested on n = 8, 12, 16 too; fused(k), k = 1..8, shows the iteration short of the fixed point.
     "serial": dict(min_length=2, max_length=6, test_lengths=(8, 12, 16), strides=(1, 0), answer_share=0.75,
                    train_examples=100_000, test_per_length=40, d_model=64, n_layers=2, n_heads=4, steps=1200,
-                   batch_size=64, lr=1e-3, optimizer="adamw", fusion_lr_mult=3.0, input_norm=False,
+                   batch_size=64, lr=1e-3, optimizer="adamw", fusion_lr_mult=3.0, input_norm="fused",
                    feedback_start=0.0, passes=32, grad_passes=4, prefix_mixin=False, curriculum=0.3,
                    fused_passes=(1, 2, 4, 8)),
 }
@@ -325,8 +330,8 @@ class ReasoningConfig(SyntheticStudyConfig):
                          "on the rest; the Recipe issue's best).")
     muon_lr: float = doc(0.02, "optimizer=muon: Muon's peak learning rate.")
     fusion_lr_mult: float = doc(1.0, "fullband model: learning-rate multiplier of the fusion (the recipe uses 3).")
-    input_norm: bool = doc(True, "Both models: RMS-normalise plain inputs too (DESIGN.md section 1); false = "
-                           "only fused inputs are normalised.")
+    input_norm: str = doc("fused", "Both models: the input form (model.input_norm, DESIGN.md section 1): fused = raw "
+                          "plain inputs, normalised fused inputs; paper; all = plain inputs normalised too.")
     curriculum: float = doc(0.0, "Length curriculum: over the first this fraction of the steps, training draws "
                             "from the shortest problems first, widening linearly to all lengths; 0 = none.")
     passes: int = doc(
@@ -356,7 +361,7 @@ class ReasoningConfig(SyntheticStudyConfig):
                                                and 0 in self.strides and len(set(self.strides)) > 1),
                  "answer_share", self.answer_share, "must be in [0, 1], with 0 and another stride in strides, or none")
         OptimConfig(optimizer=self.optimizer, lr=self.lr, muon_lr=self.muon_lr, fusion_lr_mult=self.fusion_lr_mult)
-        _require(isinstance(self.input_norm, bool), "input_norm", self.input_norm, "must be true or false")
+        self.input_norm = ModelConfig(input_norm=self.input_norm).input_norm  # validated; true/false = all/fused
         DataConfig(curriculum=self.curriculum)  # validates it
         _require(_is_int(self.passes) and (self.passes == 0 or self.passes >= 2), "passes", self.passes,
                  "must be an integer >= 2, or 0 (pass_mix)")

@@ -35,6 +35,7 @@ from fullband.data import ByteTokenizer, Tokenizer
 from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.parallel import map_jobs
 from fullband.experiments.plots import pyplot, save_figure
+from fullband.experiments.report import input_text
 from fullband.experiments.study import (
     PairStudy,
     StudyModel,
@@ -425,7 +426,7 @@ examples).{answer}{curriculum} {cfg['test_per_length']} held-out problems per le
 problems of a length){f', plus unseen lengths {unseen} never trained on,' if unseen else ''} are solved greedily at
 every stride. Trace length = generated tokens (bytes) without end-of-text. Both models: d_model={cfg['d_model']},
 {cfg['n_layers']} layers, {cfg['n_heads']} heads, {cfg['steps']} steps of batch {cfg['batch_size']} on the same
-batches, optimizer {cfg.get('optimizer', 'adamw')}, input norm on plain positions: {cfg.get('input_norm', True)};
+batches, optimizer {cfg.get('optimizer', 'adamw')}, {input_text({'input_norm': cfg.get('input_norm', True)})};
 the full-bandwidth model trains multi-pass ({objective_text(cfg)}). The baseline has no feedback, so all
 its modes are one model (reported once, as "baseline"). Modes of the full-bandwidth model: standard (no
 feedback), soft (feedback while decoding only), fused(k) (k extra fused passes over the prompt), exact (the

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from fullband.experiments.plots import pyplot, save_figure
-from fullband.experiments.report import _row
+from fullband.experiments.report import _row, input_text
 from fullband.experiments.results import finished_at, mode_label
 from fullband.experiments.study import report_head
 
@@ -144,7 +144,7 @@ def render(results: dict[str, Any], plots: bool) -> str:
         f"{m['n_layers']} layers, batch {t['batch_size']} x {t['seq_len']}, 1x = {t['token_budget']:,} tokens, "
         f"optimizer {o['optimizer']} (AdamW lr {o['lr']:g}" + (f", Muon lr {o['muon_lr']:g}" if o['optimizer'] ==
                                                                 "muon" else "") +
-        f"), input norm {m['input_norm']} (gain {m['input_norm_init']:g}), feedback from "
+        f"), {input_text(m)}, feedback from "
         f"{sch['feedback_start']:g} of the run, pass_mix {list(sch['pass_mix'])} (2-pass only until "
         f"{sch['two_pass_until']:g}).",
         f"- Baseline curve (token multipliers): {', '.join(f'{b:g}x' for b in cc['budgets'])}.",

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fullband.config import ModelConfig
 from fullband.experiments import plots as plotting
 from fullband.experiments.multiplier import BETTER_THAN_LARGEST, INTERPOLATED, WORSE_THAN_SMALLEST
 from fullband.experiments.results import finished_at, mean_sd, mode_label, modes_of, run_names, runs_named
@@ -127,10 +128,15 @@ def optimizer_text(optim: dict[str, Any]) -> str:
 
 
 def input_text(model: dict[str, Any]) -> str:
-    if model.get("input_norm"):
-        gain = model["input_norm_init"]
-        return f"every input, plain or fused, through one input RMSNorm (gain initialised at {gain:g})"
-    return "raw embeddings at plain positions, RMS-normalised fused inputs"
+    """The input form of a run's model section (DESIGN.md §1), booleans from older results.json included."""
+    config = ModelConfig(**{k: model[k] for k in ("input_norm", "input_norm_init") if k in model})
+    gain = f"(gain initialised at {config.input_gain:g})"
+    if config.input_norm == "all":
+        return f"input form `all`: every input, plain or fused, through one input RMSNorm {gain}"
+    if config.input_norm == "paper":
+        return (f"input form `paper` (App. C's code): raw embeddings at plain positions in pass 1 and at inference, "
+                f"the plain prefix of training passes >= 2 and every fused input through one input RMSNorm {gain}")
+    return f"input form `fused`: raw embeddings at plain positions, RMS-normalised fused inputs {gain}"
 
 
 def table(results: dict[str, Any], names: Sequence[str], modes: Sequence[str], key: str) -> list[str]:

@@ -165,7 +165,7 @@ class StudyModel:
     optimizer: str = "adamw"
     muon_lr: float = 0.02
     fusion_lr_mult: float = 1.0
-    input_norm: bool = True
+    input_norm: str = "fused"
     curriculum: float = 0.0
     # The multi-pass objective's knobs (TrainConfig's fields of the same names; the defaults are the paper's).
     grad_passes: int = 0

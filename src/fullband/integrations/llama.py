@@ -1,9 +1,10 @@
 """Conversion between a baseline fullband model (``feedback=False``) and ``LlamaForCausalLM``, both ways.
 
 The baseline is a Llama: pre-norm RMSNorm, rotate-half RoPE, grouped-query attention without biases, SwiGLU
-MLP. The tensors map one to one (same shapes, same layout); only the names and the config keys differ. The
-input RMSNorm of a native model (``input_norm``) is a function of the token id alone, so ``to_llama`` folds it
-into the embedding table (the head then keeps the unnormalised table, untied); a Llama comes back without it.
+MLP. The tensors map one to one (same shapes, same layout); only the names and the config keys differ. A baseline
+feeds raw embeddings, as a Llama does, except in the ``input_norm="all"`` form, whose input RMSNorm is a function of
+the token id alone: ``to_llama`` folds it into the embedding table (the head then keeps the unnormalised table,
+untied); a Llama comes back in the default form.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def llama_config(config: ModelConfig) -> LlamaConfig:
         **{key: getattr(config, attr) for key, (_, attr) in _CONFIG_KEYS.items()},
         head_dim=config.head_dim,
         rope_theta=config.rope_theta,
-        tie_word_embeddings=config.tie_embeddings and not config.input_norm,  # folded norm: untied
+        tie_word_embeddings=config.tie_embeddings and config.input_norm != "all",  # folded norm: untied
         hidden_act="silu",
         attention_bias=False,
         mlp_bias=False,
@@ -85,7 +86,7 @@ def model_config(llama: LlamaConfig) -> ModelConfig:
         rope_theta=float(rope["rope_theta"]),
         tie_embeddings=bool(llama.tie_word_embeddings),
         feedback=False,
-        input_norm=False,  # a Llama feeds its raw embeddings
+        input_norm="fused",  # a Llama feeds its raw embeddings
     )
 
 
@@ -93,7 +94,7 @@ def to_llama(model: FullBandwidthLM) -> LlamaForCausalLM:
     """A ``LlamaForCausalLM`` computing the same logits as the baseline ``model`` (same dtype and device)."""
     llama = LlamaForCausalLM(llama_config(model.config))
     state = {llama_name(name): tensor for name, tensor in model.state_dict().items() if name != "input_norm.weight"}
-    if model.input_norm is not None:
+    if model.config.input_norm == "all":
         with torch.no_grad():  # every row of the table normalised as the stack would normalise that token's input
             state["model.embed_tokens.weight"] = model.input_norm(model.embed.weight).clone()
         state["lm_head.weight"] = model.lm_head.weight

@@ -50,6 +50,12 @@ class FeedbackLM(nn.Module):
         """(e_t, h_{t-1}) -> the fused input x_t, as the pass loop calls it; None without feedback."""
         raise NotImplementedError
 
+    @property
+    def plain_input(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """e_t -> the input of a plain position in passes >= 2, or None for the raw embedding (every network but
+        the paper's literal input form in training)."""
+        return None
+
     def run_stack(
         self, inputs: torch.Tensor, positions: torch.Tensor, mask: Any = None, cache: CacheSlots | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,6 +140,7 @@ class FeedbackLM(nn.Module):
             lambda inputs: self.run_stack(inputs, positions, mask, cache), self.lm_head, fuse,
             self.embed(tokens), fused, passes, labels=labels, carried_state=carried_state,
             options=LoopOptions(tol, jitter, detach_passes, feedback_weight, logits_to_keep),
+            plain_input=self.plain_input,
         )
         if cache is not None:
             cache.commit(attention_mask.bool() if attention_mask is not None else torch.ones_like(fused))
@@ -162,13 +169,15 @@ class FeedbackLM(nn.Module):
         fuse = self.fuse
         yield from pass_loop(lambda inputs: self.run_stack(inputs, positions, mask, cache), fuse, self.embed(tokens),
                              fused, max_passes if fuse is not None else 1,
-                             carried_state=carried_state if fuse is not None else None)
+                             carried_state=carried_state if fuse is not None else None, plain_input=self.plain_input)
 
     def stack_inputs(self, tokens: torch.Tensor, previous: torch.Tensor | None, plain_prefix: int = 1) -> torch.Tensor:
         """The inputs (B, T, D) of the loop's pass after one whose states were ``previous`` (None: pass 1)."""
         B, T = tokens.shape
         fused = fused_positions(plain_prefix, B, T, 0, tokens.device)
-        return pass_inputs(self.fuse, self.embed(tokens), fused, previous, None)
+        emb = self.embed(tokens)
+        plain = self.plain_input(emb) if previous is not None and self.plain_input is not None else None
+        return pass_inputs(self.fuse, emb, fused, previous, None, plain=plain)
 
     # ------------------------------------------------------------------ exact evaluation
 

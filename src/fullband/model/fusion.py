@@ -3,10 +3,10 @@
     x_t = (W_U h_{t-1}) * sigmoid(W_G RMSNorm_e(e_t))                      ("glu_cross", DESIGN.md §1)
 
 The state is on the value path and the token only gates it: an additive ``e + W h`` would let the model
-learn to ignore the state, the gate cannot. What normalises ``x_t`` into the stack's input ``u_t`` depends on
-the network: a native model with ``input_norm`` runs *every* input, plain or fused, through its one input
-RMSNorm (so the fusion has no norm of its own); older native checkpoints and retrofits normalise the fused
-input here (``out_norm``), and their plain positions take the raw embedding.
+learn to ignore the state, the gate cannot. ``u_t = RMSNorm_in(x_t)`` is the stack's input. Where RMSNorm_in
+lives depends on which inputs it sees: with ``input_norm="fused"`` (the default, and every retrofit) only fused
+inputs, so it is this module's ``out_norm``; with ``"paper"`` or ``"all"`` plain embeddings meet it too, so it is
+the native model's ``input_norm`` and the fusion has no norm of its own.
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ class LatentFusion(nn.Module):
         super().__init__()
         own_gate_norm = True
         if cfg is not None:
-            d_model, norm_eps, out_norm = cfg.d_model, cfg.norm_eps, not cfg.input_norm
-            own_gate_norm = cfg.gate_norm == "own"
+            d_model, norm_eps, out_norm = cfg.d_model, cfg.norm_eps, cfg.input_norm == "fused"
+            out_gain, own_gate_norm = cfg.input_gain, cfg.gate_norm == "own"
         if d_model is None:
             raise ValueError("LatentFusion needs a ModelConfig or d_model")
-        # RMSNorm_e; None when the gate shares the model's input norm (the caller passes normalised embeddings).
+        # RMSNorm_e; None when the gate shares RMSNorm_in: out_norm below, or else the model's input norm (then the
+        # caller passes normalised embeddings).
         self.token_norm = RMSNorm(d_model, norm_eps) if own_gate_norm else None
         self.gate_proj = Linear(d_model, d_model, bias=False)  # W_G
         self.state_proj = Linear(d_model, d_model, bias=False)  # W_U
@@ -49,7 +50,12 @@ class LatentFusion(nn.Module):
 
     def forward(self, token_emb: torch.Tensor, prev_state: torch.Tensor) -> torch.Tensor:
         """token_emb e_t and prev_state h_{t-1}, both (..., D) -> fused input (..., D)."""
-        gate_input = self.token_norm(token_emb) if self.token_norm is not None else token_emb
+        if self.token_norm is not None:
+            gate_input = self.token_norm(token_emb)
+        elif self.out_norm is not None:  # gate_norm="shared" with the fused-only input norm
+            gate_input = self.out_norm(token_emb)
+        else:  # the model's input norm, already applied by the caller
+            gate_input = token_emb
         gate = torch.sigmoid(self.gate_proj(gate_input))
         fused = self.state_proj(prev_state) * gate
         return self.out_norm(fused) if self.out_norm is not None else fused

@@ -29,9 +29,9 @@ class FullBandwidthLM(FeedbackLM):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        # RMSNorm_in on every input of the stack, plain or fused (the paper's `model(input_rmsnorm(x))`).
-        self.input_norm = RMSNorm(config.d_model, config.norm_eps, init=config.input_norm_init) \
-            if config.input_norm else None
+        # RMSNorm_in here when plain embeddings meet it too ("paper", "all"); "fused" keeps it in the fusion.
+        self.input_norm = RMSNorm(config.d_model, config.norm_eps, init=config.input_gain) \
+            if config.input_norm in ("paper", "all") else None
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = Linear(config.d_model, config.vocab_size, bias=False)
@@ -71,7 +71,7 @@ class FullBandwidthLM(FeedbackLM):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass through all blocks -> (carried states h (B, T, D), final-normed states (B, T, D)).
 
-        ``inputs`` are embeddings or fused states; with ``input_norm`` the stack normalises them first.
+        ``inputs`` are embeddings or fused states; with ``input_norm="all"`` the stack normalises them first.
         """
         rope = rope_angles(positions, self.inv_freq, inputs.dtype)
         carried = None
@@ -96,7 +96,7 @@ class FullBandwidthLM(FeedbackLM):
         cache: KVCache | None,
     ) -> Iterator[torch.Tensor]:
         """Yield the input the first block sees (depth 0), then each block's output (depths 1..L)."""
-        x = self.input_norm(inputs) if self.input_norm is not None else inputs
+        x = self.input_norm(inputs) if self.config.input_norm == "all" else inputs
         yield x
         compiled = self.__dict__.get("_compiled_blocks")
         blocks = compiled if compiled and torch.is_grad_enabled() else self.blocks
@@ -118,13 +118,27 @@ class FullBandwidthLM(FeedbackLM):
 
     @property
     def fuse(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-        """(e_t, h_{t-1}) -> the fused input x_t (the stack normalises it), as the pass loop calls it; None for
-        the baseline."""
+        """(e_t, h_{t-1}) -> the fused input, as the pass loop calls it; None for the baseline.
+
+        "fused": the fusion normalises its output itself; "all": the stack normalises every input; "paper": the
+        fused input is normalised here, since the stack must leave pass 1's plain inputs raw."""
         if self.fusion is None:
             return None
-        if self.fusion.token_norm is None:  # gate_norm="shared": the gate reads RMSNorm_in(e_t)
-            return lambda token_emb, prev_state: self.fusion(self.input_norm(token_emb), prev_state)
-        return self.fusion
+        form, norm, fusion = self.config.input_norm, self.input_norm, self.fusion
+        shared_gate = fusion.token_norm is None and form != "fused"  # gate_norm="shared": it reads RMSNorm_in(e_t)
+        if form == "paper":
+            if shared_gate:
+                return lambda token_emb, prev_state: norm(fusion(norm(token_emb), prev_state))
+            return lambda token_emb, prev_state: norm(fusion(token_emb, prev_state))
+        if shared_gate:
+            return lambda token_emb, prev_state: fusion(norm(token_emb), prev_state)
+        return fusion
+
+    @property
+    def plain_input(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The paper's literal form normalises plain positions in training passes >= 2 (App. C: ``model(
+        input_rmsnorm(prefix_mixin(x, e)))``); at inference, and in every other form, they stay raw."""
+        return self.input_norm if self.config.input_norm == "paper" and self.training else None
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -20,6 +20,8 @@ IGNORE_INDEX = -100
 PlainPrefix = int | torch.Tensor  # int, one value per row (B,), or per pass and row (K, B) (training only)
 Stack = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # inputs u -> (carried h, head input)
 Fuse = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (e_t, h_{t-1}) -> fused input
+# e_t -> the input of a plain position in passes >= 2 (the paper's literal form normalises it there); None = e_t
+PlainInput = Callable[[torch.Tensor], torch.Tensor] | None
 
 
 @dataclass
@@ -63,15 +65,20 @@ def pass_loop(
     carried_state: torch.Tensor | None = None,
     jitter: float = 0.0,
     detach_passes: bool = False,
+    plain_input: PlainInput = None,
 ) -> Iterator[Pass]:
     """The one multi-pass loop: yield after each of up to ``passes`` passes (the caller may stop early).
 
-    ``stack(u)`` runs the network once and returns (carried states, input of the head).
+    ``stack(u)`` runs the network once and returns (carried states, input of the head). ``plain_input`` maps the
+    plain positions' embeddings in passes >= 2 (pass 1's stay raw).
     """
     carried: torch.Tensor | None = None
+    plain_later = None
     for k in range(1, passes + 1):
         fused_k = fused[min(k, fused.shape[0]) - 1] if fused.dim() == 3 else fused  # (B, T): per-pass prefixes
-        inputs = pass_inputs(fusion, emb, fused_k, carried, carried_state, jitter, detach_passes)
+        if k == 2 and plain_input is not None:
+            plain_later = plain_input(emb)
+        inputs = pass_inputs(fusion, emb, fused_k, carried, carried_state, jitter, detach_passes, plain_later)
         new_carried, head_input = stack(inputs)
         yield Pass(k, new_carried, carried, head_input)
         carried = new_carried
@@ -88,6 +95,7 @@ def run_passes(
     labels: torch.Tensor | None = None,
     carried_state: torch.Tensor | None = None,
     options: LoopOptions = LoopOptions(),
+    plain_input: PlainInput = None,
 ) -> LMOutput:
     """Run :func:`pass_loop` for up to ``passes`` passes; stop early once ``max|h^(k) - h^(k-1)| < options.tol``.
 
@@ -99,7 +107,7 @@ def run_passes(
     logits = None
     step = None
     for step in pass_loop(stack, fusion, emb, fused, passes, carried_state=carried_state, jitter=options.jitter,
-                          detach_passes=options.detach_passes):
+                          detach_passes=options.detach_passes, plain_input=plain_input):
         last = step.k == passes
         if step.previous is not None:
             delta = (step.hidden - step.previous).detach().abs().max()
@@ -129,8 +137,10 @@ def pass_inputs(
     carried_state: torch.Tensor | None,  # (B, D) state carried in from before the chunk
     jitter: float = 0.0,
     detach: bool = False,
+    plain: torch.Tensor | None = None,  # (B, T, D) plain positions' inputs in passes >= 2; None = emb
 ) -> torch.Tensor:
-    """Input vectors of one pass: fuse(e_t, h_{t-1}) at fused positions whose h_{t-1} is known, else e_t."""
+    """Input vectors of one pass: fuse(e_t, h_{t-1}) at fused positions whose h_{t-1} is known, else e_t (or
+    ``plain`` in passes >= 2)."""
     if fusion is None or (carried is None and carried_state is None):
         return emb  # pass 1 of a chunk with nothing carried in: all plain
     B, _, D = emb.shape
@@ -144,7 +154,7 @@ def pass_inputs(
     fuse_here = fused.clone()
     if carried_state is None:
         fuse_here[:, 0] = False  # no predecessor for the chunk's first position
-    return torch.where(fuse_here[..., None], fusion(emb, prev_states), emb)
+    return torch.where(fuse_here[..., None], fusion(emb, prev_states), emb if plain is None else plain)
 
 
 def _jittered(states: torch.Tensor, jitter: float) -> torch.Tensor:

@@ -285,6 +285,7 @@ class TrainModelConfig(ModelConfig):
     def __post_init__(self) -> None:
         _require(_is_int(self.vocab_size) and self.vocab_size >= 0, "vocab_size", self.vocab_size,
                  "must be an integer >= 0 (0 = from the tokenizer)")
+        self.read_boolean_input_norm()
         self.resolve(max(self.vocab_size, 1))  # validates every other field
 
     def resolve(self, tokenizer_vocab: int) -> ModelConfig:
