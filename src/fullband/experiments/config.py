@@ -286,7 +286,7 @@ REASONING_PRESETS: dict[str, dict[str, Any]] = {
 # sum extrapolates as well but swaps with one seed of two (the -g4 reports).
 REASONING_PRESETS["recurrent"] = REASONING_PRESETS["serial"] | dict(family="sum", feedback_weight=0.3, steps=3000,
                                                                     grad_passes=8, seeds=2, workers=2)
-REASONING_FAMILIES = ("swaps", "sum")
+REASONING_FAMILIES = ("swaps", "swaps5", "sum")
 
 
 @dataclass

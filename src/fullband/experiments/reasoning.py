@@ -51,6 +51,7 @@ from fullband.tasks.reasoning import (
     Problem,
     ReasoningTask,
     TracedProblem,
+    chance_level,
     prompt,
     random_problem,
     sample_problems,
@@ -68,6 +69,10 @@ TASK_TEXT = {
     "swaps": "The shell game: a ball starts under one of the cups a, b, c; each of n named steps A, B, ... names "
              "the cup it leaves in place and swaps the other two; the answer is where the ball ends up (state "
              "tracking over the permutations of 3 cups, which has no parallel shortcut like a sum has).",
+    "swaps5": "The shell game with 5 cups a..e: each of n named steps A, B, ... names the two cups it swaps (`Bce` "
+              "swaps c and e); the answer is where the ball ends up (the 10 transpositions generate S5, which is "
+              "not solvable: its word problem is NC1-complete, so no fixed-depth transformer should solve it "
+              "answer-only as n grows).",
     "sum": "Running sums: n named steps each add a digit modulo {modulus}; the answer is the final total.",
 }
 
@@ -309,7 +314,7 @@ def tables(results: dict[str, Any]) -> dict[str, str]:
 
 def chance(cfg: dict[str, Any]) -> float:
     """Accuracy of a uniform guess at the answer."""
-    return 1 / 3 if cfg["family"] == "swaps" else 1 / cfg["modulus"]
+    return chance_level(cfg["family"], cfg["modulus"])
 
 
 def _mean(values: list[float]) -> float:
