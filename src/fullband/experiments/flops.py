@@ -122,7 +122,8 @@ def decode_flops(shape: Shape, prompt_len: int, generated: int, *, mode: str, pa
     if mode == "exact":
         return positions_flops(shape, 1, 1, False) + positions_flops(shape, 2, total, True)
     if mode == "fused":
-        prompt = positions_flops(shape, 1, prompt_len, False) + (passes - 1) * positions_flops(shape, 1, prompt_len, True)
+        prompt = (positions_flops(shape, 1, prompt_len, False)
+                  + (passes - 1) * positions_flops(shape, 1, prompt_len, True))
         return prompt + positions_flops(shape, prompt_len + 1, total, True)
     if mode == "looped":
         return positions_flops(shape, 1, total, False) + (passes - 1) * positions_flops(shape, 1, total, True)
