@@ -156,7 +156,8 @@ def render_controls(results: dict[str, Any], command: str, plots: bool) -> str:
     cfg = results["config"]
     sections = []
     for f, fam in results["families"].items():
-        problems = ", ".join(f"{n}: {accuracy(fam, 'baseline', n)['n']}" for n in [*lengths_of(fam)[0], *lengths_of(fam)[1]])
+        trained, unseen = lengths_of(fam)
+        problems = ", ".join(f"{n}: {accuracy(fam, 'baseline', n)['n']}" for n in trained + unseen)
         sections.append(f"""## {FAMILY_NAMES.get(f, f)}
 
 Full tables (every stride and mode, trace lengths, training losses): [{f}/report.md]({f}/report.md).
