@@ -82,6 +82,12 @@ class ModelConfig:
         "Carried state: 'residual' = top block output before the final norm, 'normed' = after it, "
         "'layer:N' = output of block N (1..n_layers).",
     )
+    feedback_shift: int = doc(
+        1,
+        "Which earlier state pass k fuses into position t: 1 = h_{t-1} (the recurrence along the sequence); 0 = h_t, "
+        "its own state from pass k-1 (the looped control of DESIGN.md section 7: extra depth, no state carried along "
+        "positions; decoded by recomputing whole-sequence passes, no KV-cache recurrence).",
+    )
 
     def __post_init__(self) -> None:
         self.read_boolean_input_norm()
@@ -216,6 +222,8 @@ def validate_model_config(c: ModelConfig) -> None:
         _require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
     _require(c.fusion in FUSIONS, "fusion", c.fusion, f"must be one of {FUSIONS}")
     _require(c.gate_norm in GATE_NORMS, "gate_norm", c.gate_norm, f"must be one of {GATE_NORMS}")
+    _require(c.feedback_shift in (0, 1) and _is_int(c.feedback_shift), "feedback_shift", c.feedback_shift,
+             "must be 1 (the recurrence) or 0 (looped)")
     source = c.feedback_source
     if isinstance(source, str) and source.startswith("layer:"):
         n = source.split(":", 1)[1]

@@ -291,7 +291,13 @@ REASONING_PRESETS: dict[str, dict[str, Any]] = {
 # sum extrapolates as well but swaps with one seed of two (the -g4 reports).
 REASONING_PRESETS["recurrent"] = REASONING_PRESETS["serial"] | dict(family="sum", feedback_weight=0.3, steps=3000,
                                                                     grad_passes=8, seeds=2, workers=2)
-REASONING_FAMILIES = ("swaps", "sum")
+# Issue 29: the controls of DESIGN.md section 7 next to the recurrent recipe, on the three families, 3 seeds, 200
+# test problems per length (or half of a length's problems where it has fewer), answer-only decoding.
+REASONING_PRESETS["controls"] = REASONING_PRESETS["recurrent"] | dict(
+    families=("swaps", "swaps5", "sum"), controls=("looped", "equal_flops"), seeds=3, test_per_length=200,
+    modes=("standard", "exact"))
+REASONING_FAMILIES = ("swaps", "swaps5", "sum")
+CONTROLS = ("looped", "equal_flops")
 
 
 @dataclass
@@ -345,6 +351,16 @@ class ReasoningConfig(SyntheticStudyConfig):
         True, "fullband model: a random plain prefix per row in training (train.prefix_mixin); false = every "
         "position after the first fused, as in fused and exact prefill.")
     feedback_weight: float = doc(1.0, "fullband model: λ, the weight of the multi-pass passes' loss against pass 1's.")
+    controls: tuple[str, ...] = doc(
+        (), f"Control models trained on the same batches and decoded answer-only, from {CONTROLS}: looped = the "
+        "full-bandwidth model with feedback_shift=0 (pass k fuses h_t, not h_{t-1}); equal_flops = a plain model as "
+        "deep as its training FLOPs match the full-bandwidth model's (fullband.experiments.controls).")
+    families: tuple[str, ...] = doc(
+        (), f"Run the study once per family (from {REASONING_FAMILIES}) into out_dir/<family>/ and write one report "
+        "over all of them in out_dir; empty = the one family of --family.")
+    resume: bool = doc(
+        False, "Continue an interrupted run in out_dir: finished models and evaluated cells are reused, a training "
+        "run left unfinished starts again (same numbers as an uninterrupted run).")
 
     def validate(self) -> None:
         self.strides = tuple(self.strides)
@@ -368,6 +384,14 @@ class ReasoningConfig(SyntheticStudyConfig):
         TrainConfig(grad_passes=self.grad_passes, prefix_mixin=self.prefix_mixin,
                     feedback_weight=self.feedback_weight)  # validates them
         _require(self.family in REASONING_FAMILIES, "family", self.family, f"must be one of {REASONING_FAMILIES}")
+        self.controls, self.families = tuple(self.controls), tuple(self.families)
+        _require(all(c in CONTROLS for c in self.controls) and len(set(self.controls)) == len(self.controls),
+                 "controls", self.controls, f"must be distinct names from {CONTROLS}")
+        _require(all(f in REASONING_FAMILIES for f in self.families) and len(set(self.families)) == len(self.families),
+                 "families", self.families, f"must be distinct names from {REASONING_FAMILIES}")
+        _require(not self.controls or 0 in self.strides, "controls", self.controls,
+                 "are decoded answer-only: add 0 to strides")
+        _require(isinstance(self.resume, bool), "resume", self.resume, "must be true or false")
         _require(_is_int(self.modulus) and 2 <= self.modulus <= 10, "modulus", self.modulus, "must be in 2..10")
         _require(_is_int(self.max_length) and self.min_length <= self.max_length <= 26, "max_length",
                  self.max_length, f"must be in min_length={self.min_length}..26")

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import statistics
 import time
@@ -36,6 +37,7 @@ from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.parallel import map_jobs
 from fullband.experiments.plots import pyplot, save_figure
 from fullband.experiments.report import input_text
+from fullband.experiments.results import write_json
 from fullband.experiments.study import (
     PairStudy,
     StudyModel,
@@ -52,6 +54,7 @@ from fullband.tasks.reasoning import (
     Problem,
     ReasoningTask,
     TracedProblem,
+    chance_level,
     prompt,
     random_problem,
     sample_problems,
@@ -69,6 +72,10 @@ TASK_TEXT = {
     "swaps": "The shell game: a ball starts under one of the cups a, b, c; each of n named steps A, B, ... names "
              "the cup it leaves in place and swaps the other two; the answer is where the ball ends up (state "
              "tracking over the permutations of 3 cups, which has no parallel shortcut like a sum has).",
+    "swaps5": "The shell game with 5 cups a..e: each of n named steps A, B, ... names the two cups it swaps (`Bce` "
+              "swaps c and e); the answer is where the ball ends up (the 10 transpositions generate S5, which is "
+              "not solvable: its word problem is NC1-complete, so no fixed-depth transformer should solve it "
+              "answer-only as n grows).",
     "sum": "Running sums: n named steps each add a digit modulo {modulus}; the answer is the final total.",
 }
 
@@ -198,8 +205,12 @@ def decode_cell(
             "mean_len": stats["mean"], "median_len": stats["median"], "ms_per_problem": 1000 * seconds / len(problems)}
 
 
-def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Problem]) -> list[dict[str, Any]]:
-    """Every (model, mode, stride, length) cell."""
+def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Problem],
+             controls: tuple[tuple[str, str, str, dict[int, int]], ...] = (), cache_dir: Path | None = None,
+             ) -> list[dict[str, Any]]:
+    """Every (model, mode, stride, length) cell. ``controls``: (kind, mode, variant, extra passes per length) of the
+    control models, decoded answer-only. ``cache_dir``: each model's cells are written to cells-<kind>.json there,
+    and read back instead of decoding again when ``cfg.resume`` (an interrupted study continues)."""
     tokenizer, task = ByteTokenizer(), task_of(cfg)
     by_length: dict[int, list[Problem]] = {}
     for p in test:
@@ -207,13 +218,25 @@ def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Proble
     # fused mode once per number of prefill passes: accuracy against the depth of the iteration
     variants = [("baseline", "standard", 0)] + [("fullband", mode, k) for mode in cfg.modes
                                                  for k in (cfg.fused_passes if mode == "fused" else (0,))]
-    jobs = [(*v, s, n) for v in variants for s in cfg.strides for n in sorted(by_length)]
-    models = {kind: load_any(path, device=cfg.device) for kind, path in model_dirs.items()}  # native or retrofitted
+    jobs = [(kind, mode, variant_name(kind, mode, k), s, n, k) for kind, mode, k in variants for s in cfg.strides
+            for n in sorted(by_length)]
+    jobs += [(kind, mode, name, 0, n, passes.get(n, 0)) for kind, mode, name, passes in controls
+             for n in sorted(by_length)]
     cells = []
-    for kind, mode, k, stride, n in tqdm(jobs, desc="decoding", disable=not cfg.progress):
-        cell = decode_cell(models[kind], tokenizer, task, by_length[n], stride, mode, k)
-        cells.append({"model": kind, "mode": mode, "variant": variant_name(kind, mode, k), "stride": stride,
-                      "length": n, **cell})
+    for kind in dict.fromkeys(job[0] for job in jobs):
+        cache = cache_dir / f"cells-{kind}.json" if cache_dir is not None else None
+        if cache is not None and cfg.resume and cache.is_file():
+            cells += json.loads(cache.read_text())
+            continue
+        model = load_any(model_dirs[kind], device=cfg.device)  # native or retrofitted
+        mine = []
+        for _, mode, name, stride, n, k in tqdm([j for j in jobs if j[0] == kind], desc=f"decoding {kind}",
+                                                disable=not cfg.progress):
+            cell = decode_cell(model, tokenizer, task, by_length[n], stride, mode, k)
+            mine.append({"model": kind, "mode": mode, "variant": name, "stride": stride, "length": n, **cell})
+        if cache is not None:
+            write_json(cache, mine)
+        cells += mine
     return cells
 
 
@@ -291,8 +314,9 @@ def tables(results: dict[str, Any]) -> dict[str, str]:
     index = {(c["variant"], c["stride"], c["length"]): c for c in cells}
 
     def grid(key: str, fmt: str, columns: list[Any] = lengths) -> str:
-        rows = [[v, stride_name(s)] + [_value(index[v, s, n], key, fmt) for n in columns]
-                for v in variants for s in strides]
+        rows = [[v, stride_name(s)] + [_value(index[v, s, n], key, fmt) if (v, s, n) in index else "—"
+                                        for n in columns]
+                for v in variants for s in strides if (v, s, "all") in index]  # controls: answer-only only
         return markdown_table(["model / mode", "trace", *[f"n={n}" for n in columns]], rows)
 
     equal = [[r["length"], f"{r['target_accuracy']:.2f}"] + ["—" if r[v] is None else f"{r[v]:.1f}" for v in variants]
@@ -310,7 +334,7 @@ def tables(results: dict[str, Any]) -> dict[str, str]:
 
 def chance(cfg: dict[str, Any]) -> float:
     """Accuracy of a uniform guess at the answer."""
-    return 1 / 3 if cfg["family"] == "swaps" else 1 / cfg["modulus"]
+    return chance_level(cfg["family"], cfg["modulus"])
 
 
 def _mean(values: list[float]) -> float:
@@ -325,7 +349,7 @@ def verdict(results: dict[str, Any]) -> list[str]:
         return ["No answer-only stride (0) was evaluated, so the study cannot say whether recurrent prefill "
                 "solves without a trace: add 0 to --strides."]
     index = {(c["variant"], c["length"]): c for c in cells if c["stride"] == 0}
-    fullband = [v for v in results["variants"] if v != "baseline"]
+    fullband = [v for v in results["variants"] if v.startswith("fullband")]  # not the controls
     mode = "fullband exact" if "fullband exact" in fullband else max(
         fullband, key=lambda v: index[v, "all"]["accuracy"])
     trained = [n for n in _lengths(cells) if cfg["min_length"] <= n <= cfg["max_length"]]
@@ -533,6 +557,7 @@ class ReasoningStudy(PairStudy):
 
     command = "eval-reasoning"
     title = "reasoning traces"
+    command_skip = ("reuse_models", "resume")
     timed = True  # the report states the command's wall time (its cost, with the seeds run side by side or not)
 
     figure = PLOT
@@ -585,10 +610,23 @@ def train_and_evaluate(cfg: ReasoningConfig, spec: StudyModel, train_path: Path,
                        test: list[Problem], progress: bool) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """One seed: both models trained into ``run_dir`` (or reused), then every cell evaluated -> (training
     summaries, cells). Module-level, so that seeds can run in worker processes (``cfg.workers``)."""
-    runs = train_both(spec, train_path, test_path, run_dir, progress, reuse=cfg.reuse_models)
-    return runs, evaluate(cfg, {kind: t["model_dir"] for kind, t in runs.items()}, test)
+    runs = train_both(spec, train_path, test_path, run_dir, progress, reuse=cfg.reuse_models, resume=cfg.resume)
+    controls: tuple = ()
+    if cfg.controls:  # the looped and equal-FLOPs models, and every model's FLOPs (fullband.experiments.controls)
+        from fullband.experiments.controls import annotate_flops, train_controls
+
+        runs, controls = train_controls(cfg, spec, train_path, test_path, run_dir, test, runs, progress)
+    cells = evaluate(cfg, {kind: t["model_dir"] for kind, t in runs.items()}, test, controls, run_dir)
+    if cfg.controls:
+        annotate_flops(cfg, runs, cells, test)
+    return runs, cells
 
 
 def run_reasoning(cfg: ReasoningConfig) -> dict[str, Any]:
-    """The whole study (see the module docstring); returns what results.json holds."""
+    """The whole study (see the module docstring); returns what results.json holds. With ``families``, one study
+    per family and a report over them (fullband.experiments.controls)."""
+    if cfg.families:
+        from fullband.experiments.controls import ControlsStudy
+
+        return ControlsStudy(cfg, cfg.progress).run()
     return ReasoningStudy(cfg, cfg.progress).run()

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import shlex
+import shutil
 import statistics
 import time
 import warnings
@@ -260,32 +261,47 @@ def sft_run_config(spec: StudyModel, data: Path, validation: Path, out_dir: Path
 
 
 def train_both(
-    spec: StudyModel, data: Path, validation: Path, out_dir: Path, progress: bool = True, reuse: bool = False
+    spec: StudyModel, data: Path, validation: Path, out_dir: Path, progress: bool = True, reuse: bool = False,
+    resume: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Train ``baseline`` (feedback=False) and ``fullband`` on the same data -> per-kind summary + model_dir.
 
-    ``reuse`` takes the models an earlier run left in ``out_dir`` (its training summary is read back)."""
+    ``reuse`` takes the models an earlier run left in ``out_dir`` (its training summary is read back); ``resume``
+    also retrains from scratch a run an interrupted study left unfinished."""
+    return {kind: train_run(kind, sft_run_config(spec, data, validation, out_dir / kind, kind == "fullband"),
+                            progress, reuse, resume)
+            for kind in MODEL_KINDS}
+
+
+def train_run(kind: str, run_cfg: TrainRunConfig, progress: bool = True, reuse: bool = False,
+              resume: bool = False) -> dict[str, Any]:
+    """Train one model of a study into ``run_cfg.out_dir`` -> its summary (model_dir, tokens, losses, seconds).
+
+    A finished run there is reused (``reuse``) or refused; an unfinished one (no summary: the study was killed
+    while it trained) is deleted and trained again from the start with ``resume`` (runs are deterministic, so
+    this gives the numbers an uninterrupted run gives), else refused."""
     from fullband.training.run import run_train
 
-    summaries = {}
-    for kind in MODEL_KINDS:
-        if (out_dir / kind).exists():
-            if not reuse:
-                raise ConfigError(f"out_dir={str(out_dir)!r} already holds a trained {kind}: pick a new --out_dir, "
-                                  "or --reuse_models true to evaluate the trained models again")
-            summaries[kind] = _read_summary(out_dir / kind)
-            continue
-        if progress:
-            print(f"training {kind} ({spec.steps} steps)", flush=True)
-        run_cfg = sft_run_config(spec, data, validation, out_dir / kind, kind == "fullband")
-        result = run_train(run_cfg, progress=progress)
-        summaries[kind] = {
-            "model_dir": str(result.model_dir), "steps": result.steps, "tokens": result.tokens,
-            "token_equiv_compute": result.token_equiv_compute, "final_loss": result.final_loss,
-            "seconds": round(result.seconds, 1), **result.validation,
-        }
-        write_json(out_dir / kind / SUMMARY_FILE, summaries[kind])
-    return summaries
+    run_dir = Path(run_cfg.out_dir)
+    if run_dir.exists():
+        finished = (run_dir / SUMMARY_FILE).is_file() and (run_dir / "model").is_dir()
+        if resume and not finished:
+            shutil.rmtree(run_dir)
+        elif not reuse and not resume:
+            raise ConfigError(f"out_dir={str(run_dir.parent)!r} already holds a trained {kind}: pick a new "
+                              "--out_dir, or --reuse_models true to evaluate the trained models again")
+        else:
+            return _read_summary(run_dir)
+    if progress:
+        print(f"training {kind} ({run_cfg.train.max_steps} steps)", flush=True)
+    result = run_train(run_cfg, progress=progress)
+    summary = {
+        "model_dir": str(result.model_dir), "steps": result.steps, "tokens": result.tokens,
+        "token_equiv_compute": result.token_equiv_compute, "final_loss": result.final_loss,
+        "seconds": round(result.seconds, 1), **result.validation,
+    }
+    write_json(run_dir / SUMMARY_FILE, summary)  # last: its presence marks the run finished
+    return summary
 
 
 def _read_summary(run_dir: Path) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from fullband.config import DECODING_MODES, DEFAULT_MODE, validate_decoding_options
+from fullband.generation.looped import check_looped_options, is_looped, looped_stream
 from fullband.generation.sampling import sample_next
 from fullband.generation.speculative import SpeculativeConfig, speculative_stream
 from fullband.generation.state import DecodeState
@@ -130,9 +131,15 @@ def stream(
     ids, mask = ids.to(device), mask.to(device)
     if max_new_tokens == 0:
         return
+    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+    if is_looped(model):  # no recurrence along the sequence: whole-sequence passes per token (generation.looped)
+        check_looped_options(mode, speculative)
+        if mode != "standard":
+            yield from looped_stream(model, ids, mask, max_new_tokens, mode, prefill_passes, temperature, top_k,
+                                     top_p, generator, stop_token_ids, pad_token_id)
+            return
     state = prefill(model, ids, mask, mode, ids.shape[1] + max_new_tokens, prefill_passes, exact_chunk_size,
                     exact_tol)
-    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     if speculative is not None:
         yield from speculative_stream(model, state, ids, mask, max_new_tokens, speculative, temperature, top_k, top_p,
                                       generator, stop_token_ids, pad_token_id)

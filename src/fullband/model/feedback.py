@@ -88,6 +88,17 @@ class FeedbackLM(nn.Module):
 
     # ------------------------------------------------------------------ shared setup
 
+    @property
+    def feedback_shift(self) -> int:
+        """1: pass k fuses h_{t-1} from pass k-1 into position t (the recurrence); 0: h_t (the looped control)."""
+        return getattr(self.config, "feedback_shift", 1)  # networks whose config has no such field recur
+
+    def _refuse_looped(self, what: str) -> None:
+        # With shift 0 no state moves along the sequence: there is no sequential recurrence to cache or carry.
+        if self.feedback_shift == 0 and self.fuse is not None:
+            raise ValueError(f"{what} needs the recurrence along positions, which a looped model (feedback_shift=0) "
+                             "does not have: run whole-sequence passes without a cache or carried state instead")
+
     def num_parameters(self, include_embedding: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())
         return n if include_embedding else n - self.embed.weight.numel()
@@ -129,6 +140,8 @@ class FeedbackLM(nn.Module):
         fuse = self.fuse
         if fuse is None:
             passes, carried_state = 1, None  # the baseline ignores feedback entirely
+        if carried_state is not None or (cache is not None and passes > 1):
+            self._refuse_looped("a carried state or a multi-pass forward over a KV cache")
         offset = cache.length if cache is not None else 0
         positions, mask = self._positions_and_mask(B, T, attention_mask, cache, tokens.device)
         fused = fused_positions(plain_prefix, B, T, offset, tokens.device)  # (B, T) bool
@@ -139,7 +152,7 @@ class FeedbackLM(nn.Module):
         out = run_passes(
             lambda inputs: self.run_stack(inputs, positions, mask, cache), self.lm_head, fuse,
             self.embed(tokens), fused, passes, labels=labels, carried_state=carried_state,
-            options=LoopOptions(tol, jitter, detach_passes, feedback_weight, logits_to_keep),
+            options=LoopOptions(tol, jitter, detach_passes, feedback_weight, logits_to_keep, self.feedback_shift),
             plain_input=self.plain_input,
         )
         if cache is not None:
@@ -163,13 +176,16 @@ class FeedbackLM(nn.Module):
         the caller commits the prefix it keeps (speculative verification keeps the exact, accepted positions).
         """
         B, T = self._check_tokens(tokens, cache)
+        if carried_state is not None or (cache is not None and max_passes > 1):
+            self._refuse_looped("a carried state or a multi-pass loop over a KV cache")
         offset = cache.length if cache is not None else 0
         positions, mask = self._positions_and_mask(B, T, attention_mask, cache, tokens.device)
         fused = fused_positions(plain_prefix, B, T, offset, tokens.device)  # (B, T) bool
         fuse = self.fuse
         yield from pass_loop(lambda inputs: self.run_stack(inputs, positions, mask, cache), fuse, self.embed(tokens),
                              fused, max_passes if fuse is not None else 1,
-                             carried_state=carried_state if fuse is not None else None, plain_input=self.plain_input)
+                             carried_state=carried_state if fuse is not None else None, plain_input=self.plain_input,
+                             shift=self.feedback_shift)
 
     def stack_inputs(self, tokens: torch.Tensor, previous: torch.Tensor | None, plain_prefix: int = 1) -> torch.Tensor:
         """The inputs (B, T, D) of the loop's pass after one whose states were ``previous`` (None: pass 1)."""
@@ -177,7 +193,7 @@ class FeedbackLM(nn.Module):
         fused = fused_positions(plain_prefix, B, T, 0, tokens.device)
         emb = self.embed(tokens)
         plain = self.plain_input(emb) if previous is not None and self.plain_input is not None else None
-        return pass_inputs(self.fuse, emb, fused, previous, None, plain=plain)
+        return pass_inputs(self.fuse, emb, fused, previous, None, plain=plain, shift=self.feedback_shift)
 
     # ------------------------------------------------------------------ exact evaluation
 
@@ -197,6 +213,7 @@ class FeedbackLM(nn.Module):
         (Jacobi per chunk of ``chunk_size`` on top of the cache of earlier chunks), or ``auto``: the fastest of
         them for this device and ``tol`` (:func:`~fullband.model.recurrence.auto_exact_method`)."""
         B, T = self._check_tokens(tokens, None)
+        self._refuse_looped("forward_exact")
         if method == "auto":
             method = auto_exact_method(tokens.device, tol)
         if method == "jacobi":
@@ -224,6 +241,7 @@ class FeedbackLM(nn.Module):
         attention_mask: torch.Tensor | None = None,
     ) -> LMOutput:
         """Exact (chunked) prefill into ``cache``: each chunk runs until it is exact (or ``max|Δh| < tol``)."""
+        self._refuse_looped("exact (sequential or chunked) prefill")
         logits, hidden, passes = [], [], 0
         for start in range(0, tokens.shape[1], chunk_size):
             chunk = tokens[:, start : start + chunk_size]

@@ -53,6 +53,7 @@ class LoopOptions:
     detach_passes: bool = False  # no gradient through the states carried from one pass to the next
     feedback_weight: float = 1.0  # weight of the mean multi-pass loss against pass 1's
     logits_to_keep: int = 0  # without labels: logits of the last N positions only (0 = all)
+    shift: int = 1  # 1: fuse h_{t-1} into t (the recurrence); 0: h_t (the looped control, DESIGN.md §7)
 
 
 def pass_loop(
@@ -66,6 +67,7 @@ def pass_loop(
     jitter: float = 0.0,
     detach_passes: bool = False,
     plain_input: PlainInput = None,
+    shift: int = 1,
 ) -> Iterator[Pass]:
     """The one multi-pass loop: yield after each of up to ``passes`` passes (the caller may stop early).
 
@@ -78,7 +80,8 @@ def pass_loop(
         fused_k = fused[min(k, fused.shape[0]) - 1] if fused.dim() == 3 else fused  # (B, T): per-pass prefixes
         if k == 2 and plain_input is not None:
             plain_later = plain_input(emb)
-        inputs = pass_inputs(fusion, emb, fused_k, carried, carried_state, jitter, detach_passes, plain_later)
+        inputs = pass_inputs(fusion, emb, fused_k, carried, carried_state, jitter, detach_passes, plain_later,
+                             shift)
         new_carried, head_input = stack(inputs)
         yield Pass(k, new_carried, carried, head_input)
         carried = new_carried
@@ -107,7 +110,7 @@ def run_passes(
     logits = None
     step = None
     for step in pass_loop(stack, fusion, emb, fused, passes, carried_state=carried_state, jitter=options.jitter,
-                          detach_passes=options.detach_passes, plain_input=plain_input):
+                          detach_passes=options.detach_passes, plain_input=plain_input, shift=options.shift):
         last = step.k == passes
         if step.previous is not None:
             delta = (step.hidden - step.previous).detach().abs().max()
@@ -138,11 +141,18 @@ def pass_inputs(
     jitter: float = 0.0,
     detach: bool = False,
     plain: torch.Tensor | None = None,  # (B, T, D) plain positions' inputs in passes >= 2; None = emb
+    shift: int = 1,
 ) -> torch.Tensor:
     """Input vectors of one pass: fuse(e_t, h_{t-1}) at fused positions whose h_{t-1} is known, else e_t (or
-    ``plain`` in passes >= 2)."""
-    if fusion is None or (carried is None and carried_state is None):
+    ``plain`` in passes >= 2).
+
+    ``shift`` 0 is the looped control (DESIGN.md §7): fuse(e_t, h_t) from the previous pass, so no state moves
+    along the sequence (a carried-in state has no meaning there and is ignored)."""
+    if fusion is None or (carried is None and (carried_state is None or shift == 0)):
         return emb  # pass 1 of a chunk with nothing carried in: all plain
+    if shift == 0:
+        own = carried.detach() if detach else carried
+        return torch.where(fused[..., None], fusion(emb, _jittered(own, jitter)), emb if plain is None else plain)
     B, _, D = emb.shape
     incoming = carried_state if carried_state is not None else emb.new_zeros(B, D)
     if carried is None:

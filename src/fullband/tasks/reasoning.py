@@ -7,6 +7,12 @@ final state. Two families:
   it leaves in place and swaps the other two. Composing swaps is inherently sequential (a word problem over
   the permutations of 3 cups), so one forward pass cannot simply add things up. Prompt ``b`` + ``Ab Ba Cc ...``
   (without spaces): the ball starts under b; A swaps a-c, B swaps b-c, C swaps a-b.
+- ``swaps5``: the shell game with 5 cups ``a b c d e``. Each step names the two cups it swaps, in alphabetical
+  order (10 transpositions, which generate S5: a non-solvable group whose word problem is NC1-complete, so no
+  fixed-depth transformer should track it answer-only as n grows). Prompt ``c`` + ``Aab Bce Cad ...`` (without
+  spaces): the ball starts under c; A swaps a-b, B swaps c-e (the ball moves to e), C swaps a-d. Every step is
+  its upper-case name and exactly two lower-case cups, so the prompt parses one way; states and traces are one
+  cup each, as with 3 cups (``Be=e``).
 - ``sum``: running sums modulo ``m`` (start 0; each step adds its digit ``0..m-1``). Prompt ``A3B5C8 ...``.
   Addition commutes, so a transformer can total all digits in parallel: a control family, not a hard one.
 
@@ -32,17 +38,19 @@ from dataclasses import dataclass
 
 from fullband.tasks.base import Task
 
-FAMILIES = ("swaps", "sum")
+FAMILIES = ("swaps", "swaps5", "sum")
 STEP_NAMES = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CUPS = "abc"
+CUPS5 = "abcde"
+TRANSPOSITIONS5 = tuple(a + b for i, a in enumerate(CUPS5) for b in CUPS5[i + 1 :])  # "ab", "ac", ... "de"
 ANSWER_MARK = "="
 
 
 @dataclass(frozen=True)
 class Problem:
     family: str
-    start: str  # start state: a cup (swaps), "" (sum: starts at 0)
-    ops: tuple[str, ...]  # one character per step: the cup left in place (swaps) or a digit (sum)
+    start: str  # start state: a cup (swaps, swaps5), "" (sum: starts at 0)
+    ops: tuple[str, ...]  # per step: the cup left in place (swaps), the two cups swapped (swaps5), a digit (sum)
     modulus: int = 10  # sum only
 
     @property
@@ -51,10 +59,12 @@ class Problem:
 
     def states(self) -> list[str]:
         """The state after every step, as the one character a trace writes."""
-        out, state = [], self.start if self.family == "swaps" else 0
+        out, state = [], 0 if self.family == "sum" else self.start
         for op in self.ops:
             if self.family == "swaps":  # the ball stays under the cup left in place, else moves to the third cup
                 state = state if state == op else next(c for c in CUPS if c not in (state, op))
+            elif self.family == "swaps5":  # the ball moves only if its cup is one of the two swapped
+                state = op[1] if state == op[0] else op[0] if state == op[1] else state
             else:
                 state = (state + int(op)) % self.modulus
             out.append(str(state))
@@ -89,7 +99,14 @@ def parse_answer(text: str) -> str | None:
 
 
 def count_problems(family: str, n: int, modulus: int = 10) -> int:
+    if family == "swaps5":
+        return len(CUPS5) * len(TRANSPOSITIONS5) ** n
     return len(CUPS) ** (n + 1) if family == "swaps" else modulus**n
+
+
+def chance_level(family: str, modulus: int = 10) -> float:
+    """Accuracy of a uniform guess at the answer: one of the cups, or one of the ``modulus`` sums."""
+    return {"swaps": 1 / len(CUPS), "swaps5": 1 / len(CUPS5)}.get(family, 1 / modulus)
 
 
 def random_problem(family: str, n: int, rng: random.Random, modulus: int = 10) -> Problem:
@@ -99,6 +116,8 @@ def random_problem(family: str, n: int, rng: random.Random, modulus: int = 10) -
         raise ValueError(f"problem length must be in 1..{len(STEP_NAMES)}, got {n}")
     if family == "swaps":
         return Problem(family, rng.choice(CUPS), tuple(rng.choice(CUPS) for _ in range(n)))
+    if family == "swaps5":
+        return Problem(family, rng.choice(CUPS5), tuple(rng.choice(TRANSPOSITIONS5) for _ in range(n)))
     if not 2 <= modulus <= 10:
         raise ValueError(f"modulus must be in 2..10 (one digit per value), got {modulus}")
     return Problem(family, "", tuple(str(rng.randrange(modulus)) for _ in range(n)), modulus)

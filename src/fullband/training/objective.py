@@ -118,7 +118,8 @@ def truncated_passes(
     passes = min(passes, exact)
     first_grad = max(2, passes - cfg.grad_passes + 1)  # passes first_grad..passes run with gradients
     prefixes = plain_prefix.unique() if plain_prefix.dim() == 1 else plain_prefix
-    if model.fuse is not None and passes == exact and first_grad > 2 and prefixes.numel() == 1:
+    recurrent = getattr(model, "feedback_shift", 1) == 1  # a looped model has no sequential fixed point
+    if model.fuse is not None and recurrent and passes == exact and first_grad > 2 and prefixes.numel() == 1:
         # Pass 1 with gradients, the fixed point without (sequentially), then the last m passes from it.
         first = model.iterate_passes(inputs, 1, plain_prefix)
         step = next(first)

@@ -1,0 +1,138 @@
+"""FLOPs of training and of answering one problem, counted one way for every model of a study.
+
+The formula (multiply-adds count 2):
+
+- A token meets ``N`` weights per pass: each block's attention (q, k, v, o) and SwiGLU (gate, up, down) matrices,
+  the output head (V·D) and, at a fused position, the fusion's two D×D matrices. Embedding lookups, norms and
+  gates are O(D) and not counted.
+- Forward over positions ``t``: ``2·N`` per token, plus attention ``4·L·D·t`` at position t (scores q·k and the
+  weighted sum of values over its t keys, causal), so a causal forward over T tokens costs
+  ``2·N·T + 2·L·D·T·(T+1)``.
+- A pass with gradients costs 3x its forward (forward + backward ≈ 6·N per token).
+
+Training counts every pass the objective runs, step by step (the batch plan of the run replayed: each step's
+padded batch B×T, its pass count, the passes with gradients; see :func:`step_flops`). Inference counts what an
+answer-only greedy decode needs: the prompt's prefill, then one position per generated token (see
+:func:`decode_flops`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What the FLOPs of a model depend on."""
+
+    d_model: int
+    n_layers: int
+    kv_dim: int  # width of k and v (kv heads x head size)
+    ffn_dim: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, cfg: Any) -> Shape:
+        """From a ModelConfig (resolved vocabulary)."""
+        return cls(cfg.d_model, cfg.n_layers, cfg.kv_heads * cfg.head_dim, cfg.ffn_dim, cfg.vocab_size)
+
+    def weights(self, fused: bool) -> int:
+        """N: the weights one token meets in one pass (the fusion's at a fused position)."""
+        D = self.d_model
+        block = 2 * D * D + 2 * D * self.kv_dim + 3 * D * self.ffn_dim
+        return self.n_layers * block + self.vocab_size * D + (2 * D * D if fused else 0)
+
+
+def positions_flops(shape: Shape, first: int, last: int, fused: bool) -> float:
+    """Forward FLOPs of positions first..last (1-based, inclusive) attending causally to everything before."""
+    if last < first:
+        return 0.0
+    count = last - first + 1
+    position_sum = (first + last) * count / 2
+    return 2.0 * shape.weights(fused) * count + 4.0 * shape.n_layers * shape.d_model * position_sum
+
+
+def forward_flops(shape: Shape, T: int, fused: bool) -> float:
+    """One causal forward over T tokens: 2·N·T + 2·L·D·T·(T+1)."""
+    return positions_flops(shape, 1, T, fused)
+
+
+def step_flops(shape: Shape, rows: int, T: int, passes: int, *, feedback: bool, grad_passes: int = 0,
+               shift: int = 1, exact_passes: int | None = None) -> float:
+    """FLOPs of one training step on a padded batch (rows, T), as :func:`fullband.training.objective.multipass_loss`
+    runs it: pass 1 plain with gradients; then, with ``grad_passes`` m > 0, the passes are capped at the exact count
+    (``exact_passes``, T with plain prefix 1), the middle ones without gradients (computed sequentially, as one
+    forward, when the cap is reached and the model recurs), the last m with; with m = 0 every pass with gradients."""
+    plain, fused = forward_flops(shape, T, False), forward_flops(shape, T, True)
+    total = 3 * plain
+    if feedback and passes > 1:
+        if grad_passes > 0:
+            exact = T if exact_passes is None else exact_passes
+            passes = min(passes, exact)
+            first_grad = max(2, passes - grad_passes + 1)
+            if shift == 1 and passes == exact and first_grad > 2:
+                total += fused  # the fixed point, sequentially: one forward over the positions
+            else:
+                total += (first_grad - 2) * fused
+            total += 3 * (passes - first_grad + 1) * fused
+        else:
+            total += 3 * (passes - 1) * fused
+    return rows * total
+
+
+def training_flops(run_cfg: Any, lengths: list[int] | None = None) -> float:
+    """Training FLOPs of a ``fullband train`` run config, replaying its batch plan (each step's padded length from
+    the run's own batches, each step's pass count from its schedule). ``lengths`` (from :func:`batch_lengths`)
+    saves rebuilding the batches when several runs share them (the same data, seed and batch size).
+
+    A random plain prefix per row (prefix mixin) is counted as prefix 1: an upper bound on the fused positions
+    and on the truncated objective's pass cap."""
+    from fullband.data import ByteTokenizer
+    from fullband.training.schedule import FeedbackSchedule
+
+    model = run_cfg.model.resolve(ByteTokenizer().vocab_size)
+    shape, t = Shape.of(model), run_cfg.train
+    lengths = batch_lengths(run_cfg) if lengths is None else lengths
+    schedule = FeedbackSchedule(run_cfg.schedule, len(lengths), t.seed, feedback=model.feedback)
+    return sum(step_flops(shape, t.batch_size, T, schedule.passes_at(step), feedback=model.feedback,
+                          grad_passes=t.grad_passes, shift=model.feedback_shift)
+               for step, T in enumerate(lengths))
+
+
+def batch_lengths(run_cfg: Any) -> list[int]:
+    """The padded length T of every training step's batch, from the run's own batch function."""
+    from fullband.data import ByteTokenizer
+    from fullband.training.run import build_batches
+
+    batch_fn, _ = build_batches(run_cfg, ByteTokenizer(), 1)
+    return [batch_fn(step, 0, 1)[0].shape[1] for step in range(run_cfg.train.total_steps(1))]
+
+
+def decode_flops(shape: Shape, prompt_len: int, generated: int, *, mode: str, passes: int = 1) -> float:
+    """FLOPs of one greedy decode: a ``prompt_len`` prompt, ``generated`` tokens (the last one, end-of-text, needs
+    no forward). ``mode``: ``standard`` (plain, the baselines), ``exact`` (the prompt fully recurrent, one position
+    at a time, then fused decoding: each position once), ``fused`` (``passes`` passes over the prompt, then fused
+    decoding), ``looped`` (``passes`` passes at every position; counted as an implementation that keeps every
+    pass's keys and values would run it, since earlier positions never change, though ours reruns the whole
+    sequence per token)."""
+    total = prompt_len + generated - 1
+    if mode == "standard":
+        return positions_flops(shape, 1, total, False)
+    if mode == "exact":
+        return positions_flops(shape, 1, 1, False) + positions_flops(shape, 2, total, True)
+    if mode == "fused":
+        prompt = (positions_flops(shape, 1, prompt_len, False)
+                  + (passes - 1) * positions_flops(shape, 1, prompt_len, True))
+        return prompt + positions_flops(shape, prompt_len + 1, total, True)
+    if mode == "looped":
+        return positions_flops(shape, 1, total, False) + (passes - 1) * positions_flops(shape, 1, total, True)
+    raise ValueError(f"mode must be standard, exact, fused or looped, got {mode!r}")
+
+
+def equal_flops_depth(shape: Shape, target: float, flops_of: Any) -> int:
+    """The depth at which a plain model of ``shape``'s width reaches ``target`` training FLOPs: ``flops_of(shape)``
+    is affine in the depth, so two evaluations solve it (rounded to the nearest, at least ``shape.n_layers``)."""
+    at0 = flops_of(dataclasses.replace(shape, n_layers=0))
+    per_layer = flops_of(dataclasses.replace(shape, n_layers=1)) - at0
+    return max(shape.n_layers, round((target - at0) / per_layer))

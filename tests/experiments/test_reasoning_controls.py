@@ -1,0 +1,82 @@
+"""The controls of ``fullband eval-reasoning`` (issue 29): looped and equal-FLOPs models trained on the same
+batches, FLOPs in the results, the report over families, and a resumed run giving an uninterrupted run's numbers."""
+
+import json
+import shutil
+
+import pytest
+
+from fullband.cli import main
+from fullband.config import ConfigError
+from fullband.experiments.config import ReasoningConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ARGS = ["eval-reasoning", "--preset", "smoke", "--progress", "false", "--controls", "looped,equal_flops",
+        "--modes", "standard,exact", "--feedback_start", "0", "--passes", "6", "--grad_passes", "2",
+        "--prefix_mixin", "false", "--test_lengths", "6", "--steps", "4"]
+
+
+def untimed(cells):
+    return [{k: v for k, v in c.items() if not k.startswith("ms_per_problem")} for c in cells]
+
+
+def test_controls_preset_and_bad_options():
+    cfg = ReasoningConfig(preset="controls")
+    assert cfg.families == ("swaps", "swaps5", "sum") and cfg.controls == ("looped", "equal_flops")
+    assert cfg.seeds >= 3 and cfg.test_per_length >= 200 and (cfg.passes, cfg.steps) == (32, 3000)
+    assert ReasoningConfig(preset="recurrent").controls == ()  # the existing presets compute what they did
+    with pytest.raises(ConfigError, match="controls=\\('wide',\\) is invalid"):
+        ReasoningConfig(preset="smoke", controls=("wide",))
+    with pytest.raises(ConfigError, match="families=\\('cubes',\\) is invalid"):
+        ReasoningConfig(preset="smoke", families=("cubes",))
+    with pytest.raises(ConfigError, match="add 0 to strides"):
+        ReasoningConfig(preset="smoke", strides=(1,), controls=("looped",))
+
+
+def test_controls_train_on_the_same_batches_and_report_flops(tmp_path):
+    out = tmp_path / "study"
+    assert main([*ARGS, "--out_dir", str(out), "--families", "swaps5,sum"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    five = results["families"]["swaps5"]
+    assert five["variants"] == ["baseline", "fullband standard", "fullband exact", "looped", "equal-FLOPs baseline"]
+    training = five["training"]
+    assert training["looped"]["shape"] == training["fullband"]["shape"]
+    looped_cfg = json.loads((out / "swaps5" / "looped" / "model" / "config.json").read_text())
+    assert looped_cfg["feedback_shift"] == 0 and looped_cfg["feedback"]
+    # The equal-FLOPs model is the plain one made deeper until its training FLOPs reach the full-bandwidth model's.
+    eq, full, base = training["equal_flops"], training["fullband"], training["baseline"]
+    assert eq["shape"]["n_layers"] > base["shape"]["n_layers"]
+    per_layer = (eq["training_flops"] - base["training_flops"]) / (eq["shape"]["n_layers"] - 1)
+    assert abs(eq["training_flops"] - full["training_flops"]) <= per_layer / 2
+    assert full["training_flops"] > base["training_flops"]
+    answer_only = [c for c in five["seed_cells"] if c["stride"] == 0]
+    assert all(c["inference_flops"] > 0 for c in answer_only)
+    assert {c["variant"] for c in five["seed_cells"] if c["stride"] == 1} == {
+        "baseline", "fullband standard", "fullband exact"}  # the controls are decoded answer-only
+    report = (out / "report.md").read_text()
+    assert "## Verdict" in report and "5 cups (swaps5)" in report and "running sums (sum)" in report
+    assert "at n = 6 against the best control" in report and "worst seed" in report and "95% [" in report
+    assert (out / "accuracy_vs_training_flops.png").stat().st_size > 10_000
+    assert (out / "swaps5" / "report.md").is_file() and "looped" in (out / "sum" / "report.md").read_text()
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_numbers(tmp_path):
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    args = [*ARGS, "--families", "swaps5", "--seeds", "2"]
+    assert main([*args, "--out_dir", str(whole)]) == 0
+    # What kill -9 while seed 1's equal-FLOPs model trained leaves: no summary for it (its run dir half written),
+    # no cells for it or the looped model, no study results.
+    shutil.copytree(whole, resumed)
+    for path in ("results.json", "report.md", "swaps5/results.json", "swaps5/seed1/equal_flops/study_training.json",
+                 "swaps5/seed1/cells-looped.json", "swaps5/seed1/cells-equal_flops.json"):
+        (resumed / path).unlink()
+    shutil.rmtree(resumed / "swaps5" / "seed1" / "equal_flops" / "model")
+    assert main([*args, "--out_dir", str(resumed)]) == 2  # not without --resume
+    assert main([*args, "--out_dir", str(resumed), "--resume", "true"]) == 0
+    before = json.loads((whole / "results.json").read_text())["families"]["swaps5"]
+    after = json.loads((resumed / "results.json").read_text())["families"]["swaps5"]
+    assert untimed(after["seed_cells"]) == untimed(before["seed_cells"])
+    for run, summary in before["training"].items():
+        assert after["training"][run]["final_loss"] == summary["final_loss"], run
+    assert "--resume" not in (resumed / "report.md").read_text()
