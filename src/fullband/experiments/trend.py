@@ -34,7 +34,7 @@ def gap_series(results: dict[str, Any]) -> dict[str, dict[int, list[dict[str, An
     """{feedback run name: {seed: [point]}}, one point per validation, oldest first. A point holds ``tokens``,
     ``vs_plain`` {mode: gap to 1 pass} and ``vs_baseline`` {mode: gap to the 1x baseline at that step} (empty
     when the 1x baseline did not validate at that step)."""
-    runs = results["runs"]
+    runs = results.get("runs", [])
     baselines = {r["seed"]: _points(r) for r in runs if r["kind"] == "baseline" and r["budget"] == 1.0
                  and r["name"] == "baseline-1x"}
     out: dict[str, dict[int, list[dict[str, Any]]]] = {}
@@ -157,12 +157,17 @@ def tokens_text(t: float | None) -> str:
 def verdict_lines(results: dict[str, Any]) -> list[str]:
     """The verdict's lines on the gaps against tokens (see the module doc)."""
     trend = results.get("gap_trend") or gap_trend(results)
+    if not trend["series"]:  # no feedback run validated
+        return []
     lines = []
     for name, by_seed in trend["series"].items():
         first, last = _ends(by_seed, "vs_plain", "fused1")
-        if first is not None:
-            lines.append(f"- Fused(1)-vs-plain validation gap of `{name}`: {first[1]:+.4f} at {tokens_text(first[0])} "
-                         f"tokens, {last[1]:+.4f} at {tokens_text(last[0])} (mean over seeds).")
+        if first is None:
+            continue
+        text = f"{last[1]:+.4f} at {tokens_text(last[0])} tokens, the end of training"
+        if first[0] != last[0]:
+            text = f"{first[1]:+.4f} at {tokens_text(first[0])} tokens, {last[1]:+.4f} at {tokens_text(last[0])}"
+        lines.append(f"- Fused(1)-vs-plain validation gap of `{name}`: {text} (mean over seeds).")
     if "mode" not in trend:
         return [*lines, "- Trend against tokens: no feedback-vs-baseline gap during training was recorded (the 1x "
                 "baseline validates only with train_eval_points > 0), so no crossing of 1.0x can be fitted."]
