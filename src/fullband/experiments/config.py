@@ -53,7 +53,8 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
     # 0.97M tokens) would cost ~5% as much, but the recipe study measured the gap moving with width and d64's seed
     # spread 3x d128's, so the run would mix training length with width; d128 changes only the length (and keeps
     # the >= 7x budget the issue asks for). Estimate at the default report's eager 0.48 s/step (baseline) and 0.92
-    # (feedback): 2 x (5 x 1856 x 0.48 + 1856 x (0.92 + 0.87)) s / 2 workers = ~2.2 h on 2 cores (docs/LOG.md).
+    # (feedback): 2 x (5 x 1856 x 0.48 + 1856 x (0.92 + 0.87)) s / 2 workers = ~2.2 h on 2 cores; ~3.6 h at the
+    # rates of a probe under heavier load (docs/LOG.md).
     # Checkpoints every 200 steps, so `--resume true` loses at most 200 steps of a killed run. Eager, as the
     # default: compile="auto" would compile the >= 1000-step runs but not the 928-step 0.5x baseline, mixing
     # numerics in one baseline curve (--train.compile true may save 4-19%, not measured in parallel workers).
