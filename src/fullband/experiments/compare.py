@@ -17,6 +17,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import time
 import warnings
 from dataclasses import dataclass
@@ -25,7 +26,8 @@ from typing import Any
 
 import torch
 
-from fullband.configio import build_config, config_to_dict
+from fullband.config import ConfigError
+from fullband.configio import build_config, config_to_dict, load_config_file, save_resolved_config
 from fullband.data import eval_windows, load_tokenizer, load_tokens
 from fullband.devices import usable_cores
 from fullband.experiments.config import CompareConfig
@@ -36,9 +38,11 @@ from fullband.experiments.plots import have_matplotlib
 from fullband.experiments.report import plot_compare, print_summary, render_markdown
 from fullband.experiments.results import write_json
 from fullband.experiments.stability import stability_curve
-from fullband.experiments.study import Study
+from fullband.experiments.study import Study, _leaves
+from fullband.experiments.trend import gap_trend
 from fullband.model.recurrence import auto_exact_method
 from fullband.model_io import load_any
+from fullband.training.checkpoint import STATE, latest_good_checkpoint
 from fullband.training.config import TrainRunConfig
 from fullband.training.run import resolve_device, run_train
 from fullband.training.trainer import METRICS_FILE
@@ -82,7 +86,9 @@ def train_config(cfg: CompareConfig, spec: RunSpec, out_dir: Path) -> TrainRunCo
         schedule = dataclasses.replace(schedule, pass_mix=(1.0,), two_pass_until=0.0)
     train = dataclasses.replace(cfg.train, token_budget=round(spec.budget * cfg.train.token_budget),
                                 seed=spec.seed, eval_every=0)
-    if cfg.train_eval_points and spec.kind != "baseline":  # validation during training: the gap against steps
+    # Validation during training: the gaps against tokens. The 1x baseline validates at the feedback runs' steps
+    # (the same step count), so the feedback-vs-baseline gap compares models at the same point of one schedule.
+    if cfg.train_eval_points and (spec.kind != "baseline" or spec.budget == 1.0):
         train.eval_every = max(1, math.ceil(train.total_steps() / cfg.train_eval_points))
     return TrainRunConfig(
         model=dataclasses.replace(cfg.model, feedback=spec.kind != "baseline"),
@@ -101,12 +107,17 @@ class CompareStudy(Study):
     (:func:`run_jobs`), the multipliers read off the baseline curve, the report of :mod:`.report`."""
 
     command = "compare"
+    command_skip = ("resume",)
 
     def prepare(self) -> None:
         if not have_matplotlib():  # say so now, not after the training
             warnings.warn("matplotlib is not installed, so the report will have no plots: pip install "
                           "'fullband[plot]'", stacklevel=4)
+        if self.cfg.resume:
+            check_resumable(self.cfg, self.out_dir)
         super().prepare()
+        if self.cfg.resume:  # the saved config reruns the study; it must not say "resume" to a fresh directory
+            save_resolved_config(dataclasses.replace(self.cfg, resume=False), self.out_dir / "config.toml")
 
     def plan(self) -> list[Job]:
         return [(self.cfg, spec, self.out_dir) for spec in plan_runs(self.cfg)]
@@ -120,14 +131,13 @@ class CompareStudy(Study):
         jobs = self.plan()
         results: dict[str, Any] = {"config": config_to_dict(self.cfg), **self.header(jobs), "runs": [],
                                    "stability": []}
-        for record, stability in run_jobs(jobs, self.cfg.workers, self.progress,
-                                          resume=getattr(self.cfg, "resume", False)):
+        for record, stability in run_jobs(jobs, self.cfg.workers, self.progress, resume=self.cfg.resume):
             results["runs"].append(record)
             results["stability"] += stability
         return results
 
     def analyse(self, results: dict[str, Any]) -> dict[str, Any]:
-        return {"multipliers": multipliers(results["runs"])}
+        return {"multipliers": multipliers(results["runs"]), "gap_trend": gap_trend(results)}
 
     def plot(self, results: dict[str, Any]) -> None:
         plot_compare(results, self.out_dir)
@@ -154,16 +164,22 @@ def run_jobs(jobs: list[Job], workers: int, progress: bool,
 
     ``workers > 1`` runs that many jobs at a time in fresh processes, each with the machine's threads shared out
     (runs are deterministic functions of their configs, so the numbers do not depend on ``workers``).
-    ``resume`` takes every run an interrupted study finished from its directory (see :func:`finished_job`).
+    ``resume`` takes every run an interrupted study finished from its directory (see :func:`finished_job`) and
+    continues the others from their latest checkpoints (see :func:`train_and_evaluate`).
     """
     if resume:
         done = {i: finished_job(job) for i, job in enumerate(jobs)}
         todo = [job for i, job in enumerate(jobs) if done[i] is None]
         _say(progress, f"resuming: {len(jobs) - len(todo)} of {len(jobs)} runs finished earlier")
-        fresh = iter(run_jobs(todo, workers, progress))
+        fresh = iter(_run_fresh(todo, workers, progress, resume=True))
         return [done[i] if done[i] is not None else next(fresh) for i in range(len(jobs))]
+    return _run_fresh(jobs, workers, progress)
+
+
+def _run_fresh(jobs: list[Job], workers: int, progress: bool,
+               resume: bool = False) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     results = []
-    for record, stability in map_jobs(train_and_evaluate, [(job, i, len(jobs), progress and workers <= 1)
+    for record, stability in map_jobs(train_and_evaluate, [(job, i, len(jobs), progress and workers <= 1, resume)
                                                            for i, job in enumerate(jobs, start=1)], workers):
         results.append((record, stability))
         if workers > 1:
@@ -172,19 +188,34 @@ def run_jobs(jobs: list[Job], workers: int, progress: bool,
     return results
 
 
-def train_and_evaluate(job: Job, index: int, count: int,
-                       progress: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``fullband train`` one run of a study, then score it on the test split (and its stability curve)."""
+def train_and_evaluate(job: Job, index: int, count: int, progress: bool,
+                       resume: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``fullband train`` one run of a study, then score it on the test split (and its stability curve).
+
+    ``resume``: a run directory an interrupted study left continues from its latest complete checkpoint (the
+    trainer's resume, bit for bit on the same machine); without one the run starts again from scratch."""
     cfg, spec, out_dir = job
     run_cfg = train_config(cfg, spec, out_dir)
     steps = run_cfg.train.total_steps()
+    checkpoint = latest_good_checkpoint(run_cfg.out_dir) if resume else None
+    start = f" (resumed at step {load_state_step(checkpoint)})" if checkpoint is not None else ""
     print(f"[{index}/{count}] seed {spec.seed} {spec.name}: {steps} steps, "
-          f"{steps * run_cfg.train.tokens_per_step():,} tokens -> {run_cfg.out_dir}", flush=True)
-    trained = run_train(run_cfg, progress=progress)
+          f"{steps * run_cfg.train.tokens_per_step():,} tokens{start} -> {run_cfg.out_dir}", flush=True)
+    if checkpoint is not None:
+        trained = run_train(dataclasses.replace(run_cfg, resume=True), progress=progress)
+        save_resolved_config(run_cfg, Path(run_cfg.out_dir) / "config.toml")  # as an uninterrupted run's
+    else:
+        # A run killed before its first checkpoint starts again: clear what it left (its log and checkpoint
+        # temporaries), so the fresh run is the uninterrupted one.
+        if resume and Path(run_cfg.out_dir).exists():
+            shutil.rmtree(run_cfg.out_dir)
+        trained = run_train(run_cfg, progress=progress)
     record = {"name": spec.name, "kind": spec.kind, "budget": spec.budget, "seed": spec.seed,
               "out_dir": str(trained.out_dir), "steps": trained.steps, "tokens": trained.tokens,
               "token_equiv_compute": trained.token_equiv_compute, "train_seconds": trained.seconds,
               "final_train_loss": trained.final_loss, "validation": trained.validation}
+    if checkpoint is not None:  # train_seconds then counts only this invocation's steps
+        record["resumed_from_step"] = load_state_step(checkpoint)
     if run_cfg.train.eval_every:
         record["validation_history"] = validation_history(trained.out_dir)
     stability: list[dict[str, Any]] = []
@@ -204,6 +235,32 @@ def finished_job(job: Job) -> tuple[dict[str, Any], list[dict[str, Any]]] | None
         return None
     saved = json.loads(path.read_text())
     return saved["record"], saved["stability"]
+
+
+def load_state_step(checkpoint: Path) -> int:
+    """The optimizer steps a checkpoint holds (its trainer_state.json)."""
+    return int(json.loads((checkpoint / STATE).read_text())["step"])
+
+
+def check_resumable(cfg: CompareConfig, out_dir: Path) -> None:
+    """Refuse ``--resume true`` unless ``out_dir`` holds a compare study with these settings (one line: what to
+    do). Settings that do not change the numbers (resume, workers, threads, out_dir) may differ."""
+    saved_path = out_dir / "config.toml"
+    if not saved_path.is_file():
+        raise ConfigError(f"out_dir={str(out_dir)!r} holds no compare study to resume (no config.toml): run "
+                          "without --resume true to start one there")
+    try:
+        saved = build_config(CompareConfig, load_config_file(saved_path), {})
+    except (ConfigError, ValueError, TypeError, OSError) as err:
+        raise ConfigError(f"out_dir={str(out_dir)!r} does not hold a fullband compare study ({saved_path}: "
+                          f"{err}); pick the directory of an interrupted compare run, or drop --resume") from None
+    ignore = {"resume", "workers", "threads", "out_dir"}
+    ours, theirs = (_leaves({k: v for k, v in config_to_dict(c).items() if k not in ignore}) for c in (cfg, saved))
+    differ = [k for k in ours if ours[k] != theirs.get(k)]
+    if differ:
+        shown = "; ".join(f"{k} {theirs.get(k)!r} there, {ours[k]!r} here" for k in differ[:3])
+        raise ConfigError(f"out_dir={str(out_dir)!r} holds a compare study with other settings ({shown}): resume it "
+                          f"with `fullband compare --config {saved_path} --resume true`")
 
 
 def validation_history(run_dir: Path) -> list[dict[str, Any]]:

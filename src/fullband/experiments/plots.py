@@ -131,3 +131,49 @@ def plot_stability(results: dict[str, Any], path: Path) -> None:
     ax_loss.legend(fontsize=8)
     ax_delta.legend(fontsize=7)
     save_figure(fig, path)
+
+
+def plot_gaps_vs_tokens(results: dict[str, Any], path: Path) -> None:
+    """The fused-vs-plain gap of each feedback model and the feedback-vs-baseline gap of ``feedback`` against
+    training tokens (validation split; thin lines per seed, thick the mean), with the fitted trend of the best
+    mode's gap to the baseline (:mod:`fullband.experiments.trend`)."""
+    from fullband.experiments.trend import FEEDBACK, gap_trend
+
+    trend = results.get("gap_trend") or gap_trend(results)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    colors = iter(["tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:red", "tab:brown", "tab:olive"])
+    lines = [(name, "vs_plain", "fused1", "− standard") for name in trend["series"]]
+    lines += [(FEEDBACK, "vs_baseline", mode, "− baseline 1x") for mode in ("standard", "fused1", "fused2")]
+    for name, key, mode, what in lines:
+        seeds = [[(p["tokens"], p[key][mode]) for p in pts if mode in p[key]]
+                 for pts in trend["series"].get(name, {}).values()]
+        seeds = [s for s in seeds if s]
+        if not seeds:
+            continue
+        color = next(colors)
+        for s in seeds:
+            ax.plot(*zip(*s, strict=True), "-", color=color, lw=0.7, alpha=0.4)
+        by_tokens: dict[int, list[float]] = {}
+        for t, g in (pt for s in seeds for pt in s):
+            by_tokens.setdefault(t, []).append(g)
+        xs = sorted(by_tokens)
+        ax.plot(xs, [mean_sd(by_tokens[x])[0] for x in xs], "-o" if key == "vs_plain" else "-s", color=color,
+                lw=1.8, ms=3, label=f"{name} {mode_label(mode)} {what}")
+    if "fit" in trend:
+        pooled, last = trend["fit"]["pooled"], trend["last_tokens"]
+        t = pooled["crossing_tokens"]
+        end = last * 4 if t is None or not math.isfinite(t) or t <= last else min(t * 1.2, last * 20)
+        grid = [trend["fit_from"] * last * (end / (trend["fit_from"] * last)) ** (i / 100) for i in range(101)]
+        ax.plot(grid, [pooled["intercept"] + pooled["slope"] * math.log(x) for x in grid], ":", color="black",
+                lw=1.2, label=f"fit: {mode_label(trend['mode'])} − baseline, linear in log tokens")
+        ax.axvline(last, color="gray", lw=0.6, ls="--")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xscale("log")
+    _plain_log_ticks(ax.xaxis, _tokens_text)
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation loss gap (nats/token; < 0: first term better)")
+    ax.set_title("Gaps against training tokens (0 against the baseline = 1.0x tokens)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    save_figure(fig, path)

@@ -11,12 +11,14 @@ from typing import Any
 
 from fullband.config import ModelConfig
 from fullband.experiments import plots as plotting
+from fullband.experiments import trend
 from fullband.experiments.multiplier import BETTER_THAN_LARGEST, INTERPOLATED, WORSE_THAN_SMALLEST
 from fullband.experiments.results import finished_at, mean_sd, mode_label, modes_of, run_names, runs_named
 from fullband.experiments.study import report_head, write_study
 
 LOSS_PLOT = "loss_vs_tokens.png"
 STABILITY_PLOT = "stability.png"
+GAP_PLOT = "gaps_vs_tokens.png"
 
 
 def write_report(results: dict[str, Any], out_dir: Path) -> None:
@@ -26,6 +28,8 @@ def write_report(results: dict[str, Any], out_dir: Path) -> None:
 
 def plot_compare(results: dict[str, Any], out_dir: Path) -> None:
     plotting.plot_loss_vs_tokens(results, out_dir / LOSS_PLOT)
+    if has_gap_series(results):
+        plotting.plot_gaps_vs_tokens(results, out_dir / GAP_PLOT)
     if results["stability"]:
         plotting.plot_stability(results, out_dir / STABILITY_PLOT)
 
@@ -111,6 +115,7 @@ def render_markdown(results: dict[str, Any], plots: bool = True) -> str:
         "",
         *_extrapolation_hint(results),
     ]
+    lines += trend.section(results, GAP_PLOT if plots and has_gap_series(results) else None)
     lines += stability_section(results, plots)
     lines += timing_section(results)
     lines += ["## Machine", "", *[f"- {k}: {v}" for k, v in results["machine"].items()], ""]
@@ -252,7 +257,35 @@ def verdict(results: dict[str, Any]) -> list[str]:
         best = mean_sd(c["loss"][best_k] for c in mine)[0]
         out.append(f"- Stability, `{name}`: validation loss {first:.4f} after 1 pass, best {best:.4f} after "
                    f"{best_k + 1}, {last:.4f} after {n}; {_convergence(mine)}")
-    return out
+    return out + _stability_contrast(results) + trend.verdict_lines(results)
+
+
+def has_gap_series(results: dict[str, Any]) -> bool:
+    """Whether a feedback run validated during training (more than the one validation at the end)."""
+    return any(r.get("validation_history") for r in results["runs"] if r["kind"] != "baseline")
+
+
+def _stability_contrast(results: dict[str, Any]) -> list[str]:
+    """The paper's Figure 3/10 contrast: with only 1-/2-pass batches the iteration diverges, with ~3% 3-pass
+    batches it contracts. Says whether this run shows it."""
+    pair = ("feedback", "feedback-2pass")
+    if not set(pair) <= {c["name"] for c in results["stability"]}:
+        return []
+    converges = {n: _converges([c for c in results["stability"] if c["name"] == n]) for n in pair}
+    tokens = next(r["tokens"] for r in results["runs"] if r["name"] == "feedback")
+    shown = converges["feedback"] and not converges["feedback-2pass"]
+    states = ", ".join(f"`{n}` {'converges' if converges[n] else 'does not converge'}" for n in pair)
+    return [f"- The paper's divergent-schedule contrast (Figure 3/10: 2-pass-only training diverges past its depth, "
+            f"a few 3-pass batches make a contraction) {'appears' if shown else 'does not appear'} at {tokens:,} "
+            f"training tokens: {states}."]
+
+
+def _converges(curves: list[dict[str, Any]]) -> bool:
+    """The criterion of :func:`_convergence`: the mean state change fell below 1e-3 of its pass-2 value."""
+    if len(curves[0]["delta_mean"]) < 3:
+        return False
+    start, end = mean_sd(c["delta_mean"][1] for c in curves)[0], mean_sd(c["delta_mean"][-1] for c in curves)[0]
+    return start is not None and end is not None and math.isfinite(end) and end < 1e-3 * start
 
 
 def _extrapolation_hint(results: dict[str, Any]) -> list[str]:
