@@ -18,7 +18,8 @@ import torch
 from fullband.bench.config import BenchTrainConfig
 from fullband.bench.steps import train_model
 from fullband.bench.timing import interleaved
-from fullband.training.muon import CPU_BF16_FLAGS, cpu_flags, newton_schulz
+from fullband.devices import cpu_flags
+from fullband.training.muon import CPU_BF16_FLAGS, newton_schulz
 from fullband.training.optim import muon_split
 
 

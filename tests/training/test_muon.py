@@ -8,6 +8,7 @@ import torch
 from conftest import make_model
 from test_trainer import make_trainer
 
+from fullband.devices import cpu_flags
 from fullband.training import build_optimizer
 from fullband.training.checkpoint import list_checkpoints, load_run_config
 from fullband.training.config import OptimConfig
@@ -15,7 +16,6 @@ from fullband.training.muon import (
     BF16_CPU_NS_DTYPE,
     Muon,
     NorMuon,
-    cpu_flags,
     muon_lr_scale,
     newton_schulz,
     resolve_ns_dtype,

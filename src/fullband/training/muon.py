@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,17 +53,6 @@ def newton_schulz(matrix: Tensor, steps: int = NS_STEPS, dtype: torch.dtype = to
         poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2
         x = torch.addmm(x, poly, x, beta=a)  # a X + (b A + c A^2) X
     return x.T if tall else x
-
-
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
-    """The instruction-set flags of this machine's CPU (Linux's /proc/cpuinfo; empty where there is none)."""
-    try:
-        for line in Path(cpuinfo).read_text().splitlines():
-            if line.startswith(("flags", "Features")):  # x86 / ARM
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 def resolve_ns_dtype(setting: str, device_type: str, flags: Iterable[str] = ()) -> str:

@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 from fullband.config import ConfigError
+from fullband.devices import cpu_flags
 from fullband.training.config import OptimConfig
-from fullband.training.muon import Muon, NorMuon, cpu_flags, resolve_ns_dtype
+from fullband.training.muon import Muon, NorMuon, resolve_ns_dtype
 
 FUSION_PREFIX = "fusion."
 
