@@ -130,7 +130,7 @@ class Bench:
         """The whole training step with AdamW, Muon and NorMuon at compare's default, the optimizer's share of it,
         its model FLOP/s against the matmul peak, and (Nor)Muon's time over AdamW's."""
         from fullband.experiments.config import CompareConfig
-        from fullband.training.optim import build_optimizer, optimizer_ns_dtype
+        from fullband.training.optim import build_optimizer, ns_dtype_for, optimizer_ns_dtype
 
         c = self.cfg.optim
         model, tokens = steps.train_model(c, self.device)
@@ -139,6 +139,10 @@ class Bench:
                     "muon": (dataclasses.replace(base, optimizer="muon", ns_dtype=c.ns_dtype), contextlib.nullcontext),
                     "normuon": (dataclasses.replace(base, optimizer="normuon", ns_dtype=c.ns_dtype),
                                 contextlib.nullcontext)}
+        if self.device.type == "cpu" and ns_dtype_for(variants["muon"][0], self.device) != "float32":
+            # What CPUs without bf16 instructions run (auto's choice there), timed here too.
+            variants["muon-fp32"] = (dataclasses.replace(base, optimizer="muon", ns_dtype="float32"),
+                                     contextlib.nullcontext)
         if c.emulated_bf16 and self.device.type == "cpu":
             variants["muon-emulated"] = (dataclasses.replace(base, optimizer="muon", ns_dtype="bfloat16"),
                                          steps.without_onednn)
@@ -152,6 +156,7 @@ class Bench:
                                                       seconds, optimizer_context=context))
             ns = optimizer_ns_dtype(optimizer)
             labels[name] = {"adamw": "AdamW", "muon": f"Muon (NS {ns})", "normuon": f"NorMuon (NS {ns})",
+                            "muon-fp32": "Muon (NS float32 forced)",
                             "muon-emulated": "Muon (NS bf16 forced, emulated)"}[name]
         warmup, reps = 2, c.steps_per_round
         times = self.times["optim"] = interleaved(cases, self.cfg.rounds, self.device, reps=reps, warmup=warmup)
@@ -165,7 +170,7 @@ class Bench:
             self.rows.append(Row("optim", f"train step ({c.passes} pass), {labels[name]}", 1000 * seconds,
                                  f"{tokens.numel() / seconds / 1e3:.1f}k tok/s", target=">= 45%",
                                  of_limit=self._flop_share(flops / seconds), check=f"optimizer {share:.0%} of it"))
-        for name in ("muon", "normuon", "muon-emulated"):
+        for name in ("muon", "normuon", "muon-fp32", "muon-emulated"):
             if name in cases:
                 self.rows.append(Row("optim", f"{labels[name]} / AdamW step time",
                                      ratio=ratio(times, name, "adamw"), target="" if name == "muon-emulated"
