@@ -4,12 +4,17 @@ the committed run in docs/LOG.md, never for a unit test."""
 
 import json
 import math
+import re
 
 import pytest
 import torch
 
-from fullband.bench.config import SECTIONS, BenchConfig
+from fullband.bench.config import SECTIONS, BenchConfig, BenchOptimConfig
+from fullband.bench.steps import timed_optimizer_step, without_onednn
 from fullband.cli import main
+from fullband.devices import CPU_FEATURES, cpu_flags
+from fullband.experiments.config import CompareConfig
+from fullband.training.muon import resolve_ns_dtype
 
 pytest.importorskip("transformers")
 
@@ -27,6 +32,7 @@ def test_quick_bench_prints_one_table_and_writes_json(tmp_path, capsys, restore_
     printed = capsys.readouterr().out.splitlines()
     header = next(i for i, line in enumerate(printed) if line.startswith("section"))
     assert printed[0].startswith("# fullband bench:") and "1 threads" in printed[0] and "load average" in printed[0]
+    assert printed[1].startswith("# CPU features:") and "absent:" in printed[1]
     assert printed[header].split() == ["section", "case", "ms", "figure", "ratio", "target", "of_limit", "check"]
     assert set(printed[header + 1]) == {"-"}
     results = json.loads(out.read_text())
@@ -42,6 +48,17 @@ def test_quick_bench_prints_one_table_and_writes_json(tmp_path, capsys, restore_
                  "speed fullband / generate, batch 8", "speed soft / standard, batch 8",
                  "forward_exact auto (= sequential here)", "forward_exact jacobi, tol 0.0001 / sequential time"):
         assert math.isfinite(cases[case]["ratio"]) and cases[case]["ratio"] > 0, case
+    ns = resolve_ns_dtype("auto", "cpu", cpu_flags())
+    optim_steps = [r for r in rows if r["section"] == "optim" and r["case"].startswith("train step")]
+    fp32 = [] if ns == "float32" else ["Muon (NS float32 forced)"]  # what CPUs without bf16 run, timed on one with
+    assert [r["case"] for r in optim_steps] == [f"train step (1 pass), {name}" for name in (
+        "AdamW", f"Muon (NS {ns})", f"NorMuon (NS {ns})", *fp32, "Muon (NS bf16 forced, emulated)")]
+    for row in optim_steps:  # the optimizer's share of the step, and model FLOP/s against the matmul peak
+        share = int(re.fullmatch(r"optimizer (\d+)% of it", row["check"]).group(1))
+        assert 0 <= share <= 100 and row["of_limit"].endswith("% matmul") and row["target"] == ">= 45%"
+    for case in (f"Muon (NS {ns}) / AdamW step time", f"NorMuon (NS {ns}) / AdamW step time"):
+        assert cases[case]["ratio"] > 0 and cases[case]["target"] == "<= 1.2"
+    assert results["machine_at_start"]["cpu_features"] == [f for f in CPU_FEATURES if f in cpu_flags()]
     checked = [r for r in rows if r["ok"] is not None]
     assert len(checked) == 3 and all(r["ok"] for r in checked), checked  # same loss; identical tokens at 1 and 8
     assert all(float(r["check"].split()[-1]) < 1e-3 for r in rows if r["section"] == "exact")
@@ -53,3 +70,25 @@ def test_sections_are_checked():
     with pytest.raises(ValueError, match=r"sections=.*must be one or more of"):
         BenchConfig(sections=("speed",))
     assert BenchConfig(preset="quick").train.d_model == 32
+
+
+def test_optim_section_runs_the_compare_defaults_model_and_batch():
+    compare, bench = CompareConfig(), BenchOptimConfig()
+    m = compare.model
+    assert (m.d_model, m.n_layers, m.n_heads) == (bench.d_model, bench.n_layers, bench.n_heads)
+    assert (compare.train.batch_size, compare.train.seq_len) == (bench.batch_size, bench.seq_len)
+    with pytest.raises(ValueError, match=r"optim\.ns_dtype='float16'"):
+        BenchOptimConfig(ns_dtype="float16")
+
+
+def test_timed_step_records_the_optimizer_time_inside_its_context():
+    param = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([param], lr=0.5)
+    seen, seconds = [], []
+    optimizer.register_step_pre_hook(lambda *_: seen.append(torch.backends.mkldnn.enabled))
+    before = torch.backends.mkldnn.enabled
+    timed_optimizer_step(lambda: (param * param).sum(), optimizer, [param], seconds, grad_clip=100.0,
+                         optimizer_context=without_onednn)
+    assert seen == [False] and torch.backends.mkldnn.enabled == before  # off for the step only
+    assert len(seconds) == 1 and seconds[0] >= 0 and param.grad is None
+    assert torch.equal(param.detach(), torch.zeros(3))  # 1 - 0.5 * 2

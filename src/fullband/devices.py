@@ -13,7 +13,9 @@ use or that OMP_NUM_THREADS reserves for others, and oversubscribed threads on a
 from __future__ import annotations
 
 import os
+import platform
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fullband.config import ConfigError, validate_device_name, validate_threads
@@ -81,6 +83,33 @@ def busy_elsewhere(samples: int = 5, loadavg: str = "/proc/loadavg") -> int:
     except (OSError, ValueError, IndexError):
         return 0
     return max(0, min(counts) - 1)  # this process is running while it reads
+
+
+# Instruction-set features that decide the speed of a CPU's matmuls, as /proc/cpuinfo names them: bf16 matmuls are
+# native only with avx512_bf16 or amx_bf16, emulated (several times slower) otherwise.
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """The instruction-set flags of this machine's CPU (Linux's /proc/cpuinfo; empty where there is none)."""
+    try:
+        for line in Path(cpuinfo).read_text().splitlines():
+            if line.startswith(("flags", "Features")):  # x86 / ARM
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_name(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what the platform module knows."""
+    try:
+        for line in Path(cpuinfo).read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def apply_threads(setting: str | int = "auto", field: str = "threads") -> int:

@@ -46,9 +46,12 @@ def records(out: Path, kind: str = "train") -> list[dict]:
 
 
 MUON = OptimConfig(optimizer="muon", lr=3e-3, muon_lr=0.02, warmup_steps=2, schedule="cosine", fusion_lr_mult=2.0)
+# NorMuon's second moments, and the float32 orthogonalisation of CPUs without bf16 instructions.
+NORMUON_FP32 = OptimConfig(optimizer="normuon", lr=3e-3, muon_lr=0.02, warmup_steps=2, schedule="cosine",
+                           fusion_lr_mult=2.0, ns_dtype="float32")
 
 
-@pytest.mark.parametrize("optim", [None, MUON], ids=["adamw", "muon"])
+@pytest.mark.parametrize("optim", [None, MUON, NORMUON_FP32], ids=["adamw", "muon", "normuon-fp32"])
 @pytest.mark.parametrize("prefix_per_pass", [False, True])
 def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, optim, prefix_per_pass):
     straight = make_trainer(tmp_path / "straight", optim=optim, prefix_per_pass=prefix_per_pass)

@@ -16,7 +16,8 @@ from fullband.config import (
     validate_threads,
 )
 
-SECTIONS = ("limits", "train", "passes", "decode", "exact")
+SECTIONS = ("limits", "train", "optim", "passes", "decode", "exact")
+NS_DTYPES = ("auto", "float32", "bfloat16")  # as optim.ns_dtype of fullband train
 
 
 @dataclass
@@ -36,6 +37,34 @@ class BenchTrainConfig:
         _require_counts(self, ("d_model", "n_layers", "n_heads", "batch_size", "steps_per_round"))
         _require(_is_int(self.seq_len) and self.seq_len >= 2, "train.seq_len", self.seq_len, "must be an integer >= 2")
         _require(self.d_model % self.n_heads == 0, "train.n_heads", self.n_heads, "must divide train.d_model")
+
+
+@dataclass
+class BenchOptimConfig:
+    """Optimizer section ([optim]): the whole training step (forward, backward, clipping, optimizer) with AdamW, Muon
+    and NorMuon as ``fullband compare``'s default trains (its model, batch and optimizer settings, eager blocks as its
+    250-step runs are, one pass: the baselines' step and the feedback models' cheapest)."""
+
+    d_model: int = doc(128, "Model width (compare's default).")
+    n_layers: int = doc(4, "Transformer blocks.")
+    n_heads: int = doc(4, "Attention heads.")
+    batch_size: int = doc(16, "Rows per step.")
+    seq_len: int = doc(128, "Tokens per row.")
+    passes: int = doc(1, "Passes of every step (the compare default's feedback models mostly train with 2).")
+    steps_per_round: int = doc(2, "Steps timed back to back per case and round.")
+    ns_dtype: str = doc("auto", f"Newton-Schulz dtype of the Muon and NorMuon rows, one of {NS_DTYPES}: auto = what "
+                        "fullband train chooses on this device.")
+    emulated_bf16: bool = doc(
+        True, "CPU: also time Muon with bfloat16 orthogonalisation and oneDNN off in its step, torch's own bf16 "
+        "matmul: the emulated path of CPUs without bf16 instructions (torch.optim.Muon's cost there), on any CPU.")
+
+    def __post_init__(self) -> None:
+        _require_counts(self, ("d_model", "n_layers", "n_heads", "batch_size", "passes", "steps_per_round"))
+        _require(_is_int(self.seq_len) and self.seq_len >= 2, "optim.seq_len", self.seq_len, "must be an integer >= 2")
+        _require(self.d_model % self.n_heads == 0, "optim.n_heads", self.n_heads, "must divide optim.d_model")
+        _require(self.ns_dtype in NS_DTYPES, "optim.ns_dtype", self.ns_dtype, f"must be one of {NS_DTYPES}")
+        _require(isinstance(self.emulated_bf16, bool), "optim.emulated_bf16", self.emulated_bf16,
+                 "must be true or false")
 
 
 @dataclass
@@ -81,6 +110,7 @@ BENCH_PRESETS: dict[str, dict[str, Any]] = {
     "quick": {  # seconds: the tests
         "rounds": 2, "limit_mib": 16,
         "train": {"d_model": 32, "n_layers": 2, "n_heads": 2, "batch_size": 2, "seq_len": 16, "steps_per_round": 1},
+        "optim": {"d_model": 32, "n_layers": 2, "n_heads": 2, "batch_size": 2, "seq_len": 16, "steps_per_round": 1},
         "decode": {"d_model": 32, "n_layers": 2, "n_heads": 2, "vocab_size": 256, "prompt_len": 4, "new_tokens": 6},
         "exact": {"batch_size": 1, "seq_len": 16, "chunk_size": 4},
     },
@@ -89,8 +119,9 @@ BENCH_PRESETS: dict[str, dict[str, Any]] = {
 
 @dataclass
 class BenchConfig:
-    """``fullband bench``: train step, multi-pass steps, decoding and exact likelihood against the peers, with the
-    machine's limits measured in the same run; one table (and ``--json FILE``)."""
+    """``fullband bench``: train step, the optimizers' training steps, multi-pass steps, decoding and exact
+    likelihood against the peers, with the machine's limits measured in the same run; one table (and ``--json
+    FILE``)."""
 
     preset: str = doc("default", f"One of {tuple(BENCH_PRESETS)}: default = about 3 minutes on 2 CPU cores; quick = "
                       "seconds (tests).")
@@ -98,6 +129,7 @@ class BenchConfig:
     rounds: int = doc(5, "Interleaved rounds per comparison; every ratio is the median over rounds.")
     limit_mib: int = doc(256, "Size of the tensor copied to measure memory bandwidth (MiB).")
     train: BenchTrainConfig = field(default_factory=BenchTrainConfig)
+    optim: BenchOptimConfig = field(default_factory=BenchOptimConfig)
     decode: BenchDecodeConfig = field(default_factory=BenchDecodeConfig)
     exact: BenchExactConfig = field(default_factory=BenchExactConfig)
     seed: int = doc(0, "Seed of the weights and tokens.")

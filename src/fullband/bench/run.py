@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -19,7 +20,7 @@ from fullband import FullBandwidthLM, ModelConfig
 from fullband.bench import steps
 from fullband.bench.config import BenchConfig
 from fullband.bench.timing import interleaved, machine_limits, machine_state, ratio
-from fullband.devices import resolve_device
+from fullband.devices import CPU_FEATURES, resolve_device
 from fullband.model.recurrence import auto_exact_method
 from fullband.training.metrics import flops_per_token
 
@@ -56,7 +57,7 @@ class Bench:
                               figure=f"{self.limits['memory_gb_s']:.1f} GB/s"),
                           Row("limits", f"matmul float32 {self.limits['matmul_size']}^3",
                               figure=f"{self.limits['matmul_gflop_s']:.1f} GFLOP/s")]
-        for section in ("train", "passes", "decode", "exact"):
+        for section in ("train", "optim", "passes", "decode", "exact"):
             if section in self.cfg.sections:
                 self.say(f"bench: {section} ...")
                 torch.manual_seed(self.cfg.seed)
@@ -124,6 +125,56 @@ class Bench:
                                                            warmup=2)
         self.rows.append(Row("train", "Trainer.train_step / bare step time", 1000 * statistics.median(
             overhead["trainer"]), ratio=ratio(overhead, "trainer", "bare"), target="<= 1.05"))
+
+    def optim(self) -> None:
+        """The whole training step with AdamW, Muon and NorMuon at compare's default, the optimizer's share of it,
+        its model FLOP/s against the matmul peak, and (Nor)Muon's time over AdamW's."""
+        from fullband.experiments.config import CompareConfig
+        from fullband.training.optim import build_optimizer, ns_dtype_for, optimizer_ns_dtype
+
+        c = self.cfg.optim
+        model, tokens = steps.train_model(c, self.device)
+        base = CompareConfig().optim  # compare's learning rates, weight decays and fusion LR multiplier
+        variants = {"adamw": (dataclasses.replace(base, optimizer="adamw"), contextlib.nullcontext),
+                    "muon": (dataclasses.replace(base, optimizer="muon", ns_dtype=c.ns_dtype), contextlib.nullcontext),
+                    "normuon": (dataclasses.replace(base, optimizer="normuon", ns_dtype=c.ns_dtype),
+                                contextlib.nullcontext)}
+        if self.device.type == "cpu" and ns_dtype_for(variants["muon"][0], self.device) != "float32":
+            # What CPUs without bf16 instructions run (auto's choice there), timed here too.
+            variants["muon-fp32"] = (dataclasses.replace(base, optimizer="muon", ns_dtype="float32"),
+                                     contextlib.nullcontext)
+        if c.emulated_bf16 and self.device.type == "cpu":
+            variants["muon-emulated"] = (dataclasses.replace(base, optimizer="muon", ns_dtype="bfloat16"),
+                                         steps.without_onednn)
+        cases, optimizer_times, labels = {}, {}, {}
+        for name, (optim_cfg, context) in variants.items():
+            net = copy.deepcopy(model)  # each its own weights: the optimizers move them apart
+            optimizer, params = build_optimizer(net, optim_cfg), list(net.parameters())
+            seconds = optimizer_times[name] = []
+            cases[name] = (lambda net=net, optimizer=optimizer, params=params, seconds=seconds, context=context:
+                           steps.timed_optimizer_step(steps.fullband_loss(net, tokens, c.passes), optimizer, params,
+                                                      seconds, optimizer_context=context))
+            ns = optimizer_ns_dtype(optimizer)
+            labels[name] = {"adamw": "AdamW", "muon": f"Muon (NS {ns})", "normuon": f"NorMuon (NS {ns})",
+                            "muon-fp32": "Muon (NS float32 forced)",
+                            "muon-emulated": "Muon (NS bf16 forced, emulated)"}[name]
+        warmup, reps = 2, c.steps_per_round
+        times = self.times["optim"] = interleaved(cases, self.cfg.rounds, self.device, reps=reps, warmup=warmup)
+        flops = c.passes * flops_per_token(steps.baseline_twin(model).num_parameters(), c.n_layers, c.d_model,
+                                           c.seq_len) * tokens.numel()
+        for name in cases:
+            rounds = optimizer_times[name][warmup:]  # reps calls per round, after the warm-up calls
+            per_round = [statistics.mean(rounds[r * reps:(r + 1) * reps]) for r in range(self.cfg.rounds)]
+            share = statistics.median(o / s for o, s in zip(per_round, times[name], strict=True))
+            seconds = statistics.median(times[name])
+            self.rows.append(Row("optim", f"train step ({c.passes} pass), {labels[name]}", 1000 * seconds,
+                                 f"{tokens.numel() / seconds / 1e3:.1f}k tok/s", target=">= 45%",
+                                 of_limit=self._flop_share(flops / seconds), check=f"optimizer {share:.0%} of it"))
+        for name in ("muon", "normuon", "muon-fp32", "muon-emulated"):
+            if name in cases:
+                self.rows.append(Row("optim", f"{labels[name]} / AdamW step time",
+                                     ratio=ratio(times, name, "adamw"), target="" if name == "muon-emulated"
+                                     else "<= 1.2"))
 
     def compile_like_trainer(self, model: FullBandwidthLM) -> bool:
         """Compile ``model``'s blocks when a long training run on this device would (train.compile 'auto')."""
@@ -236,10 +287,14 @@ COLUMNS = (("section", 7, "<"), ("case", 52, "<"), ("ms", 9, ">"), ("figure", 16
 def table(results: dict[str, Any]) -> str:
     """The rows as one fixed-width text table, headed by the machine, its load and the settings."""
     m, cfg = results["machine_at_start"], results["config"]
+    features = m.get("cpu_features", [])
+    absent = [f for f in CPU_FEATURES if f not in features]
     lines = [f"# fullband bench: torch {m['torch']}, {results['device']}, {m['torch_threads']} threads on "
              f"{m['usable_cores']} usable cores ({m['cpu']}); load average {m.get('load_average')} at start, "
              f"{results['load_average_at_end']} at end; preset {cfg['preset']}, medians of {cfg['rounds']} "
              f"interleaved rounds (exact: at most 3); {results['seconds']:.0f} s",
+             f"# CPU features: {' '.join(features) or 'none'}; absent: {' '.join(absent) or 'none'} (bf16 matmuls "
+             "are native with avx512_bf16 or amx_bf16; emulated = oneDNN off, as without AVX-512)",
              "# ratio: what the case says (speed = the other's time / ours: > 1 = ours faster; time = the first's "
              "time / the second's)"]
     header = " ".join(f"{name:{align}{width}}" for name, width, align in COLUMNS).rstrip()

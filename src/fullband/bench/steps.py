@@ -3,14 +3,17 @@ the Trainer's own step, greedy decoding of each; and the peers built on fullband
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from fullband import FullBandwidthLM, ModelConfig
-from fullband.bench.config import BenchTrainConfig
+from fullband.bench.config import BenchOptimConfig, BenchTrainConfig
+from fullband.bench.timing import synchronize
 
 BYTE_VOCAB = 320  # fullband train's byte vocabulary: 257 ids rounded up to a multiple of 64
 
@@ -32,7 +35,7 @@ class SavedTensorBytes:
         return sum(self.storages.values())
 
 
-def train_model(cfg: BenchTrainConfig | None = None,
+def train_model(cfg: BenchTrainConfig | BenchOptimConfig | None = None,
                 device: torch.device | str = "cpu") -> tuple[FullBandwidthLM, torch.Tensor]:
     """(a feedback model in training mode, one batch of random byte ids) at the [train] section's dimensions
     (default: nanoGPT's README CPU config), both drawn from torch's global RNG: the model every training timing of
@@ -60,6 +63,36 @@ def optimizer_step(loss_fn: Callable[[], torch.Tensor], optimizer: torch.optim.O
     torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def timed_optimizer_step(loss_fn: Callable[[], torch.Tensor], optimizer: Any, params: list[torch.nn.Parameter],
+                         optimizer_seconds: list[float], grad_clip: float = 1.0,
+                         optimizer_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                         ) -> None:
+    """:func:`optimizer_step`, appending the seconds of ``optimizer.step()`` (run inside ``optimizer_context``) to
+    ``optimizer_seconds``: the optimizer's share of the step."""
+    loss_fn().backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
+    device = params[0].device
+    synchronize(device)
+    start = time.perf_counter()
+    with optimizer_context():
+        optimizer.step()
+    synchronize(device)
+    optimizer_seconds.append(time.perf_counter() - start)
+    optimizer.zero_grad(set_to_none=True)
+
+
+@contextlib.contextmanager
+def without_onednn() -> Iterator[None]:
+    """oneDNN off: bf16 matmuls fall back to torch's own gemm, which emulates bf16 in float32 as it does on CPUs
+    oneDNN's bf16 kernels skip (without AVX-512: the issue's Zen 3), so that path can be timed on any CPU."""
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = before
 
 
 def fullband_loss(model: FullBandwidthLM, tokens: torch.Tensor, passes: int = 1) -> Callable[[], torch.Tensor]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -11,7 +10,7 @@ from typing import Any
 
 import torch
 
-from fullband.devices import usable_cores
+from fullband.devices import CPU_FEATURES, cpu_flags, cpu_name, usable_cores
 
 
 def synchronize(device: torch.device) -> None:
@@ -61,7 +60,9 @@ def machine_limits(device: torch.device, rounds: int, copy_mib: int) -> dict[str
 
 def machine_state() -> dict[str, Any]:
     """What the machine is and how busy it is now: other load slows every case, so a report states it."""
-    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "usable_cores": usable_cores(),
+    flags = cpu_flags()
+    info: dict[str, Any] = {"cpu": cpu_name(), "usable_cores": usable_cores(),
+                            "cpu_features": [f for f in CPU_FEATURES if f in flags],  # bf16 native or emulated
                             "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
     if hasattr(os, "getloadavg"):
         info["load_average"] = [round(x, 2) for x in os.getloadavg()]

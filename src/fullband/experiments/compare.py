@@ -11,7 +11,6 @@ curve gives each mode's effective token multiplier, and :mod:`fullband.experimen
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -29,7 +28,7 @@ import torch
 from fullband.config import ConfigError
 from fullband.configio import build_config, config_to_dict, load_config_file, save_resolved_config
 from fullband.data import eval_windows, load_tokenizer, load_tokens
-from fullband.devices import usable_cores
+from fullband.devices import cpu_name, usable_cores
 from fullband.experiments.config import CompareConfig
 from fullband.experiments.multiplier import tokens_to_match
 from fullband.experiments.parallel import map_jobs
@@ -326,12 +325,8 @@ def multipliers(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def machine_info(device: torch.device, workers: int = 1) -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError, StopIteration):  # Linux names the CPU model; elsewhere keep the above
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
     info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": max(1, torch.get_num_threads() // workers),
+            "cpu": cpu_name(), "cpu_count": os.cpu_count(), "torch_threads": max(1, torch.get_num_threads() // workers),
             "workers": workers, "device": str(device), "usable_cores": usable_cores()}
     threads = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ}
     if threads:

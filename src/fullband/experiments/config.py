@@ -351,9 +351,9 @@ class ReasoningConfig(SyntheticStudyConfig):
                      "(the test problems stay those of seed).")
     workers: int = doc(1, "Seeds trained and evaluated at a time, each in its own process with the torch threads "
                        "shared out (2 seeds on 2 cores: 2). The numbers do not depend on it.")
-    optimizer: str = doc("adamw", "Both models: adamw, or muon (Muon on the hidden matrices at muon_lr, AdamW at lr "
-                         "on the rest; the Recipe issue's best).")
-    muon_lr: float = doc(0.02, "optimizer=muon: Muon's peak learning rate.")
+    optimizer: str = doc("adamw", "Both models: adamw, muon (Muon on the hidden matrices at muon_lr, AdamW at lr "
+                         "on the rest; the Recipe issue's best) or normuon (NorMuon in Muon's place).")
+    muon_lr: float = doc(0.02, "optimizer=muon/normuon: (Nor)Muon's peak learning rate.")
     fusion_lr_mult: float = doc(1.0, "fullband model: learning-rate multiplier of the fusion (the recipe uses 3).")
     input_norm: str = doc("fused", "Both models: the input form (model.input_norm, DESIGN.md section 1): fused = raw "
                           "plain inputs, normalised fused inputs; paper; all = plain inputs normalised too.")

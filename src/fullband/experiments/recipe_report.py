@@ -142,8 +142,8 @@ def render(results: dict[str, Any], plots: bool) -> str:
                      "only its own).", verdict(results)),
         f"- Every run is a `fullband compare --preset {cfg['compare_preset']}` run: d_model {m['d_model']}, "
         f"{m['n_layers']} layers, batch {t['batch_size']} x {t['seq_len']}, 1x = {t['token_budget']:,} tokens, "
-        f"optimizer {o['optimizer']} (AdamW lr {o['lr']:g}" + (f", Muon lr {o['muon_lr']:g}" if o['optimizer'] ==
-                                                                "muon" else "") +
+        f"optimizer {o['optimizer']} (AdamW lr {o['lr']:g}" + (f", Muon lr {o['muon_lr']:g}" if o['optimizer'] !=
+                                                                "adamw" else "") +
         f"), {input_text(m)}, feedback from "
         f"{sch['feedback_start']:g} of the run, pass_mix {list(sch['pass_mix'])} (2-pass only until "
         f"{sch['two_pass_until']:g}).",

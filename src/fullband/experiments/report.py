@@ -126,8 +126,9 @@ def render_markdown(results: dict[str, Any], plots: bool = True) -> str:
 
 
 def optimizer_text(optim: dict[str, Any]) -> str:
-    if optim["optimizer"] == "muon":
-        return (f"Muon lr {optim['muon_lr']:g} (wd {optim['muon_weight_decay']:g}) on the hidden matrices and AdamW "
+    if optim["optimizer"] in ("muon", "normuon"):
+        name = "NorMuon" if optim["optimizer"] == "normuon" else "Muon"
+        return (f"{name} lr {optim['muon_lr']:g} (wd {optim['muon_weight_decay']:g}) on the hidden matrices and AdamW "
                 f"lr {optim['lr']:g} (wd {optim['weight_decay']:g}) on the rest")
     return f"AdamW lr {optim['lr']:g} (wd {optim['weight_decay']:g})"
 

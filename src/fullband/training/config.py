@@ -66,26 +66,38 @@ class ScheduleConfig:
         self.pass_mix = tuple(float(x) for x in self.pass_mix)  # a list from a file or caller -> hashable tuple
 
 
-OPTIMIZERS = ("adamw", "muon")
+OPTIMIZERS = ("adamw", "muon", "normuon")
+NS_DTYPES = ("auto", "float32", "bfloat16")
 
 
 @dataclass
 class OptimConfig:
-    """The optimiser (AdamW, or Muon + AdamW) and the learning-rate schedule."""
+    """The optimiser (AdamW, or Muon / NorMuon + AdamW) and the learning-rate schedule."""
 
     optimizer: str = doc(
         "adamw",
-        "adamw = AdamW on every parameter; muon = torch.optim.Muon on the 2-D weights of muon_params (the paper's "
-        "NorMuon split, section 4) and AdamW at lr on the rest (embedding/head, norms).",
+        "adamw = AdamW on every parameter; muon = Muon (torch.optim.Muon's update) on the 2-D weights of "
+        "muon_params and AdamW at lr on the rest (embedding/head, norms); normuon = the same split with NorMuon "
+        "(arXiv 2510.05491: Muon's update normalised per output neuron), the paper's optimiser (section 4).",
     )
     lr: float = doc(3e-4, "Peak learning rate of AdamW (reached at the end of warmup).")
-    muon_lr: float = doc(0.02, "optimizer=muon: peak learning rate of Muon (follows the same schedule).")
-    muon_weight_decay: float = doc(0.01, "optimizer=muon: Muon's decoupled weight decay (scaled by its LR).")
-    muon_momentum: float = doc(0.95, "optimizer=muon: Muon's (Nesterov) momentum, in [0, 1).")
+    muon_lr: float = doc(0.02, "optimizer=muon/normuon: peak learning rate of (Nor)Muon (follows the same schedule).")
+    muon_weight_decay: float = doc(0.01, "optimizer=muon/normuon: decoupled weight decay (scaled by its LR).")
+    muon_momentum: float = doc(0.95, "optimizer=muon/normuon: (Nesterov) momentum, in [0, 1).")
     muon_params: tuple[str, ...] = doc(
         ("blocks", "fusion"),
-        "optimizer=muon: modules whose 2-D weights Muon updates (names as in the model's state dict); their "
-        "1-D gains stay with AdamW.",
+        "optimizer=muon/normuon: modules whose 2-D weights (Nor)Muon updates (names as in the model's state dict); "
+        "their 1-D gains stay with AdamW.",
+    )
+    normuon_beta2: float = doc(
+        0.95, "optimizer=normuon: decay of each output neuron's second moment (EMA of its mean squared "
+        "orthogonalised update), in [0, 1).",
+    )
+    ns_dtype: str = doc(
+        "auto",
+        "optimizer=muon/normuon: dtype of the Newton-Schulz orthogonalisation: 'auto' = bfloat16 on CUDA and on "
+        "CPUs with bf16 instructions (avx512_bf16/amx_bf16), float32 on other CPUs, where bf16 is emulated and "
+        "several times slower; 'float32'; 'bfloat16' (torch.optim.Muon's). The run config records what auto chose.",
     )
     fusion_lr_mult: float = doc(1.0, "Learning-rate multiplier of the fusion's parameters (W_U, W_G, its norms), > 0.")
     min_lr_ratio: float = doc(0.1, "Final learning rate as a fraction of lr, in [0, 1].")
@@ -224,6 +236,9 @@ def validate_optim_config(c: OptimConfig) -> None:
              "must be in [0, 1)")
     _require(len(c.muon_params) > 0 and all(isinstance(x, str) and x for x in c.muon_params), "muon_params",
              c.muon_params, "must be a non-empty list of module names, e.g. blocks,fusion")
+    _require(_is_number(c.normuon_beta2) and 0 <= c.normuon_beta2 < 1, "normuon_beta2", c.normuon_beta2,
+             "must be in [0, 1)")
+    _require(c.ns_dtype in NS_DTYPES, "ns_dtype", c.ns_dtype, f"must be one of {NS_DTYPES}")
     _require(_is_number(c.fusion_lr_mult) and c.fusion_lr_mult > 0, "fusion_lr_mult", c.fusion_lr_mult, "must be > 0")
     _require(_is_number(c.min_lr_ratio) and 0 <= c.min_lr_ratio <= 1, "min_lr_ratio", c.min_lr_ratio,
              "must be in [0, 1]")

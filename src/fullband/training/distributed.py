@@ -81,7 +81,7 @@ def wrap_fsdp(trainer: Trainer) -> None:
     _check_process_group(trainer, "wrap_fsdp")
     if trainer.optim_cfg.optimizer != "adamw":
         raise ConfigError(f"optim.optimizer={trainer.optim_cfg.optimizer!r} is invalid with train.parallel='fsdp': "
-                          "Muon orthogonalises whole matrices and FSDP holds shards; use parallel='ddp' or adamw")
+                          "(Nor)Muon orthogonalises whole matrices and FSDP holds shards; use parallel='ddp' or adamw")
     if trainer.optimizer.state:
         raise RuntimeError("wrap_fsdp must come before training: the optimizer already holds state for the "
                            "unsharded parameters")

@@ -1,14 +1,15 @@
-"""Optimisers (AdamW, or Muon on hidden matrices with AdamW on the rest) and the learning-rate schedules.
+"""Optimisers (AdamW, or Muon / NorMuon on hidden matrices with AdamW on the rest) and the learning-rate schedules.
 
 AdamW's weight decay follows nanoGPT: every parameter with >= 2 dimensions decays (attention/MLP matrices, the
 fusion's W_U/W_G, and the token embedding, which is also the output head when tied); 1-D parameters (RMSNorm
 gains, biases) do not, since shrinking a gain towards 0 changes the function rather than regularising it.
 
-``optimizer="muon"`` is the paper's split (§4): ``torch.optim.Muon`` (orthogonalised momentum, scale-free
-updates) on the 2-D weights of the modules named in ``muon_params`` (the blocks and the fusion by default), at
-``muon_lr`` with ``muon_weight_decay``; AdamW at ``lr`` on everything else (embedding/head, norms). Every group
-carries an ``lr_scale`` (its peak LR over ``lr``, times ``fusion_lr_mult`` for the fusion), so one schedule
-drives them all.
+``optimizer="muon"`` is the paper's split (§4): Muon (``torch.optim.Muon``'s orthogonalised momentum, scale-free
+updates; :mod:`.muon`) on the 2-D weights of the modules named in ``muon_params`` (the blocks and the fusion by
+default), at ``muon_lr`` with ``muon_weight_decay``; AdamW at ``lr`` on everything else (embedding/head, norms).
+``optimizer="normuon"`` puts NorMuon, the paper's optimiser, in Muon's place. Every group carries an ``lr_scale``
+(its peak LR over ``lr``, times ``fusion_lr_mult`` for the fusion), so one schedule drives them all. The
+orthogonalisation's dtype is resolved once here (:func:`ns_dtype_for`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import torch
 from torch import nn
 
 from fullband.config import ConfigError
+from fullband.devices import cpu_flags
 from fullband.training.config import OptimConfig
+from fullband.training.muon import Muon, NorMuon, resolve_ns_dtype
 
 FUSION_PREFIX = "fusion."
 
@@ -108,8 +111,16 @@ class CombinedOptimizer:
             opt.load_state_dict(state[name])
 
 
+def ns_dtype_for(cfg: OptimConfig, device: torch.device) -> str | None:
+    """The Newton-Schulz dtype ``cfg`` gives (Nor)Muon on ``device`` (``ns_dtype`` auto resolved from the device's
+    capabilities); None for AdamW."""
+    if cfg.optimizer == "adamw":
+        return None
+    return resolve_ns_dtype(cfg.ns_dtype, device.type, cpu_flags() if device.type == "cpu" else ())
+
+
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer | CombinedOptimizer:
-    """AdamW over :func:`param_groups`, or Muon + AdamW (see the module doc).
+    """AdamW over :func:`param_groups`, or (Nor)Muon + AdamW (see the module doc).
 
     AdamW uses the fused kernel when every parameter is on CUDA, else foreach (:func:`adamw_kernel`).
     """
@@ -129,9 +140,17 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
             mult = cfg.fusion_lr_mult if fusion else 1.0
             name = "muon_fusion" if fusion else "muon"
             muon_groups.append({"params": params, "name": name, "lr_scale": scale * mult})
-    muon = torch.optim.Muon(muon_groups, lr=cfg.muon_lr, weight_decay=cfg.muon_weight_decay,
-                            momentum=cfg.muon_momentum)
-    return CombinedOptimizer(adamw=adam, muon=muon)
+    ns_dtype = ns_dtype_for(cfg, next(model.parameters()).device)
+    common = dict(lr=cfg.muon_lr, weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum, ns_dtype=ns_dtype)
+    if cfg.optimizer == "normuon":
+        return CombinedOptimizer(adamw=adam, normuon=NorMuon(muon_groups, beta2=cfg.normuon_beta2, **common))
+    return CombinedOptimizer(adamw=adam, muon=Muon(muon_groups, **common))
+
+
+def optimizer_ns_dtype(optimizer: torch.optim.Optimizer | CombinedOptimizer) -> str | None:
+    """The Newton-Schulz dtype the (Nor)Muon inside ``optimizer`` runs with, None if it has none."""
+    parts = optimizer.optimizers.values() if isinstance(optimizer, CombinedOptimizer) else [optimizer]
+    return next((part.ns_dtype for part in parts if isinstance(part, Muon)), None)
 
 
 def adamw_kernel(params: Iterable[nn.Parameter]) -> dict[str, bool]:

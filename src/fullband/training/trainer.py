@@ -47,7 +47,7 @@ from fullband.training.config import COMPILE_MIN_CPU_STEPS, OptimConfig, Schedul
 from fullband.training.errors import NonFiniteLossError, TrainingError
 from fullband.training.metrics import MetricsLog, flops_per_token, peak_flops
 from fullband.training.objective import multipass_loss, sample_plain_prefix
-from fullband.training.optim import build_optimizer, in_cooldown, lr_at, set_lr
+from fullband.training.optim import build_optimizer, in_cooldown, lr_at, optimizer_ns_dtype, set_lr
 from fullband.training.schedule import FeedbackSchedule
 
 # batch_fn(step, rank, world_size) -> (inputs, labels), each (batch_size * grad_accum, T): this process's
@@ -109,6 +109,9 @@ class Trainer:
             "optim": config_to_dict(optim_cfg),
             "schedule": config_to_dict(schedule_cfg),
             "torch_threads": torch.get_num_threads(),  # what this process ran with (fullband train sets it: --threads)
+            # What optim.ns_dtype (auto) chose on this machine: bf16 and float32 orthogonalisation differ in the last
+            # bits, so a rerun elsewhere reproduces the numbers only with this value set explicitly.
+            "ns_dtype": optimizer_ns_dtype(self.optimizer),
             **(run_config or {}),
         }
         self._flops_per_token = flops_per_token(model.num_parameters(), model.config.n_layers, model.config.d_model,

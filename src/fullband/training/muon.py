@@ -1,0 +1,141 @@
+"""Muon and NorMuon with the Newton-Schulz orthogonalisation's dtype chosen for the machine.
+
+``torch.optim.Muon`` casts every update to bfloat16 before its Newton-Schulz iteration. On a CPU without bf16
+instructions (no avx512_bf16 / amx_bf16 flag) those matmuls are emulated: on a 2-core Zen 3 they took 74% of a
+training step at the compare default (issue 24). :class:`Muon` here is ``torch.optim.Muon`` (Nesterov momentum,
+the quintic coefficients, 5 steps, the ``sqrt(max(1, rows/cols))`` LR adjustment, decoupled weight decay) with the
+orthogonalisation's dtype a constructor argument; with bfloat16 its steps equal ``torch.optim.Muon``'s bit for bit
+(tests/training/test_muon.py). :func:`resolve_ns_dtype` makes the choice from the device's capabilities, once, when
+the optimiser is built.
+
+:class:`NorMuon` (arXiv 2510.05491) adds a per-neuron second moment after the orthogonalisation: an EMA (beta2) of
+each output row's mean squared update divides that row, and the result is rescaled to the Frobenius norm of the
+orthogonalised update, so its size is Muon's and ``muon_lr`` keeps its meaning (the authors' reference code does the
+same). NVIDIA's emerging-optimizers has it as ``AdaptiveMuon(moment2_method="normuon")``, without that rescaling;
+the few lines are written here instead of adding a dependency.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's (Keller Jordan's quintic)
+NS_STEPS = 5
+NS_EPS = 1e-7  # torch.optim.Muon's floor of the norm the iteration starts by dividing by
+NORMUON_EPS = 1e-10  # the NorMuon reference code's floor of a row's RMS and of the update's norm
+NS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 matmuls on x86
+# What ns_dtype='auto' takes on a CPU with bf16 instructions: benchmarks/ns_dtype.py at the compare default's
+# matrices on an AMD EPYC with avx512_bf16 timed bfloat16 at 0.79x float32's time on 1 thread, 0.85x on 2
+# (docs/LOG.md, issue 24), so such CPUs keep torch.optim.Muon's numbers.
+BF16_CPU_NS_DTYPE = "bfloat16"
+
+
+def newton_schulz(matrix: Tensor, steps: int = NS_STEPS, dtype: torch.dtype = torch.bfloat16,
+                  coefficients: tuple[float, float, float] = NS_COEFFICIENTS, eps: float = NS_EPS) -> Tensor:
+    """Approximate orthogonalisation U V^T of ``matrix`` = U S V^T (rows x cols) by ``steps`` quintic
+    Newton-Schulz iterations in ``dtype``; returns a new tensor of that dtype and ``matrix``'s shape.
+
+    The same operations in the same order as ``torch.optim.Muon``'s, so bfloat16 gives its bits."""
+    a, b, c = coefficients
+    x = matrix.to(dtype)
+    tall = matrix.size(0) > matrix.size(1)
+    if tall:  # iterate on the wide orientation: the Gram matrix is the smaller one
+        x = x.T
+    x = x / x.norm().clamp(min=eps)  # spectral norm <= Frobenius norm <= 1; not in place: x may be `matrix`
+    for _ in range(steps):
+        gram = x @ x.T
+        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2
+        x = torch.addmm(x, poly, x, beta=a)  # a X + (b A + c A^2) X
+    return x.T if tall else x
+
+
+def resolve_ns_dtype(setting: str, device_type: str, flags: Iterable[str] = ()) -> str:
+    """The orthogonalisation dtype ``setting`` (auto | float32 | bfloat16) means on a ``device_type`` device whose
+    CPU has ``flags``: auto = bfloat16 on CUDA (tensor cores), float32 on a CPU without bf16 instructions (emulated
+    bf16 matmuls are several times slower), :data:`BF16_CPU_NS_DTYPE` on one with them, float32 elsewhere (MPS)."""
+    if setting != "auto":
+        return setting
+    if device_type == "cuda":
+        return "bfloat16"
+    if device_type == "cpu" and any(flag in CPU_BF16_FLAGS for flag in flags):
+        return BF16_CPU_NS_DTYPE
+    return "float32"
+
+
+def muon_lr_scale(shape: torch.Size) -> float:
+    """torch.optim.Muon's default LR adjustment: sqrt(max(1, rows / cols)), so tall matrices' updates are
+    not smaller per entry than wide ones'."""
+    return math.sqrt(max(1, shape[0] / shape[1]))
+
+
+class Muon(torch.optim.Muon):
+    """``torch.optim.Muon`` (default adjust_lr_fn, Nesterov) with the Newton-Schulz iteration in ``ns_dtype``.
+
+    The dtype is not part of the state dict: it is a property of the machine, recorded in the run's config."""
+
+    def __init__(self, params: Iterable[Any], *, ns_dtype: str = "bfloat16", **kwargs: Any) -> None:
+        if ns_dtype not in NS_DTYPES:
+            raise ValueError(f"ns_dtype={ns_dtype!r}: must be one of {tuple(NS_DTYPES)}")
+        super().__init__(params, **kwargs)
+        self.ns_dtype = ns_dtype
+
+    def _update(self, param: Tensor, update: Tensor, group: dict[str, Any]) -> Tensor:
+        """The orthogonalised update of ``param`` as ``param.add_`` takes it (NorMuon normalises it here)."""
+        return update
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        dtype = NS_DTYPES[self.ns_dtype]
+        for group in self.param_groups:
+            if group["adjust_lr_fn"] not in (None, "original"):
+                raise ValueError(f"adjust_lr_fn={group['adjust_lr_fn']!r} is not supported here")
+            lr, momentum = float(group["lr"]), group["momentum"]
+            for param in group["params"]:
+                grad = param.grad
+                if grad is None:
+                    continue
+                state = self.state[param]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+                buf = state["momentum_buffer"]
+                buf.lerp_(grad, 1 - momentum)
+                direction = grad.lerp(buf, momentum) if group["nesterov"] else buf
+                update = newton_schulz(direction, group["ns_steps"], dtype, group["ns_coefficients"], group["eps"])
+                update = self._update(param, update, group)
+                param.mul_(1 - lr * group["weight_decay"])  # decoupled weight decay, before the step
+                param.add_(update, alpha=-lr * muon_lr_scale(param.shape))
+        return loss
+
+
+class NorMuon(Muon):
+    """Muon followed by NorMuon's per-neuron normalisation (see the module doc); ``beta2`` is the decay of each
+    output row's second moment. State: Muon's momentum buffer and ``second_moment`` (rows, 1) per matrix."""
+
+    def __init__(self, params: Iterable[Any], *, beta2: float = 0.95, **kwargs: Any) -> None:
+        if not 0 <= beta2 < 1:
+            raise ValueError(f"beta2={beta2}: must be in [0, 1)")
+        super().__init__(params, **kwargs)
+        for group in self.param_groups:
+            group.setdefault("beta2", beta2)
+
+    def _update(self, param: Tensor, update: Tensor, group: dict[str, Any]) -> Tensor:
+        update = update.to(param.dtype)  # normalise in the parameters' precision, not bf16's
+        state = self.state[param]
+        if "second_moment" not in state:
+            state["second_moment"] = torch.zeros_like(update[:, :1])  # (rows, 1): one per output neuron
+        second_moment = state["second_moment"]
+        norm = update.norm()
+        second_moment.lerp_(update.square().mean(dim=1, keepdim=True), 1 - group["beta2"])
+        normalised = update / second_moment.sqrt().add_(NORMUON_EPS)
+        # Back to the orthogonalised update's norm: the rows' relative sizes change, Muon's step size does not.
+        return normalised.mul_(norm / normalised.norm().add_(NORMUON_EPS))
