@@ -119,13 +119,16 @@ def run_eval_lm(cfg: LmEvalConfig) -> None:
 
 
 def run_eval_reasoning(cfg: ReasoningConfig) -> None:
-    from fullband.experiments.reasoning import run_reasoning, tables
-
-    results = run_reasoning(cfg)
     if cfg.families:  # one study per family: their reports sit in out_dir/<family>/
+        from fullband.experiments.controls_study import run_families
+
+        results = run_families(cfg)
         print("\n".join(results["verdict"]))
         print(f"\nreport: {cfg.out_dir}/report.md")
         return
+    from fullband.experiments.reasoning import run_reasoning, tables
+
+    results = run_reasoning(cfg)
     for name in ("training", "accuracy", "mean_len", "equal_accuracy"):
         print(f"\n{name}:\n{tables(results)[name]}")
     print(f"\nreport: {cfg.out_dir}/report.md")

@@ -623,10 +623,6 @@ def train_and_evaluate(cfg: ReasoningConfig, spec: StudyModel, train_path: Path,
 
 
 def run_reasoning(cfg: ReasoningConfig) -> dict[str, Any]:
-    """The whole study (see the module docstring); returns what results.json holds. With ``families``, one study
-    per family and a report over them (fullband.experiments.controls)."""
-    if cfg.families:
-        from fullband.experiments.controls import ControlsStudy
-
-        return ControlsStudy(cfg, cfg.progress).run()
+    """The study of one family (see the module docstring); returns what results.json holds. Several families with
+    their controls: :func:`fullband.experiments.controls_study.run_families`."""
     return ReasoningStudy(cfg, cfg.progress).run()

@@ -1,0 +1,69 @@
+"""``fullband eval-reasoning --families ...`` (``--preset controls``): the reasoning study with its controls once
+per family (:class:`FamilyStudy`), then one report (:mod:`.controls_report`). The controls themselves are trained
+by :mod:`.controls`; this module only runs the families, so :mod:`.reasoning` and :mod:`.controls` never import
+each other."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fullband.config import explicit_keys
+from fullband.experiments.config import ReasoningConfig
+from fullband.experiments.controls_report import FLOPS_PLOT, plot_flops, render_controls, verdict
+from fullband.experiments.reasoning import ReasoningStudy
+from fullband.experiments.study import Study, set_threads
+
+# ---------------------------------------------------------------------------------------------- the study
+
+
+class FamilyStudy(ReasoningStudy):
+    """One family of :class:`ControlsStudy`: the reasoning study in out_dir/<family>/, its report naming the
+    command that made the whole (which made this part)."""
+
+    def __init__(self, cfg: ReasoningConfig, progress: bool, command: str) -> None:
+        super().__init__(cfg, progress)
+        self.parent_command = command
+
+    def command_line(self) -> str:
+        return self.parent_command
+
+
+class ControlsStudy(Study):
+    """``fullband eval-reasoning --families ...`` (``--preset controls``): the reasoning study with its controls
+    once per family, then one report: compute, answer-only accuracy with Wilson intervals, worst seeds, the
+    accuracy-vs-training-FLOPs plot, a verdict per family."""
+
+    command = "eval-reasoning"
+    fresh_out_dir = False
+    timed = True
+    command_skip = ("reuse_models", "resume")
+
+    def prepare(self) -> None:
+        set_threads(self.cfg.threads)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def family_config(self, family: str) -> ReasoningConfig:
+        cfg = self.cfg
+        # Every field explicit: the preset must not fill families back in, nor undo a value given on purpose.
+        with explicit_keys({f.name for f in dataclasses.fields(cfg)}):
+            return dataclasses.replace(cfg, family=family, families=(), out_dir=str(self.out_dir / family))
+
+    def collect(self) -> dict[str, Any]:
+        families = {family: FamilyStudy(self.family_config(family), self.cfg.progress, self.command_line()).run()
+                    for family in self.cfg.families}
+        return {"study": "reasoning controls", "config": dataclasses.asdict(self.cfg), "families": families}
+
+    def analyse(self, results: dict[str, Any]) -> dict[str, Any]:
+        return {"verdict": verdict(results)}
+
+    def plot(self, results: dict[str, Any]) -> None:
+        plot_flops(results, self.out_dir / FLOPS_PLOT)
+
+    def render(self, results: dict[str, Any], plots: bool) -> str:
+        return render_controls(results, self.command_line(), plots)
+
+
+def run_families(cfg: ReasoningConfig) -> dict[str, Any]:
+    """``fullband eval-reasoning`` with ``families``: one study per family and a report over them."""
+    return ControlsStudy(cfg, cfg.progress).run()
