@@ -196,11 +196,14 @@ def write_report(out_dir: Path, meta: dict, rows: list[dict], table: list[str]) 
         settled = _best(soft, "projected_speedup_if_settled")
         ppt = sorted({round(r["passes_per_token"], 2) for r in soft})
         verdict = "keeps" if wall["speedup"] > 1.0 or proj["projected_speedup"] > 1.0 else "does not keep"
+        accepted = [r["acceptance"] for r in soft]
+        # Whether the drafts are "often right" is read from the acceptance, not assumed.
+        drafts, but = ("often right", "but") if max(accepted) >= 0.5 else ("mostly rejected", "and")
         lines += [
             f"**Latent feedback {verdict} speculative decoding's benefit when the output must stay exact.** The "
-            f"drafts are often right (acceptance {min(r['acceptance'] for r in soft):.2f}-"
-            f"{max(r['acceptance'] for r in soft):.2f}, up to {calls['tokens_per_call']:.2f} tokens per target call "
-            f"with {_where(calls)}), but exact verification ran {', '.join(f'{x:.2f}' for x in ppt)} sequential "
+            f"drafts are {drafts} (acceptance {min(accepted):.2f}-"
+            f"{max(accepted):.2f}, up to {calls['tokens_per_call']:.2f} tokens per target call "
+            f"with {_where(calls)}), {but} exact verification ran {', '.join(f'{x:.2f}' for x in ppt)} sequential "
             "target passes per generated token in soft mode, for every drafter and γ, the same 1 pass per token as "
             "plain decoding: with feedback, block position j is exact only after j Jacobi passes, so proving k "
             "drafts right takes k passes. The best wall-clock ratio against "

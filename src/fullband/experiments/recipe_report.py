@@ -8,7 +8,7 @@ from typing import Any
 
 from fullband.experiments.plots import pyplot, save_figure
 from fullband.experiments.report import _row, input_text
-from fullband.experiments.results import finished_at, mode_label
+from fullband.experiments.results import finished_at, mean_sd, mode_label
 from fullband.experiments.study import report_head
 
 GAPS_PLOT = "gap_by_variant.png"
@@ -41,13 +41,16 @@ def verdict(results: dict[str, Any]) -> list[str]:
     lines = []
     best = results["variants"].get("best")
     if best is not None:
-        mults = {m: mean for m, per in best["multipliers"].items()
-                 if (mean := _mean(s["token_multiplier"] for s in per)) is not None}
-        top = max(mults, key=mults.get) if mults else None
+        per_mode = {m: mean_sd(s["token_multiplier"] for s in per) for m, per in best["multipliers"].items()}
+        mults = {m: ms for m, ms in per_mode.items() if ms[0] is not None}
+        top = max(mults, key=lambda m: mults[m][0]) if mults else None
         if top is not None:
-            word = "beats" if mults[top] > 1 else "does not beat"
-            lines.append(f"- The compare default's best mode, {mode_label(top)}, is worth {mults[top]:.2f}x its "
-                         f"training tokens (mean over seeds): feedback {word} the 1x baseline at this scale.")
+            mult, spread = mults[top][0], mults[top][1] or 0.0
+            # Within one seed sd of 1.00x is a tie (as in the compare report's verdict), not a gain or a loss.
+            word = ("beats" if mult - spread > 1 else "does not beat" if mult + spread < 1 else
+                    "ties (within the seed spread)")
+            lines.append(f"- The compare default's best mode, {mode_label(top)}, is worth {mult:.2f}x ± {spread:.2f} "
+                         f"its training tokens (mean ± sd over seeds): feedback {word} the 1x baseline at this scale.")
         fused = {m: g["gap_to_own_standard"][0] for m, g in best["modes"].items() if m != "standard"}
         if fused:
             m = min(fused, key=fused.get)
