@@ -88,10 +88,11 @@ class CompareConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
         token_budget=512_000, batch_size=16, seq_len=128, eval_batches=4, checkpoint_every=0))  # 250 steps at 1x
-    # The best recipe found by `fullband recipe` (docs/results/recipe): Muon on the hidden matrices with a 3x
-    # learning rate on the fusion, the input norm (ModelConfig's default), feedback from the first step.
+    # The best recipe found by `fullband recipe` (docs/results/recipe): NorMuon on the hidden matrices (lower loss
+    # than Muon for both models: docs/results/compare-normuon) with a 3x learning rate on the fusion, raw plain
+    # inputs (ModelConfig's default input form), feedback from the first step.
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(
-        optimizer="muon", lr=1e-3, muon_lr=0.02, muon_weight_decay=0.01, fusion_lr_mult=3.0, warmup_steps=25))
+        optimizer="normuon", lr=1e-3, muon_lr=0.02, muon_weight_decay=0.01, fusion_lr_mult=3.0, warmup_steps=25))
     schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(feedback_start=0.0))
     budgets: tuple[float, ...] = doc(
         (0.5, 1.0, 1.5), "Baseline token budgets as multiples of train.token_budget (the unit, 1x); the "
@@ -183,7 +184,8 @@ RECIPE_VARIANTS: dict[str, tuple[dict[str, Any], bool, str]] = {
                         "the fused inputs' norm starts at gain 0.02 (the embeddings' init scale) instead of 1"),
     "shared-gate-norm": ({"model.gate_norm": "shared"}, False, "the gate reads the input norm (the paper's "
                          "glu_cross(h, input_rmsnorm(e))) instead of its own RMSNorm"),
-    "adamw": ({"optim.optimizer": "adamw"}, True, "AdamW (wd 0.1) on the hidden matrices too, instead of Muon"),
+    "adamw": ({"optim.optimizer": "adamw"}, True, "AdamW (wd 0.1) on the hidden matrices too, instead of NorMuon"),
+    "muon": ({"optim.optimizer": "muon"}, True, "Muon instead of NorMuon (no per-neuron normalisation)"),
     "fusion-lr-x1": ({"optim.fusion_lr_mult": 1.0}, False, "the fusion at the learning rate of the rest"),
     "late-feedback": ({"schedule.feedback_start": 0.75}, False,
                       "feedback only in the last quarter (the paper's 75% single-pass start)"),
