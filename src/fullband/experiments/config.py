@@ -175,7 +175,7 @@ def validate_compare_config(c: CompareConfig) -> None:
 # name -> (overrides of the compare config, whether the baseline changes too, what it tests).
 RECIPE_VARIANTS: dict[str, tuple[dict[str, Any], bool, str]] = {
     "best": ({}, False, "the compare default: raw plain inputs and normalised fused inputs (DESIGN.md section 1), "
-             "Muon, 3x fusion LR, feedback from the start"),
+             "NorMuon, 3x fusion LR, feedback from the start"),
     "input-norm-paper": ({"model.input_norm": "paper"}, False, "the paper's literal App. C code: the plain prefix "
                          "normalised too in training passes >= 2 (raw in pass 1 and at inference)"),
     "input-norm-all": ({"model.input_norm": "all"}, True,
