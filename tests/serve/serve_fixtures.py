@@ -41,12 +41,14 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{port}"
 
     @classmethod
-    def native(cls, checkpoint: Path, with_tokenizer: bool, max_batch: int = 8, max_queue: int = 8) -> LiveServer:
+    def native(cls, checkpoint: Path, with_tokenizer: bool, max_batch: int = 8, max_queue: int = 8,
+               api_key: str | None = None) -> LiveServer:
         # float64: batched and alone agree to the last bit that matters, so no near-tie can flip a greedy token.
         engine = Engine(FullBandwidthLM.from_pretrained(checkpoint, dtype=torch.float64), max_batch=max_batch,
                         max_queue=max_queue)
         tokenizer = ByteTokenizer() if with_tokenizer else None
-        app = create_app(engine, tokenizer, "tiny", Defaults(mode="soft", max_tokens=8, temperature=0.0))
+        app = create_app(engine, tokenizer, "tiny", Defaults(mode="soft", max_tokens=8, temperature=0.0),
+                         api_key=api_key)
         return cls(app, FullBandwidthLM.from_pretrained(checkpoint, dtype=torch.float64), engine)
 
     def client(self) -> httpx.Client:

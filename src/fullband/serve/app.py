@@ -9,6 +9,7 @@ OpenAI's error body naming the field; a full queue gets 429.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -172,9 +173,11 @@ class _Run:
 
 
 def create_app(
-    engine: Engine, tokenizer: Tokenizer | None, model_name: str, defaults: Defaults | None = None
+    engine: Engine, tokenizer: Tokenizer | None, model_name: str, defaults: Defaults | None = None,
+    api_key: str | None = None,
 ) -> FastAPI:
-    """The FastAPI app; it starts ``engine`` on startup and closes it on shutdown."""
+    """The FastAPI app; it starts ``engine`` on startup and closes it on shutdown. With ``api_key`` every path but
+    /health answers 401 unless the request carries ``Authorization: Bearer <api_key>``."""
     defaults = defaults or Defaults()
     created = int(time.time())
     registry = CollectorRegistry()
@@ -194,6 +197,20 @@ def create_app(
 
     app = FastAPI(title="fullband", lifespan=lifespan)
     app.state.engine = engine
+
+    if api_key is not None:
+        expected = f"Bearer {api_key}".encode()
+
+        @app.middleware("http")
+        async def authenticate(request: Request, call_next: Callable[[Request], Any]) -> Any:
+            given = request.headers.get("authorization", "").encode()
+            # compare_digest: the time taken does not tell how much of a guessed key was right.
+            if request.url.path != "/health" and not hmac.compare_digest(given, expected):
+                what = "a wrong API key" if given else "no API key"
+                return _error(request, APIError(401, f"the request carries {what}: send the header "
+                                               "`Authorization: Bearer <key>` with the server's key",
+                                               code="invalid_api_key"))
+            return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, err: RequestValidationError) -> JSONResponse:

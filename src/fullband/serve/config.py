@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fullband.config import (
@@ -14,6 +15,8 @@ from fullband.config import (
     validate_device_name,
     validate_threads,
 )
+
+API_KEY_ENV = "FULLBAND_API_KEY"
 
 
 @dataclass
@@ -35,6 +38,13 @@ class ServeConfig:
     log_level: str = doc("info", "uvicorn log level: critical | error | warning | info | debug.")
     device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
     threads: str = threads_field()
+    api_key: str = doc("", f"Require `Authorization: Bearer <key>` on every endpoint but /health (HTTP 401 without "
+                       f"it); empty = the {API_KEY_ENV} environment variable, and without that no authentication "
+                       "(a warning when listening beyond localhost).")
+
+    def resolved_api_key(self, environ: Mapping[str, str]) -> str:
+        """The key requests must carry: ``api_key``, else ``environ``'s FULLBAND_API_KEY; "" = none."""
+        return self.api_key or environ.get(API_KEY_ENV, "")
 
     def __post_init__(self) -> None:
         _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
@@ -45,6 +55,8 @@ class ServeConfig:
         _require(isinstance(self.graceful_timeout, (int, float)) and self.graceful_timeout >= 0, "graceful_timeout",
                  self.graceful_timeout, "must be >= 0 seconds")
         _require(self.log_level in LOG_LEVELS, "log_level", self.log_level, f"must be one of {LOG_LEVELS}")
+        _require(isinstance(self.api_key, str) and self.api_key == self.api_key.strip(), "api_key", "<hidden>",
+                 "must be a string without surrounding spaces")
         validate_device_name(self.device)
         self.threads = validate_threads(self.threads)
         validate_decoding_options(self.mode, self.prefill_passes, self.temperature, 0, 1.0, self.max_tokens,
@@ -52,3 +64,4 @@ class ServeConfig:
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")

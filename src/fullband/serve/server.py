@@ -7,12 +7,14 @@ shutdown closes the engine.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
 from fullband.config import ConfigError
-from fullband.serve.config import ServeConfig
+from fullband.serve.config import LOOPBACK_HOSTS, ServeConfig
 
 
 def build_app(cfg: ServeConfig) -> Any:
@@ -31,7 +33,11 @@ def build_app(cfg: ServeConfig) -> Any:
     engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, exact_chunk_size=cfg.exact_chunk_size)
     name = cfg.model_name or Path(str(cfg.checkpoint).removeprefix("hf:")).resolve().name
     defaults = Defaults(cfg.mode, cfg.prefill_passes, cfg.max_tokens, cfg.temperature)
-    return create_app(engine, tokenizer, name, defaults)
+    api_key = cfg.resolved_api_key(os.environ)
+    if not api_key and cfg.host not in LOOPBACK_HOSTS:
+        print(f"fullband serve: warning: listening on {cfg.host} without an API key: anyone who reaches the port can "
+              "use the model; give --api_key or set FULLBAND_API_KEY", file=sys.stderr)
+    return create_app(engine, tokenizer, name, defaults, api_key=api_key or None)
 
 
 def uvicorn_server(app: Any, cfg: ServeConfig) -> Any:
