@@ -15,7 +15,7 @@ import uvicorn
 
 from fullband import FullBandwidthLM, ModelConfig
 from fullband.data import ByteTokenizer
-from fullband.serve.app import Defaults, create_app
+from fullband.serve.app import Defaults, Limits, create_app
 from fullband.serve.engine import Engine
 
 VOCAB = 257  # the byte tokenizer's 256 bytes + eos
@@ -42,13 +42,13 @@ class LiveServer:
 
     @classmethod
     def native(cls, checkpoint: Path, with_tokenizer: bool, max_batch: int = 8, max_queue: int = 8,
-               api_key: str | None = None) -> LiveServer:
+               api_key: str | None = None, limits: Limits | None = None) -> LiveServer:
         # float64: batched and alone agree to the last bit that matters, so no near-tie can flip a greedy token.
         engine = Engine(FullBandwidthLM.from_pretrained(checkpoint, dtype=torch.float64), max_batch=max_batch,
                         max_queue=max_queue)
         tokenizer = ByteTokenizer() if with_tokenizer else None
         app = create_app(engine, tokenizer, "tiny", Defaults(mode="soft", max_tokens=8, temperature=0.0),
-                         api_key=api_key)
+                         api_key=api_key, limits=limits)
         return cls(app, FullBandwidthLM.from_pretrained(checkpoint, dtype=torch.float64), engine)
 
     def client(self) -> httpx.Client:

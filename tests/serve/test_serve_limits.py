@@ -105,7 +105,9 @@ def test_full_queue_gets_429_and_the_accepted_requests_finish(long_server):
         responses = list(pool.map(lambda _: client.post("/v1/completions", json=body), range(6)))
     codes = sorted(r.status_code for r in responses)
     assert codes.count(200) in (1, 2) and set(codes) <= {200, 429}, codes
-    rejected = next(r for r in responses if r.status_code == 429).json()["error"]
+    rejected_response = next(r for r in responses if r.status_code == 429)
+    assert rejected_response.headers["retry-after"] == "1"
+    rejected = rejected_response.json()["error"]
     assert rejected["code"] == "rate_limit_exceeded" and "queue" in rejected["message"]
     expected = long_server.model.generate(body["prompt"], 400, "standard")[3:]
     assert all(ids_of(r.json()["choices"][0]["text"]) == expected for r in responses if r.status_code == 200)

@@ -40,6 +40,14 @@ class Defaults:
     temperature: float = 1.0
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for (``fullband serve``'s options): beyond them it gets a 400 or a 413."""
+
+    max_tokens: int = 0  # largest max_tokens a request may ask for; 0 = only the model's context limits it
+    max_body_bytes: int = 1 << 20  # largest request body (by its Content-Length)
+
+
 # ---------------------------------------------------------------------------------------------- request bodies
 
 
@@ -174,11 +182,11 @@ class _Run:
 
 def create_app(
     engine: Engine, tokenizer: Tokenizer | None, model_name: str, defaults: Defaults | None = None,
-    api_key: str | None = None,
+    api_key: str | None = None, limits: Limits | None = None,
 ) -> FastAPI:
     """The FastAPI app; it starts ``engine`` on startup and closes it on shutdown. With ``api_key`` every path but
     /health answers 401 unless the request carries ``Authorization: Bearer <api_key>``."""
-    defaults = defaults or Defaults()
+    defaults, limits = defaults or Defaults(), limits or Limits()
     created = int(time.time())
     registry = CollectorRegistry()
     requests_total = Counter("fullband_requests", "HTTP requests by endpoint and status.", ["endpoint", "status"],
@@ -198,7 +206,16 @@ def create_app(
     app = FastAPI(title="fullband", lifespan=lifespan)
     app.state.engine = engine
 
-    if api_key is not None:
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next: Callable[[Request], Any]) -> Any:
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limits.max_body_bytes:
+            return _error(request, APIError(413, f"the request body has {length} bytes, over this server's limit of "
+                                                 f"{limits.max_body_bytes} (fullband serve --max_body_bytes): send a "
+                                                 "shorter request", None, code="request_too_large"))
+        return await call_next(request)
+
+    if api_key is not None:  # added after limit_body, so it runs first: a stranger learns no limits
         expected = f"Bearer {api_key}".encode()
 
         @app.middleware("http")
@@ -222,12 +239,17 @@ def create_app(
 
     def _error(request: Request, err: APIError) -> JSONResponse:
         requests_total.labels(request.url.path, str(err.status)).inc()
-        return JSONResponse(err.body(), status_code=err.status)
+        # A full queue drains within a few decoding steps: tell clients to retry soon rather than give up.
+        headers = {"Retry-After": "1"} if err.status == 429 else None
+        return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
     def start(body: _Common, prompts: list[list[int]], stops: list[str], logprobs: int | None,
               renamed: dict[str, str] | None = None) -> _Run:
         mode = body.mode if body.mode is not None else defaults.mode
         max_tokens = body.max_tokens if body.max_tokens is not None else defaults.max_tokens
+        if limits.max_tokens and isinstance(max_tokens, int) and max_tokens > limits.max_tokens:
+            raise APIError(400, f"max_tokens={max_tokens} is over this server's limit of {limits.max_tokens}: ask "
+                                f"for at most {limits.max_tokens}", "max_tokens")
         temperature = body.temperature if body.temperature is not None else defaults.temperature
         stop_ids = (tokenizer.eos_id,) if tokenizer is not None and tokenizer.eos_id is not None else ()
         requests = [

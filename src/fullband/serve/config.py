@@ -38,6 +38,9 @@ class ServeConfig:
     log_level: str = doc("info", "uvicorn log level: critical | error | warning | info | debug.")
     device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
     threads: str = threads_field()
+    max_tokens_limit: int = doc(0, "Largest max_tokens one request may ask for (HTTP 400 beyond it); 0 = only the "
+                                "model's context limits it.")
+    max_body_bytes: int = doc(1 << 20, "Largest request body in bytes (HTTP 413 beyond it).")
     api_key: str = doc("", f"Require `Authorization: Bearer <key>` on every endpoint but /health (HTTP 401 without "
                        f"it); empty = the {API_KEY_ENV} environment variable, and without that no authentication "
                        "(a warning when listening beyond localhost).")
@@ -52,6 +55,12 @@ class ServeConfig:
         _require(_is_int(self.max_batch) and self.max_batch >= 1, "max_batch", self.max_batch, "must be >= 1")
         _require(_is_int(self.max_queue) and self.max_queue >= 0, "max_queue", self.max_queue, "must be >= 0")
         _require(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1")
+        _require(_is_int(self.max_tokens_limit) and self.max_tokens_limit >= 0, "max_tokens_limit",
+                 self.max_tokens_limit, "must be >= 0 (0 = no limit but the model's context)")
+        _require(self.max_tokens_limit == 0 or self.max_tokens <= self.max_tokens_limit, "max_tokens", self.max_tokens,
+                 f"the default must not exceed max_tokens_limit={self.max_tokens_limit}")
+        _require(_is_int(self.max_body_bytes) and self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes,
+                 "must be >= 1024")
         _require(isinstance(self.graceful_timeout, (int, float)) and self.graceful_timeout >= 0, "graceful_timeout",
                  self.graceful_timeout, "must be >= 0 seconds")
         _require(self.log_level in LOG_LEVELS, "log_level", self.log_level, f"must be one of {LOG_LEVELS}")

@@ -20,7 +20,7 @@ from fullband.serve.config import LOOPBACK_HOSTS, ServeConfig
 def build_app(cfg: ServeConfig) -> Any:
     """The app for ``cfg`` (model, tokenizer and engine loaded; the engine starts with the app)."""
     try:
-        from fullband.serve.app import Defaults, create_app
+        from fullband.serve.app import Defaults, Limits, create_app
     except ImportError as err:
         raise ConfigError(f"fullband serve needs FastAPI, uvicorn and prometheus-client: pip install "
                           f"'fullband[serve]' ({err})") from None
@@ -37,7 +37,8 @@ def build_app(cfg: ServeConfig) -> Any:
     if not api_key and cfg.host not in LOOPBACK_HOSTS:
         print(f"fullband serve: warning: listening on {cfg.host} without an API key: anyone who reaches the port can "
               "use the model; give --api_key or set FULLBAND_API_KEY", file=sys.stderr)
-    return create_app(engine, tokenizer, name, defaults, api_key=api_key or None)
+    limits = Limits(cfg.max_tokens_limit, cfg.max_body_bytes)
+    return create_app(engine, tokenizer, name, defaults, api_key=api_key or None, limits=limits)
 
 
 def uvicorn_server(app: Any, cfg: ServeConfig) -> Any:
