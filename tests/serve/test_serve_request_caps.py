@@ -48,3 +48,25 @@ def test_a_body_over_the_limit_gets_413(capped):
 def test_bad_caps_are_refused_naming_the_field(options, field):
     with pytest.raises(ConfigError, match=f"^{field}="):
         ServeConfig(checkpoint="x", **options)
+
+
+def test_bfloat16_serving_answers_and_the_weights_are_bfloat16(tmp_path):
+    import torch
+
+    from fullband.serve.server import build_app
+
+    checkpoint = save_checkpoint(tmp_path, with_tokenizer=False)
+    app = build_app(ServeConfig(checkpoint=str(checkpoint), dtype="bfloat16", device="cpu"))
+    assert next(app.state.engine.model.parameters()).dtype == torch.bfloat16
+    live = LiveServer(app, None, app.state.engine)
+    try:
+        with live.client() as client:
+            response = client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 3, "temperature": 0})
+        assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 3
+    finally:
+        live.stop()
+
+
+def test_serve_dtype_is_checked():
+    with pytest.raises(ConfigError, match=r"^dtype='float16'"):
+        ServeConfig(checkpoint="x", dtype="float16")

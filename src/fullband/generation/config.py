@@ -31,7 +31,7 @@ class GenerateConfig:
     top_p: float = doc(1.0, "Nucleus sampling mass (1 = off).")
     seed: int | None = doc(None, "Sampling seed for reproducible draws.")
     stop_at_eos: bool = doc(True, "Stop at the tokenizer's end-of-sequence token.")
-    device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
+    device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
     threads: str = threads_field()
     drafter: str = doc(
         "", "Speculative decoding (same output, see DESIGN.md section 4): '' = off; standard = the model itself "

@@ -17,6 +17,7 @@ from fullband.config import (
 )
 
 API_KEY_ENV = "FULLBAND_API_KEY"
+SERVE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass
@@ -36,7 +37,9 @@ class ServeConfig:
     model_name: str = doc("", "Model id reported by /v1/models and in responses (default: the checkpoint name).")
     graceful_timeout: float = doc(10.0, "Seconds Ctrl-C / SIGTERM waits for in-flight requests before cancelling.")
     log_level: str = doc("info", "uvicorn log level: critical | error | warning | info | debug.")
-    device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
+    device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
+    dtype: str = doc("float32", f"Model and KV-cache dtype: one of {SERVE_DTYPES} (bfloat16 halves the memory; fast on "
+                     "CUDA and on CPUs with avx512_bf16 or AMX, emulated and slow on other CPUs).")
     threads: str = threads_field()
     max_tokens_limit: int = doc(0, "Largest max_tokens one request may ask for (HTTP 400 beyond it); 0 = only the "
                                 "model's context limits it.")
@@ -67,6 +70,7 @@ class ServeConfig:
         _require(isinstance(self.api_key, str) and self.api_key == self.api_key.strip(), "api_key", "<hidden>",
                  "must be a string without surrounding spaces")
         validate_device_name(self.device)
+        _require(self.dtype in SERVE_DTYPES, "dtype", self.dtype, f"must be one of {SERVE_DTYPES}")
         self.threads = validate_threads(self.threads)
         validate_decoding_options(self.mode, self.prefill_passes, self.temperature, 0, 1.0, self.max_tokens,
                                   self.exact_chunk_size)

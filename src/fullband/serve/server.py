@@ -24,11 +24,15 @@ def build_app(cfg: ServeConfig) -> Any:
     except ImportError as err:
         raise ConfigError(f"fullband serve needs FastAPI, uvicorn and prometheus-client: pip install "
                           f"'fullband[serve]' ({err})") from None
+    import torch
+
     from fullband.data import load_tokenizer
+    from fullband.devices import resolve_device
     from fullband.model_io import checkpoint_dir, load_any
     from fullband.serve.engine import Engine
 
-    model = load_any(cfg.checkpoint, device=cfg.device)  # native, retrofitted or hf:PATH
+    # native, retrofitted or hf:PATH; the KV cache takes the weights' dtype
+    model = load_any(cfg.checkpoint, device=resolve_device(cfg.device), dtype=getattr(torch, cfg.dtype))
     tokenizer = load_tokenizer(checkpoint_dir(cfg.checkpoint))
     engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, exact_chunk_size=cfg.exact_chunk_size)
     name = cfg.model_name or Path(str(cfg.checkpoint).removeprefix("hf:")).resolve().name

@@ -41,7 +41,7 @@ class LmEvalConfig:
     batch_size: int = doc(16, "Requests per model batch.")
     limit: int | None = doc(None, "Evaluate only the first N documents of each task (none = all).")
     max_gen_toks: int = doc(256, "Default cap on generated tokens for generate_until tasks.")
-    device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
+    device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
     threads: str = threads_field()
     dtype: str = doc("float32", f"Model dtype: one of {EVAL_DTYPES}.")
     seed: int = doc(0, "Seed of the few-shot sampling and of every other random choice of lm-eval.")
