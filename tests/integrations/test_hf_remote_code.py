@@ -143,16 +143,30 @@ def _fullband_eval(path: Path, mode: str, tmp: Path) -> dict:
     return json.loads((out_dir / "results.json").read_text())["results"]["fb_tiny_ppl"]
 
 
+@pytest.fixture(scope="module")
+def fullband_scores(checkpoint, tmp_path_factory):
+    """``fullband eval``'s scores of the checkpoint per mode, each computed once for the module (a subprocess)."""
+    path, _ = checkpoint
+    scores: dict[str, dict] = {}
+
+    def score(mode: str) -> dict:
+        if mode not in scores:
+            scores[mode] = _fullband_eval(path, mode, tmp_path_factory.mktemp(f"fullband_eval_{mode}"))
+        return scores[mode]
+
+    return score
+
+
 @pytest.mark.parametrize("mode", ["standard", "soft"])
-def test_lm_eval_cli_hf_model_scores_equal_fullband_eval(checkpoint, tmp_path, mode):
+def test_lm_eval_cli_hf_model_scores_equal_fullband_eval(checkpoint, fullband_scores, tmp_path, mode):
     """``lm_eval --model hf`` on the checkpoint == ``fullband eval``: every document fits one window, so lm-eval's
     rolling context is the end-of-text token alone and soft mode means the same positions in both."""
     path, _ = checkpoint
-    theirs, ours = _lm_eval_hf(path, mode, tmp_path), _fullband_eval(path, mode, tmp_path)
+    theirs, ours = _lm_eval_hf(path, mode, tmp_path), fullband_scores(mode)
     for metric in ("bits_per_byte,none", "byte_perplexity,none", "word_perplexity,none"):
         assert theirs[metric] == pytest.approx(ours[metric], rel=1e-5), metric
     if mode == "soft":  # and the mode matters: soft is not standard
-        standard = _fullband_eval(path, "standard", tmp_path)
+        standard = fullband_scores("standard")
         assert abs(standard["bits_per_byte,none"] - ours["bits_per_byte,none"]) > 1e-3
 
 
