@@ -36,6 +36,14 @@ class TokenMatch:
         return self.flag.startswith("extrapolated")
 
 
+def against_one(multiplier: float, spread: float) -> str:
+    """Where a token multiplier stands against 1.00x: "above" or "below" it by more than ``spread`` (one seed sd),
+    else "tie" (within the seed spread of 1.00x a multiplier is neither a gain nor a loss)."""
+    if multiplier - spread > 1:
+        return "above"
+    return "below" if multiplier + spread < 1 else "tie"
+
+
 def baseline_loss_at(tokens: Sequence[float], losses: Sequence[float], at: float) -> float:
     """The fitted baseline loss at ``at`` tokens (piecewise linear in log tokens, end segments extended)."""
     xs, ys = _sorted_curve(tokens, losses)

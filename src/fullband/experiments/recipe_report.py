@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from fullband.experiments.multiplier import against_one
 from fullband.experiments.plots import pyplot, save_figure
 from fullband.experiments.report import _row, input_text
 from fullband.experiments.results import finished_at, mean_sd, mode_label
@@ -46,9 +47,8 @@ def verdict(results: dict[str, Any]) -> list[str]:
         top = max(mults, key=lambda m: mults[m][0]) if mults else None
         if top is not None:
             mult, spread = mults[top][0], mults[top][1] or 0.0
-            # Within one seed sd of 1.00x is a tie (as in the compare report's verdict), not a gain or a loss.
-            word = ("beats" if mult - spread > 1 else "does not beat" if mult + spread < 1 else
-                    "ties (within the seed spread)")
+            word = {"above": "beats", "below": "does not beat",
+                    "tie": "ties (within the seed spread)"}[against_one(mult, spread)]
             lines.append(f"- The compare default's best mode, {mode_label(top)}, is worth {mult:.2f}x ± {spread:.2f} "
                          f"its training tokens (mean ± sd over seeds): feedback {word} the 1x baseline at this scale.")
         fused = {m: g["gap_to_own_standard"][0] for m, g in best["modes"].items() if m != "standard"}

@@ -12,7 +12,7 @@ from typing import Any
 from fullband.config import ModelConfig
 from fullband.experiments import plots as plotting
 from fullband.experiments import trend
-from fullband.experiments.multiplier import BETTER_THAN_LARGEST, INTERPOLATED, WORSE_THAN_SMALLEST
+from fullband.experiments.multiplier import BETTER_THAN_LARGEST, INTERPOLATED, WORSE_THAN_SMALLEST, against_one
 from fullband.experiments.results import finished_at, mean_sd, mode_label, modes_of, run_names, runs_named
 from fullband.experiments.study import report_head, write_study
 
@@ -237,12 +237,13 @@ def verdict(results: dict[str, Any]) -> list[str]:
         best_mult, best_sd = mean_sd(s["token_multiplier"] for s in by_mode[best])
         # With several seeds, a multiplier within one sample sd of 1.00x is a tie, not a gain or a loss.
         spread = best_sd or 0.0
+        standing = against_one(best_mult, spread) if best_mult is not None else None
         if best_mult is None:
             outcome = "no mode could be matched on the baseline curve."
-        elif best_mult - spread > 1:
+        elif standing == "above":
             outcome = (f"its best mode, {mode_label(best)}, matches a baseline trained on {best_mult:.2f}x its "
                        "tokens: at this scale feedback buys training tokens.")
-        elif best_mult + spread >= 1:
+        elif standing == "tie":
             outcome = (f"its best mode, {mode_label(best)}, is worth {best_mult:.2f}x ± {spread:.2f} its tokens, "
                        "within the seed spread of 1.00x: at this scale feedback neither buys nor costs training "
                        "tokens measurably.")

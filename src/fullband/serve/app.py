@@ -247,7 +247,7 @@ def create_app(
               renamed: dict[str, str] | None = None) -> _Run:
         mode = body.mode if body.mode is not None else defaults.mode
         max_tokens = body.max_tokens if body.max_tokens is not None else defaults.max_tokens
-        if limits.max_tokens and isinstance(max_tokens, int) and max_tokens > limits.max_tokens:
+        if limits.max_tokens and max_tokens > limits.max_tokens:
             raise APIError(400, f"max_tokens={max_tokens} is over this server's limit of {limits.max_tokens}: ask "
                                 f"for at most {limits.max_tokens}", "max_tokens")
         temperature = body.temperature if body.temperature is not None else defaults.temperature
