@@ -80,3 +80,42 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_numbers(tmp_path):
     for run, summary in before["training"].items():
         assert after["training"][run]["final_loss"] == summary["final_loss"], run
     assert "--resume" not in (resumed / "report.md").read_text()
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_run_killed_mid_training_continues_from_its_checkpoint(tmp_path, monkeypatch, capsys):
+    """kill -9 while the full-bandwidth model trains: the resumed study continues that run from its latest
+    checkpoint (not from scratch) and ends with the uninterrupted study's numbers."""
+    from fullband.training.trainer import Trainer
+
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    args = [*ARGS[:5], *ARGS[7:], "--family", "swaps5", "--steps", "6"]  # no controls: one pair of models
+    assert main([*args, "--out_dir", str(whole)]) == 0
+    train_step = Trainer.train_step
+
+    def dies(self, step):
+        if self.out_dir.name == "fullband" and step == 4:
+            raise Killed(f"killed before step {step}")
+        return train_step(self, step)
+
+    monkeypatch.setattr(Trainer, "train_step", dies)
+    with pytest.raises(Killed):
+        main([*args, "--out_dir", str(killed)])
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+    capsys.readouterr()
+    assert main([*args, "--out_dir", str(killed), "--resume", "true", "--progress", "true"]) == 0
+    assert "training fullband (6 steps, resumed from step-0000004)" in capsys.readouterr().out
+    before, after = (json.loads((d / "results.json").read_text()) for d in (whole, killed))
+    assert untimed(after["cells"]) == untimed(before["cells"])
+    for kind in ("baseline", "fullband"):
+        assert after["training"][kind]["final_loss"] == before["training"][kind]["final_loss"], kind
+    # Checkpointing itself changes no number (the committed reports were trained without checkpoints).
+    monkeypatch.setattr("fullband.experiments.study.study_checkpoint_every", lambda steps: 0)
+    assert main([*args, "--out_dir", str(tmp_path / "plain")]) == 0
+    plain = json.loads((tmp_path / "plain" / "results.json").read_text())
+    assert not list((tmp_path / "plain" / "fullband" / "checkpoints").glob("step-000000[1-5]"))
+    assert untimed(plain["cells"]) == untimed(before["cells"])
+    assert plain["training"]["fullband"]["final_loss"] == before["training"]["fullband"]["final_loss"]

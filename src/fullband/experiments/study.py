@@ -244,8 +244,9 @@ def sft_run_config(spec: StudyModel, data: Path, validation: Path, out_dir: Path
         data=DataConfig(source=str(data), format="sft", validation_source=str(validation), tokenizer="byte",
                         curriculum=spec.curriculum),
         train=TrainConfig(max_steps=spec.steps, batch_size=spec.batch_size, seq_len=spec.max_seq_len,
-                          seed=spec.seed, eval_every=0, eval_batches=VALIDATION_BATCHES, checkpoint_every=0,
-                          keep_last=1, log_every=50, grad_passes=spec.grad_passes, prefix_mixin=spec.prefix_mixin,
+                          seed=spec.seed, eval_every=0, eval_batches=VALIDATION_BATCHES,
+                          checkpoint_every=study_checkpoint_every(spec.steps), keep_last=1, log_every=50,
+                          grad_passes=spec.grad_passes, prefix_mixin=spec.prefix_mixin,
                           feedback_weight=spec.feedback_weight,
                           # Eager: these tiny models train in a minute or two, which a ~20 s compile does not earn
                           # back, and the committed reports were computed eagerly (compiling changes the numbers at
@@ -258,6 +259,12 @@ def sft_run_config(spec: StudyModel, data: Path, validation: Path, out_dir: Path
         schedule=ScheduleConfig(feedback_start=spec.feedback_start if feedback else 1.0, pass_mix=spec.pass_mix),
         out_dir=str(out_dir), device=spec.device, eval_passes=(1, 3),
     )
+
+
+def study_checkpoint_every(steps: int) -> int:
+    """Ten checkpoints a run: a study killed mid-run resumes its interrupted run losing at most a tenth of it
+    (saving one changes no number: the trainer's checkpoints are bit-exact on CPU)."""
+    return max(1, steps // 10)
 
 
 def train_both(
@@ -278,23 +285,33 @@ def train_run(kind: str, run_cfg: TrainRunConfig, progress: bool = True, reuse: 
     """Train one model of a study into ``run_cfg.out_dir`` -> its summary (model_dir, tokens, losses, seconds).
 
     A finished run there is reused (``reuse``) or refused; an unfinished one (no summary: the study was killed
-    while it trained) is deleted and trained again from the start with ``resume`` (runs are deterministic, so
-    this gives the numbers an uninterrupted run gives), else refused."""
+    while it trained) continues from its latest complete checkpoint with ``resume``, or is trained again from the
+    start if it has none (runs are deterministic and resume bit for bit, so either gives the numbers of an
+    uninterrupted run), else refused."""
+    from fullband.training.checkpoint import latest_good_checkpoint
     from fullband.training.run import run_train
 
     run_dir = Path(run_cfg.out_dir)
+    resumed_from = None
     if run_dir.exists():
         finished = (run_dir / SUMMARY_FILE).is_file() and (run_dir / "model").is_dir()
         if resume and not finished:
-            shutil.rmtree(run_dir)
+            resumed_from = latest_good_checkpoint(run_dir)
+            if resumed_from is None:
+                shutil.rmtree(run_dir)
         elif not reuse and not resume:
             raise ConfigError(f"out_dir={str(run_dir.parent)!r} already holds a trained {kind}: pick a new "
                               "--out_dir, or --reuse_models true to evaluate the trained models again")
         else:
             return _read_summary(run_dir)
     if progress:
-        print(f"training {kind} ({run_cfg.train.max_steps} steps)", flush=True)
-    result = run_train(run_cfg, progress=progress)
+        start = f", resumed from {resumed_from.name}" if resumed_from is not None else ""
+        print(f"training {kind} ({run_cfg.train.max_steps} steps{start})", flush=True)
+    if resumed_from is not None:
+        result = run_train(dataclasses.replace(run_cfg, resume=True), progress=progress)
+        save_resolved_config(run_cfg, run_dir / "config.toml")  # as an uninterrupted run's
+    else:
+        result = run_train(run_cfg, progress=progress)
     summary = {
         "model_dir": str(result.model_dir), "steps": result.steps, "tokens": result.tokens,
         "token_equiv_compute": result.token_equiv_compute, "final_loss": result.final_loss,
