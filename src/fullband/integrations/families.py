@@ -82,6 +82,11 @@ def family_named(name: str) -> Family:
     return FAMILIES[name]
 
 
+def new_model(config: Any) -> Any:
+    """A fresh model of the default family from its config (``fullband train``'s [model], resolved)."""
+    return DEFAULT.model_class().from_config(config)
+
+
 def register_auto_classes() -> None:
     """Register every family's transformers Auto classes (AutoConfig / AutoModelForCausalLM), so transformers
     reads fullband checkpoints locally; needs transformers."""

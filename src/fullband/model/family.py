@@ -6,8 +6,9 @@ A family (the native :class:`~fullband.model.lm.FullBandwidthLM`, a retrofitted 
 
 - ``family`` (the ``model_type`` its checkpoints record), ``cache_type`` (its decoding cache), ``shardable``
   (whether FSDP2 may shard it) and ``train_dtype`` (the dtype a training run loads it in);
-- its files: ``save_pretrained`` / ``load``, ``saved_config`` and ``load_weights`` (a training checkpoint's
-  weights, in place) and ``checkpoint_problem`` (which of its files a complete checkpoint lists);
+- ``from_config`` (fresh weights) and its files: ``save_pretrained`` / ``load``, ``saved_config`` and
+  ``load_weights`` (a training checkpoint's weights, in place) and ``checkpoint_problem`` (which of its files a
+  complete checkpoint lists);
 - ``from_source`` for a family built from something outside fullband (``hf:PATH``), with its own options;
 - ``parameter_roles``: which parameters the optimiser treats as hidden matrices (Muon / NorMuon) and which
   belong to the fusion (its learning-rate multiplier).
@@ -45,7 +46,13 @@ class FamilyInterface:
     shardable: ClassVar[bool] = False  # FSDP2 (train.parallel='fsdp') may shard it
     train_dtype: ClassVar[torch.dtype | None] = None  # what init_from loads it in for training (None: as saved)
 
-    # ------------------------------------------------------------------ its files
+    # ------------------------------------------------------------------ construction and its files
+
+    @classmethod
+    def from_config(cls, config: Any) -> Any:
+        """A new model with fresh weights from the family's config (a shardable family must have it: FSDP gathers
+        the shards into one built here)."""
+        return cls(config)  # type: ignore[call-arg]
 
     def save_pretrained(self, directory: str | Path, **decoding: Any) -> None:
         """Write the model to ``directory``; ``decoding`` overrides the decoding defaults in its config.json."""

@@ -189,7 +189,7 @@ def _unsharded(model: FeedbackLM, state: dict[str, torch.Tensor]) -> FeedbackLM:
     a strict load, so a missing or extra tensor fails here rather than in a later from_pretrained.
     """
     with torch.device("meta"):
-        plain = families.family_named(model.family).model_class()(model.config)
+        plain = families.family_named(model.family).model_class().from_config(model.config)
     plain.load_state_dict(state, assign=True)
     return plain
 

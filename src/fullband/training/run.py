@@ -45,7 +45,7 @@ from fullband.data import (
 )
 from fullband.devices import resolve_device
 from fullband.integrations import families
-from fullband.model import FullBandwidthLM, hub
+from fullband.model import hub
 from fullband.model.serialization import CheckpointError
 from fullband.model_io import AnyLM, build_from_source, model_class
 from fullband.training.checkpoint import save_model
@@ -129,7 +129,7 @@ def build_model(cfg: TrainRunConfig, tokenizer: Tokenizer, device: torch.device)
         cls = model_class(family, repr(cfg.init_from))
         model = cls.load(cfg.init_from, dtype=cls.train_dtype, feedback=cfg.model.feedback).train()
     else:
-        model = FullBandwidthLM(cfg.model.resolve(tokenizer.vocab_size))  # a fresh model: [model] is its config
+        model = families.new_model(cfg.model.resolve(tokenizer.vocab_size))  # the default family's: [model]
     if cfg.init_from and model.config.vocab_size < tokenizer.vocab_size:
         fix = ("resize the model's embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer))) and "
                "save it again" if hf_path is not None else "use the checkpoint's own tokenizer")
@@ -192,7 +192,7 @@ def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) ->
     val = TokenBatches(val_split.tokens, t.seq_len, t.batch_size, seed=t.seed + 1)
     losses = loss_eval(val.batch, t.eval_batches, cfg.eval_passes)
 
-    def evaluate(model: FullBandwidthLM, step: int) -> dict[str, float]:
+    def evaluate(model: AnyLM, step: int) -> dict[str, float]:
         results = losses(model, step)
         # Bits per byte compare across tokenizers: nats/token x tokens/byte of the split / ln 2.
         bpb = {k.replace("val_loss", "val_bpb"): val_split.bits_per_byte(v) for k, v in results.items()}
