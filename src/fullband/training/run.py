@@ -47,7 +47,7 @@ from fullband.devices import resolve_device
 from fullband.integrations import families
 from fullband.model import hub
 from fullband.model.serialization import CheckpointError
-from fullband.model_io import AnyLM, build_from_source, model_class
+from fullband.model_io import AnyLM, build_from_source, load_any, model_class
 from fullband.training.checkpoint import save_model
 from fullband.training.config import TrainRunConfig
 from fullband.training.distributed import cleanup_distributed, init_distributed, wrap_ddp, wrap_fsdp
@@ -126,8 +126,8 @@ def build_model(cfg: TrainRunConfig, tokenizer: Tokenizer, device: torch.device)
         family = families.family_of(cfg.init_from)
         if family is families.DEFAULT:
             _refuse_transformers_dir(cfg.init_from)
-        cls = model_class(family, repr(cfg.init_from))
-        model = cls.load(cfg.init_from, dtype=cls.train_dtype, feedback=cfg.model.feedback).train()
+        dtype = model_class(family, repr(cfg.init_from)).train_dtype
+        model = load_any(cfg.init_from, dtype=dtype, feedback=cfg.model.feedback).train()
     else:
         model = families.new_model(cfg.model.resolve(tokenizer.vocab_size))  # the default family's: [model]
     if cfg.init_from and model.config.vocab_size < tokenizer.vocab_size:

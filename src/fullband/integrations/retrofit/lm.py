@@ -38,6 +38,7 @@ from fullband.integrations.retrofit.cache import RetrofitCache
 from fullband.integrations.retrofit.config import LAST_HIDDEN, FeedbackSource, RetrofitConfig, RetrofitOptions
 from fullband.model import LatentFusion
 from fullband.model.feedback import FeedbackLM
+from fullband.model.serialization import CheckpointError
 
 
 class RetrofittedLM(FeedbackLM):
@@ -148,8 +149,8 @@ class RetrofittedLM(FeedbackLM):
     def load(cls, directory: str | Path, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
              *, feedback: bool | None = None) -> RetrofittedLM:
         if feedback is False:
-            raise io.CheckpointError(f"feedback=False (model.feedback) is invalid for {directory}: a retrofitted "
-                                     "model always has the fusion; train it single-pass with schedule.feedback_start=1")
+            raise CheckpointError(f"feedback=False (model.feedback) is invalid for {directory}: a retrofitted "
+                                  "model always has the fusion; train it single-pass with schedule.feedback_start=1")
         return io.load_quietly(cls, directory, dtype).to(device=device).eval()
 
     @classmethod
