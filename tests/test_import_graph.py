@@ -1,11 +1,16 @@
-"""The import graph of src/fullband: no circles, and the model package stands alone (DESIGN.md §6).
+"""The import graph of src/fullband: no circles, the model package stands alone, and no layer imports from one
+above it (DESIGN.md §6).
 
 Every ``import`` / ``from ... import`` of a fullband module counts, at module level or inside a function, so a
 deferred import cannot hide a circle. ``from package import name`` is an edge to the submodule when ``name`` is
-one, else to the package.
+one, else to the package. So does every string that names a fullband module (``"fullband.x.y"`` or
+``"fullband.x.y:Name"``): ``importlib.import_module`` of a string, a lazy-export table, the model-family table.
+The one exception is the arguments of ``RemoteCode(...)``: a module name written into a checkpoint's remote-code
+files, which transformers imports later and the writer never does.
 """
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +19,22 @@ import fullband
 
 SRC = Path(fullband.__file__).parent
 MODEL_MAY_IMPORT = ("fullband.model", "fullband.config", "fullband.version")
+MODULE_STRING = re.compile(r"fullband(\.\w+)+(:\w+)?")
+WRITTEN_NOT_IMPORTED = "RemoteCode"  # its string arguments name modules for generated files
+
+# Lowest first; a module imports only from its own layer or below. The longest matching package decides (the
+# top-level package ``fullband``, the public API's lazy facade, matches only itself).
+LAYERS = (
+    ("fullband.version", "fullband.config", "fullband.configio", "fullband.devices"),  # settings, no torch
+    ("fullband.model",),  # the network: stands alone
+    ("fullband.generation", "fullband.tasks"),  # decoding; synthetic tasks
+    ("fullband.integrations",),  # model families, transformers and llama conversion
+    ("fullband.data", "fullband.model_io"),  # tokenizers (AutoTokenizer needs the families' Auto classes); loading
+    ("fullband.training",),
+    ("fullband", "fullband.experiments", "fullband.serve", "fullband.bench", "fullband.selfcheck",
+     "fullband.integrations.lm_eval"),  # applications over the library (lm-eval scores through model_io)
+    ("fullband.cli",),
+)
 
 
 def module_files() -> dict[str, Path]:
@@ -32,8 +53,14 @@ def import_graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
+        tree = ast.parse(path.read_text())
+        written = {id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call) and _called(node)
+                   == WRITTEN_NOT_IMPORTED for arg in [*node.args, *(k.value for k in node.keywords)]}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in written:
+                if MODULE_STRING.fullmatch(node.value):
+                    targets.add(node.value.partition(":")[0])
+            elif isinstance(node, ast.Import):
                 targets |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
@@ -43,6 +70,19 @@ def import_graph() -> dict[str, set[str]]:
                 targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
         graph[name] = {t for t in targets if t in modules and t != name}
     return graph
+
+
+def _called(call: ast.Call) -> str:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the longest package that holds ``module``."""
+    matches = [(len(package), index) for index, packages in enumerate(LAYERS) for package in packages
+               if module == package or (package != "fullband" and module.startswith(package + "."))]
+    assert matches, f"{module} is in no layer: add it to LAYERS"
+    return max(matches)[1]
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -72,10 +112,14 @@ def in_package(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-def test_the_graph_sees_deferred_and_relative_imports():
+def test_the_graph_sees_deferred_relative_and_string_named_imports():
     graph = import_graph()
     assert "fullband.model.lm" in graph["fullband.model"]  # from package __init__
     assert "fullband.generation.decoding" in graph["fullband.generation"]
+    assert "fullband.integrations.retrofit.lm" in graph["fullband.integrations.families"]  # "module:Class"
+    assert "fullband.integrations.hf_retrofit" in graph["fullband.integrations.families"]  # a module string
+    assert "fullband.integrations.llama" in graph["fullband.integrations"]  # a lazy-export table
+    assert "fullband.integrations.hf" not in graph["fullband.model.hub"]  # written into remote code only
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
@@ -90,6 +134,32 @@ def test_model_package_imports_only_itself_and_the_config():
     bad = sorted(f"{source} -> {target}" for source, targets in graph.items() if in_package(source, "fullband.model")
                  for target in targets if not any(in_package(target, ok) for ok in MODEL_MAY_IMPORT))
     assert not bad, "the model package imports from outside it: " + ", ".join(bad)
+
+
+def test_no_layer_imports_from_a_layer_above_it():
+    graph = import_graph()
+    upward = sorted(f"{source} (layer {layer_of(source)}) -> {target} (layer {layer_of(target)})"
+                    for source, targets in graph.items() for target in targets if layer_of(target) > layer_of(source))
+    assert not upward, "imports from a higher layer: " + ", ".join(upward)
+
+
+def test_outside_integrations_a_family_is_named_in_docstrings_only():
+    # Training, checkpoints, loading, serving and the studies call the model-family interface: issue 26's grep
+    # for the retrofitted family finds it there in docstrings only (not in code, strings, help texts or comments).
+    words = re.compile(r"retrofit|hf_retrofit", re.IGNORECASE)
+    found = []
+    for path in [*(SRC / p for p in ("training", "model", "serve", "experiments")), SRC / "model_io.py"]:
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            text = file.read_text()
+            docstring_lines = {line for node in ast.walk(ast.parse(text))
+                               if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                               and node.body and isinstance(node.body[0], ast.Expr)
+                               and isinstance(node.body[0].value, ast.Constant)
+                               for line in range(node.body[0].lineno, node.body[0].end_lineno + 1)}
+            found += [f"{file.relative_to(SRC)}:{number}: {line.strip()}"
+                      for number, line in enumerate(text.splitlines(), 1)
+                      if number not in docstring_lines and words.search(line)]
+    assert not found, "a family named outside integrations/ and docstrings: " + "; ".join(found)
 
 
 def test_decoding_is_bound_from_the_generation_side():

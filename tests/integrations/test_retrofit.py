@@ -226,6 +226,34 @@ def test_multipass_objective_trains_base_and_fusion(arch, tokens):
     assert len(model.blocks) == 2
 
 
+@pytest.mark.parametrize("optimizer", ["muon", "normuon"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_muon_under_the_default_settings_trains_the_blocks_matrices(arch, optimizer, tokens):
+    # The default optim.muon_params ("blocks", "fusion") are parameter roles: the retrofitted network's decoder
+    # layers (named base.model.layers.* or base.transformer.h.*) are its blocks, whatever their names.
+    from fullband.training import build_optimizer
+    from fullband.training.config import OptimConfig
+
+    _, model = make(arch, torch.float32)
+    model.train()
+    optimizer = build_optimizer(model, OptimConfig(optimizer=optimizer))
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = {g["name"]: [names[id(p)] for p in g["params"]] for g in optimizer.param_groups}
+    block_matrices = [n for n, p in model.blocks.named_parameters() if p.dim() == 2]
+    assert len(groups["muon"]) == len(block_matrices) > 0
+    assert all(p.dim() == 2 and id(p) in {id(q) for q in model.blocks.parameters()}
+               for g in optimizer.param_groups if g["name"] == "muon" for p in g["params"])
+    assert sorted(groups["muon_fusion"]) == ["fusion.gate_proj.weight", "fusion.state_proj.weight"]
+    assert "base.model.embed_tokens.weight" in groups["decay"] or "base.transformer.wte.weight" in groups["decay"]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(tokens, passes=2, labels=tokens).loss.backward()
+        optimizer.step()
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert set(groups["muon"]) <= moved and set(groups["muon_fusion"]) <= moved
+
+
 @pytest.mark.parametrize("cls", [FullBandwidthLM, RetrofittedLM])
 def test_both_networks_run_the_one_feedback_forward(cls):
     # Each network supplies its embedding, blocks, head and cache; the forward, the exact evaluation, the pass loop

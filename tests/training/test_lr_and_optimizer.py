@@ -9,7 +9,7 @@ from conftest import make_model
 from fullband.config import ConfigError
 from fullband.training import build_optimizer, lr_at
 from fullband.training.config import OptimConfig
-from fullband.training.optim import decay_start, in_cooldown, set_lr
+from fullband.training.optim import decay_start, in_cooldown, muon_split, set_lr
 
 
 def curve(cfg: OptimConfig, total: int) -> list[float]:
@@ -85,6 +85,34 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
 def test_muon_on_a_baseline_skips_the_missing_fusion():
     optimizer = build_optimizer(make_model(feedback=False), OptimConfig(optimizer="muon"))
     assert {g["name"] for g in optimizer.param_groups} == {"decay", "no_decay", "muon"}
+
+
+def name_prefix_groups(model, fusion_lr_mult):
+    """The optimiser groups as the name-prefix selection made them before parameter roles (``blocks.``/``fusion.``
+    2-D weights to Muon, the fusion's LR by the ``fusion.`` prefix): group name -> parameter names, in order."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    muon = [n for n, p in named if n.startswith(("blocks.", "fusion.")) and p.dim() == 2]
+    groups = {"muon": [n for n in muon if not n.startswith("fusion.")],
+              "muon_fusion": [n for n in muon if n.startswith("fusion.")]}
+    for n, p in named:
+        if n not in muon:
+            apart = fusion_lr_mult != 1.0 and n.startswith("fusion.")
+            groups.setdefault(("decay" if p.dim() >= 2 else "no_decay") + ("_fusion" if apart else ""), []).append(n)
+    return {k: v for k, v in groups.items() if v}
+
+
+@pytest.mark.parametrize("overrides", [{}, {"feedback": False}, {"input_norm": "paper", "gate_norm": "shared"},
+                                       {"input_norm": "all"}, {"tie_embeddings": False}])
+@pytest.mark.parametrize("fusion_lr_mult", [1.0, 3.0])
+def test_a_native_models_roles_give_the_groups_its_parameter_names_gave(overrides, fusion_lr_mult):
+    # Muon's matrices come from the family's parameter roles now; for a native model they are the very tensors,
+    # in the very order (the optimizer state of older checkpoints is indexed by it), that the names selected.
+    model = make_model(dtype=torch.float32, **overrides)
+    cfg = OptimConfig(optimizer="muon", fusion_lr_mult=fusion_lr_mult)
+    names = {id(p): n for n, p in model.named_parameters()}
+    built = {g["name"]: [names[id(p)] for p in g["params"]] for g in build_optimizer(model, cfg).param_groups}
+    assert built == name_prefix_groups(model, fusion_lr_mult)
+    assert [n for n, _ in muon_split(model, ("blocks", "fusion"))[0]] == built["muon"] + built.get("muon_fusion", [])
 
 
 @pytest.mark.parametrize(("params", "message"), [

@@ -265,8 +265,9 @@ class TransformersTokenizer(Tokenizer):
                             "(pip install 'fullband[hf]')") from None
         # A fullband checkpoint's config.json names remote code (auto_map): with fullband's model types registered
         # AutoTokenizer reads that config locally, and it never asks whether to run remote code.
-        import fullband.integrations.hf
-        import fullband.integrations.hf_retrofit  # noqa: F401
+        from fullband.integrations.families import register_auto_classes
+
+        register_auto_classes()
 
         try:
             tk = AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)

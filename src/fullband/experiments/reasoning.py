@@ -228,7 +228,7 @@ def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Proble
         if cache is not None and cfg.resume and cache.is_file():
             cells += json.loads(cache.read_text())
             continue
-        model = load_any(model_dirs[kind], device=cfg.device)  # native or retrofitted
+        model = load_any(model_dirs[kind], device=cfg.device)  # any model family
         mine = []
         for _, mode, name, stride, n, k in tqdm([j for j in jobs if j[0] == kind], desc=f"decoding {kind}",
                                                 disable=not cfg.progress):

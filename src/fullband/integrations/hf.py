@@ -196,7 +196,8 @@ class FullBandwidthForCausalLM(FeedbackForwardMixin, PreTrainedModel, Generation
         """transformers' save_pretrained, plus the remote-code modules and the model card (fullband.model.hub)."""
         super().save_pretrained(save_directory, *args, **kwargs)
         hub.write_remote_code(save_directory)
-        hub.write_model_card(save_directory, self.config.to_dict())
+        config = self.config.to_dict()
+        hub.write_model_card(save_directory, config, architecture=hub.native_architecture(config))
 
     def train(self, mode: bool = True) -> FullBandwidthForCausalLM:
         self._native.training = mode  # the native module is not a child, so nn.Module.train() does not reach it

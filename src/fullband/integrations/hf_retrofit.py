@@ -21,10 +21,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, Pret
 from fullband.generation.decoding import DecodeState
 from fullband.integrations.hf import FeedbackForwardMixin, _check_decoding
 from fullband.integrations.retrofit.config import RetrofitConfig
+from fullband.integrations.retrofit.io import REMOTE_CODE
 from fullband.integrations.retrofit.lm import RetrofittedLM
 from fullband.model import hub
 
-MODEL_TYPE = hub.RETROFIT_MODEL_TYPE
+MODEL_TYPE = RetrofittedLM.family
 _RETROFIT_FIELDS = tuple(RetrofitConfig.__dataclass_fields__)
 
 
@@ -44,7 +45,7 @@ class FullBandwidthRetrofitConfig(PretrainedConfig):
             setattr(self, name, kwargs.pop(name, None))
         for name, default in hub.DECODING_DEFAULTS.items():
             setattr(self, name, kwargs.pop(name, default))
-        kwargs.setdefault("auto_map", hub.auto_map(MODEL_TYPE))
+        kwargs.setdefault("auto_map", hub.auto_map(REMOTE_CODE))
         kwargs.pop("fullband_version", None)
         kwargs.setdefault("tie_word_embeddings", False)  # the base model ties its own weights
         super().__init__(**kwargs)

@@ -3,8 +3,9 @@
 A subclass supplies the network: ``embed`` (token embedding), ``lm_head``, ``blocks``, ``fuse`` (the fusion as
 the loop calls it; None without feedback), ``run_stack`` (one pass through the blocks), ``depth_states`` (every
 depth of one pass), ``logits_of_top`` (logits from the top depth state), its cache (``_empty_cache``) and the
-attention mask its blocks read (``_stack_mask``). :class:`~fullband.model.lm.FullBandwidthLM` is the native
-network; ``fullband.integrations.retrofit.lm.RetrofittedLM`` wraps a pretrained transformers model.
+attention mask its blocks read (``_stack_mask``), and the model-family interface of :mod:`fullband.model.family`
+(its files, cache type and parameter roles). :class:`~fullband.model.lm.FullBandwidthLM` is the native network;
+the families in ``fullband.integrations`` wrap pretrained transformers models.
 
 One forward computes every execution mode of DESIGN.md §2 by running the multi-pass loop of
 :mod:`fullband.model.recurrence` over a chunk of positions. Run enough passes and the chunk is exact:
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from fullband.config import DEFAULT_MODE, EXACT_METHODS
+from fullband.model.family import FamilyInterface
 from fullband.model.kv_cache import CacheSlots
 from fullband.model.recurrence import (
     LMOutput,
@@ -38,8 +40,8 @@ from fullband.model.recurrence import (
 )
 
 
-class FeedbackLM(nn.Module):
-    config: Any  # vocab_size, d_model, n_layers, max_seq_len (ModelConfig or RetrofitConfig)
+class FeedbackLM(FamilyInterface, nn.Module):
+    config: Any  # vocab_size, d_model, n_layers, max_seq_len (the family's own config class)
     embed: nn.Embedding
     lm_head: nn.Module
 

@@ -4,14 +4,16 @@ A tool such as lm-eval's ``--model hf``, vLLM's transformers backend or a pipeli
 ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` and ``AutoTokenizer.from_pretrained(DIR)``.
 For that to work, every checkpoint directory fullband writes holds, beside its weights:
 
-    config.json                 the model config in transformers' form: every ModelConfig field (or, for a
-                                retrofitted model, its RetrofitConfig fields), ``model_type``, ``architectures``,
+    config.json                 the model config in transformers' form: every field of the family's config
+                                (ModelConfig for a native model), ``model_type``, ``architectures``,
                                 ``auto_map`` naming the two modules below, and the decoding defaults
     configuration_fullband.py   thin remote-code modules: they import the installed ``fullband`` package (and
     modeling_fullband.py        say ``pip install fullband`` when it is missing), so the code never drifts
     README.md                   a generated model card: architecture, training tokens, modes, how to load it
 
-The tokenizer files are the tokenizer's own business (:mod:`fullband.data.tokenizer` writes files that both
+Each model family writes its own files and passes its transformers classes (:class:`RemoteCode`) and the
+architecture line of its card; the native family's are the defaults here. The tokenizer files are the tokenizer's
+own business (:mod:`fullband.data.tokenizer` writes files that both
 fullband and ``AutoTokenizer`` read). Nothing here imports torch or transformers.
 """
 
@@ -19,12 +21,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from fullband.config import DEFAULT_MODE, DEFAULT_SCORE_MODE
 
 MODEL_TYPE = "fullband"
-RETROFIT_MODEL_TYPE = "fullband_retrofit"
 REMOTE_CONFIG_FILE = "configuration_fullband.py"
 REMOTE_MODELING_FILE = "modeling_fullband.py"
 MODEL_CARD = "README.md"
@@ -42,11 +43,18 @@ DECODING_DEFAULTS: dict[str, Any] = {
     "score_mode": DEFAULT_SCORE_MODE,
 }
 
-_CLASSES = {
-    MODEL_TYPE: ("FullBandwidthConfig", "FullBandwidthForCausalLM", "fullband.integrations.hf"),
-    RETROFIT_MODEL_TYPE: ("FullBandwidthRetrofitConfig", "FullBandwidthRetrofitForCausalLM",
-                          "fullband.integrations.hf_retrofit"),
-}
+
+
+class RemoteCode(NamedTuple):
+    """A family's transformers classes, which its checkpoint's remote-code modules import from ``module``."""
+
+    config: str  # the PretrainedConfig subclass
+    model: str  # the PreTrainedModel subclass (config.json's ``architectures``)
+    module: str  # where both live; written into the remote-code files, never imported here
+
+
+# The native family's (fullband.model.lm writes these checkpoints).
+NATIVE_REMOTE_CODE = RemoteCode("FullBandwidthConfig", "FullBandwidthForCausalLM", "fullband.integrations.hf")
 
 _MISSING = (
     "This checkpoint holds a fullband (full-bandwidth transformer) model; its code comes from the fullband "
@@ -82,24 +90,23 @@ class {model}(_{model}):
 '''
 
 
-def auto_map(model_type: str = MODEL_TYPE) -> dict[str, str]:
-    config, model, _ = _CLASSES[model_type]
+def auto_map(remote: RemoteCode = NATIVE_REMOTE_CODE) -> dict[str, str]:
     return {
-        "AutoConfig": f"{REMOTE_CONFIG_FILE[:-3]}.{config}",
-        "AutoModelForCausalLM": f"{REMOTE_MODELING_FILE[:-3]}.{model}",
+        "AutoConfig": f"{REMOTE_CONFIG_FILE[:-3]}.{remote.config}",
+        "AutoModelForCausalLM": f"{REMOTE_MODELING_FILE[:-3]}.{remote.model}",
     }
 
 
-def hf_config_dict(fields: dict[str, Any], *, dtype: str, tie_word_embeddings: bool,
-                   model_type: str = MODEL_TYPE, **decoding: Any) -> dict[str, Any]:
+def hf_config_dict(fields: dict[str, Any], *, dtype: str, tie_word_embeddings: bool, model_type: str = MODEL_TYPE,
+                   remote: RemoteCode = NATIVE_REMOTE_CODE, **decoding: Any) -> dict[str, Any]:
     """config.json in transformers' form: ``fields`` (the model's own config) plus what HF tools read."""
     from fullband.version import __version__
 
     return {
         **fields,
         "model_type": model_type,
-        "architectures": [_CLASSES[model_type][1]],
-        "auto_map": auto_map(model_type),
+        "architectures": [remote.model],
+        "auto_map": auto_map(remote),
         "tie_word_embeddings": tie_word_embeddings,
         "dtype": dtype,
         **{**DECODING_DEFAULTS, **decoding},
@@ -107,12 +114,12 @@ def hf_config_dict(fields: dict[str, Any], *, dtype: str, tie_word_embeddings: b
     }
 
 
-def write_remote_code(directory: str | Path, model_type: str = MODEL_TYPE) -> None:
-    config, model, module = _CLASSES[model_type]
+def write_remote_code(directory: str | Path, remote: RemoteCode = NATIVE_REMOTE_CODE) -> None:
     directory = Path(directory)
     text = {REMOTE_CONFIG_FILE: _CONFIG_TEMPLATE, REMOTE_MODELING_FILE: _MODELING_TEMPLATE}
     for name, template in text.items():
-        (directory / name).write_text(template.format(module=module, config=config, model=model, missing=_MISSING))
+        (directory / name).write_text(template.format(module=remote.module, config=remote.config,
+                                                      model=remote.model, missing=_MISSING))
 
 
 def read_training_info(directory: str | Path) -> dict[str, Any] | None:
@@ -132,28 +139,43 @@ def read_training_info(directory: str | Path) -> dict[str, Any] | None:
         return None
 
 
-def write_model_card(directory: str | Path, config: dict[str, Any], training: dict[str, Any] | None = None) -> None:
+def native_architecture(config: dict[str, Any]) -> str:
+    """The card's architecture line for a native model's config.json."""
+    return (f"decoder-only transformer, {config.get('n_layers')} layers, width {config.get('d_model')}, "
+            f"{config.get('n_heads')} heads ({config.get('n_kv_heads') or config.get('n_heads')} key/value), "
+            f"vocabulary {config.get('vocab_size')}, context {config.get('max_seq_len')}; latent feedback "
+            f"{'on' if config.get('feedback') else 'off (the plain baseline)'}, carried state "
+            f"`{config.get('feedback_source')}`, fusion `{config.get('fusion')}`")
+
+
+def read_architecture(directory: str | Path) -> str | None:
+    """The architecture line of the card fullband generated in ``directory``, if any."""
+    try:
+        text = (Path(directory) / MODEL_CARD).read_text()
+    except OSError:
+        return None
+    line = next((line for line in text.splitlines() if line.startswith(_ARCH_LINE)), None)
+    return line[len(_ARCH_LINE):].removesuffix(".") if CARD_MARKER in text and line else None
+
+
+_ARCH_LINE = "- **Architecture:** "
+
+
+def write_model_card(directory: str | Path, config: dict[str, Any], training: dict[str, Any] | None = None,
+                     architecture: str | None = None) -> None:
     """README.md describing the checkpoint; ``training`` (tokens, steps, data, ...) when the trainer knows it.
 
     A README.md that fullband did not generate is left alone. Without ``training``, an earlier card's training
-    block is kept (re-saving a model does not forget how it was trained).
+    block is kept (re-saving a model does not forget how it was trained). ``architecture`` is the family's own
+    description (a family's save passes it); without it an earlier card's is kept (the trainer adding its
+    training block), else the native model's is written from ``config``.
     """
     directory = Path(directory)
     path = directory / MODEL_CARD
     if path.is_file() and CARD_MARKER not in path.read_text(errors="replace"):
         return
     training = training if training is not None else read_training_info(directory)
-    retrofit = config.get("model_type") == RETROFIT_MODEL_TYPE
-    if retrofit:
-        arch = (f"a pretrained `{config.get('base_architecture')}` ({config.get('n_layers')} layers, width "
-                f"{config.get('d_model')}) retrofitted with latent feedback: the fed-back state is "
-                f"`{config.get('feedback_source')}`; the base model is in `base/`, the fusion in `fusion.safetensors`")
-    else:
-        arch = (f"decoder-only transformer, {config.get('n_layers')} layers, width {config.get('d_model')}, "
-                f"{config.get('n_heads')} heads ({config.get('n_kv_heads') or config.get('n_heads')} key/value), "
-                f"vocabulary {config.get('vocab_size')}, context {config.get('max_seq_len')}; latent feedback "
-                f"{'on' if config.get('feedback') else 'off (the plain baseline)'}, carried state "
-                f"`{config.get('feedback_source')}`, fusion `{config.get('fusion')}`")
+    arch = architecture or read_architecture(directory) or native_architecture(config)
     if training and training.get("tokens") is not None:
         tokens = f"{int(training['tokens']):,} tokens"
         if training.get("token_equiv_compute") is not None:
@@ -176,7 +198,7 @@ def write_model_card(directory: str | Path, config: dict[str, Any], training: di
         "A **full-bandwidth transformer** (Wang et al., *Full-bandwidth transformer*, arXiv 2608.08888): the top "
         "layer's state at position t-1 is fused into the input at position t.",
         "",
-        f"- **Architecture:** {arch}.",
+        f"{_ARCH_LINE}{arch}.",
         f"- **Training tokens:** {tokens}.",
         f"- **Decoding modes:** `standard` (plain prompt, plain decoding: an ordinary transformer), `soft` (plain "
         "prompt, fused decoding), `fused` (the prompt gets `prefill_passes` extra fused passes), `exact` (the "

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -21,10 +22,21 @@ from fullband.model.fusion import LatentFusion
 from fullband.model.kv_cache import KVCache
 from fullband.model.layers import Block, RMSNorm, rope_angles, rope_inv_freq
 from fullband.model.linear import Linear
-from fullband.model.serialization import load_config, load_state_dict_into, save_pretrained
+from fullband.model.serialization import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    CheckpointError,
+    load_config,
+    load_state_dict_into,
+    save_pretrained,
+)
 
 
 class FullBandwidthLM(FeedbackLM):
+    family: ClassVar[str] = "fullband"
+    cache_type: ClassVar[type[KVCache]] = KVCache
+    shardable: ClassVar[bool] = True
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -142,9 +154,29 @@ class FullBandwidthLM(FeedbackLM):
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save_pretrained(self, directory: str | Path) -> None:
-        """Write ``model.safetensors`` and ``config.json`` to ``directory`` (each file atomically)."""
-        save_pretrained(self, directory)
+    def save_pretrained(self, directory: str | Path, **decoding: Any) -> None:
+        """Write ``model.safetensors`` and ``config.json`` to ``directory`` (each file atomically); ``decoding``
+        overrides the decoding defaults recorded in config.json."""
+        save_pretrained(self, directory, **decoding)
+
+    @classmethod
+    def load(cls, directory: str | Path, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+             *, feedback: bool | None = None) -> FullBandwidthLM:
+        return cls.from_pretrained(directory, device=device, dtype=dtype, feedback=feedback)
+
+    @classmethod
+    def saved_config(cls, directory: str | Path) -> ModelConfig:
+        return load_config(directory)
+
+    def load_weights(self, directory: str | Path) -> None:
+        if (saved := load_config(directory)) != self.config:
+            raise CheckpointError(f"{directory} holds a model with config {saved}, not {self.config}")
+        load_state_dict_into(self, directory)
+
+    @classmethod
+    def checkpoint_problem(cls, files: Collection[str]) -> str | None:
+        missing = [name for name in (WEIGHTS_NAME, CONFIG_NAME) if name not in files]
+        return f"does not list {missing[0]}" if missing else None
 
     @classmethod
     def from_pretrained(

@@ -53,7 +53,7 @@ def save_pretrained(model: torch.nn.Module, directory: str | Path, **decoding) -
                                 **decoding)
     config_text = json.dumps(config, indent=2) + "\n"
     hub.write_remote_code(directory)
-    hub.write_model_card(directory, config)
+    hub.write_model_card(directory, config, architecture=hub.native_architecture(config))
     _atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(config_text))  # last: marks a complete save
 
 
@@ -70,12 +70,12 @@ def load_config(directory: str | Path) -> ModelConfig:
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a JSON object, got {type(data).__name__}")
     model_type = data.get("model_type")
-    if model_type == hub.RETROFIT_MODEL_TYPE:
-        raise CheckpointError(f"{directory} holds a retrofitted transformers model, not a native fullband one; "
-                              "load it with fullband.model_io.load_any")
+    if model_type is not None and model_type != hub.MODEL_TYPE and "fullband_version" in data:
+        raise CheckpointError(f"{directory} holds a fullband {model_type!r} model, not a native one; load it with "
+                              "fullband.model_io.load_any")
     if model_type is not None and model_type != hub.MODEL_TYPE:
         raise CheckpointError(f"{directory} holds a transformers {model_type!r} model, not a native fullband one; "
-                              f"give hf:{directory} to load it retrofitted with latent feedback")
+                              f"give hf:{directory} to load it with latent feedback added")
     try:
         if model_type is None:  # an older checkpoint: the ModelConfig fields alone, read as they always were
             return ModelConfig.load(path)

@@ -24,7 +24,7 @@ SERVE_DTYPES = ("float32", "bfloat16")
 class ServeConfig:
     """Options of ``fullband serve``."""
 
-    checkpoint: str = doc("", "Model directory (native or retrofitted) or hf:PATH (required).")
+    checkpoint: str = doc("", "Model directory (of any model family) or hf:PATH (required).")
     host: str = doc("127.0.0.1", "Address to listen on (0.0.0.0 for every interface).")
     port: int = doc(8000, "TCP port to listen on (0 = any free port).")
     max_batch: int = doc(16, "Most sequences decoded together in one engine step.")

@@ -365,8 +365,10 @@ class Engine:
         changed = bool(joined) or any(s.done for b in batches for s in b.sequences)
         if not changed:
             return
-        native = [b for b in batches if isinstance(b.cache, KVCache)]
-        others = [b for b in batches if not isinstance(b.cache, KVCache) and not b.sequences[0].done]
+        # The rows of a KVCache are repacked into one batch; another cache type decodes each sequence alone.
+        batched = issubclass(self.model.cache_type, KVCache)
+        native = batches if batched else []
+        others = [] if batched else [b for b in batches if not b.sequences[0].done]
         rows = [(b, i) for b in native for i, s in enumerate(b.sequences) if not s.done]
         self._batches = ([self._repack(rows)] if rows else []) + others
 

@@ -31,7 +31,7 @@ def build_app(cfg: ServeConfig) -> Any:
     from fullband.model_io import checkpoint_dir, load_any
     from fullband.serve.engine import Engine
 
-    # native, retrofitted or hf:PATH; the KV cache takes the weights' dtype
+    # a directory of any model family or hf:PATH; the KV cache takes the weights' dtype
     model = load_any(cfg.checkpoint, device=resolve_device(cfg.device), dtype=getattr(torch, cfg.dtype))
     tokenizer = load_tokenizer(checkpoint_dir(cfg.checkpoint))
     engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, exact_chunk_size=cfg.exact_chunk_size)

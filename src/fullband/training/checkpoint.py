@@ -2,10 +2,8 @@
 
 Layout of ``<out_dir>/checkpoints/step-0000400/`` (the state after 400 optimizer steps):
 
-    model.safetensors, config.json   the model (``save_pretrained``; loadable with ``from_pretrained``)
-    retrofit.json, fusion.safetensors, base/
-                                     instead, for a retrofitted transformers model (RetrofittedLM): its own
-                                     ``save_pretrained`` (loadable with ``fullband.model_io.load_any``)
+    model.safetensors, config.json   the model: its family's own ``save_pretrained`` files (a native model's
+                                     here; ``fullband.model_io.load_any`` loads any family's)
     optimizer.pt                     AdamW state_dict
     distributed/                     instead of optimizer.pt in an FSDP run: model and AdamW state as
                                      ``torch.distributed.checkpoint`` shards (each process writes its own)
@@ -23,7 +21,10 @@ An FSDP run (:func:`save_sharded_checkpoint`, called by every process) keeps tha
 temporary directory, every process writes its shards into it, rank 0 adds the gathered full model (so
 ``from_pretrained`` and ``fullband generate`` read any checkpoint alike), the rest and the manifest, which
 then covers the shards too. A sharded checkpoint loads at any world size, or into one plain process.
-(Retrofitted models are not sharded: ``fullband train`` refuses FSDP for them.)
+(Only a family that says it is ``shardable`` is sharded: ``fullband train`` refuses FSDP for the others.)
+
+Which family a checkpoint holds, and which files its model needs, the family says
+(``fullband.integrations.families``, the model-family interface); this module owns the rest of the layout.
 """
 
 from __future__ import annotations
@@ -43,15 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fullband.config import ModelConfig
-from fullband.integrations.retrofit.config import (
-    RETROFIT_BASE,
-    RETROFIT_CONFIG,
-    RETROFIT_FUSION,
-    is_retrofit_checkpoint,
-)
-from fullband.model import FullBandwidthLM
-from fullband.model.serialization import CONFIG_NAME, WEIGHTS_NAME, load_config, load_state_dict_into
+from fullband.integrations import families
+from fullband.model import FeedbackLM
 from fullband.training.errors import CheckpointError, CheckpointWarning, NonFiniteLossError
 
 CHECKPOINTS = "checkpoints"
@@ -104,7 +98,7 @@ def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
 
 def save_checkpoint(
     out_dir: str | Path,
-    model: torch.nn.Module,  # the unwrapped FullBandwidthLM or RetrofittedLM
+    model: FeedbackLM,  # the unwrapped model, of any family
     optimizer: torch.optim.Optimizer,
     state: TrainingState,
     **extras: Any,
@@ -117,17 +111,16 @@ def save_checkpoint(
     _check_finite(state)
     tmp = _fresh_tmp_dir(out_dir, state.step)
     model.save_pretrained(tmp)
-    if not isinstance(model, FullBandwidthLM):  # the native save fsyncs its files itself, transformers' does not
-        for path in tmp.rglob("*"):
-            if path.is_file():
-                _fsync_file(path)
+    for path in tmp.rglob("*"):  # a family's save may not fsync its files (transformers' does not)
+        if path.is_file():
+            _fsync_file(path)
     _write(tmp / OPTIMIZER, lambda f: torch.save(optimizer.state_dict(), f))
     return _complete(out_dir, tmp, state, CheckpointExtras(**extras))
 
 
 def save_sharded_checkpoint(
     out_dir: str | Path,
-    model: torch.nn.Module,  # the FullBandwidthLM after fully_shard
+    model: FeedbackLM,  # a shardable model after fully_shard
     optimizer: torch.optim.Optimizer,  # over its DTensor parameters
     state: TrainingState,
     *,
@@ -157,7 +150,7 @@ def save_sharded_checkpoint(
     full = gather_full_state_dict(model)
     if rank != 0:
         return None
-    _unsharded(model.config, full).save_pretrained(tmp)
+    _unsharded(model, full).save_pretrained(tmp)
     return _complete(out_dir, tmp, state, CheckpointExtras(**extras))
 
 
@@ -167,7 +160,7 @@ def save_model(model: torch.nn.Module, directory: str | Path, rank: int = 0) -> 
     if is_sharded(model):
         full = gather_full_state_dict(model)
         if rank == 0:
-            _unsharded(model.config, full).save_pretrained(directory)
+            _unsharded(model, full).save_pretrained(directory)
     elif rank == 0:
         model.save_pretrained(directory)
 
@@ -189,14 +182,14 @@ def gather_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def _unsharded(config: ModelConfig, state: dict[str, torch.Tensor]) -> FullBandwidthLM:
-    """A plain FullBandwidthLM around gathered tensors, so its own save_pretrained writes the files.
+def _unsharded(model: FeedbackLM, state: dict[str, torch.Tensor]) -> FeedbackLM:
+    """A plain model of ``model``'s family around gathered tensors, so its own save_pretrained writes the files.
 
-    Built on the meta device (no memory, no init) and given the tensors themselves (assign=True); a
-    strict load, so a missing or extra tensor fails here rather than in a later from_pretrained.
+    Built from its config on the meta device (no memory, no init) and given the tensors themselves (assign=True);
+    a strict load, so a missing or extra tensor fails here rather than in a later from_pretrained.
     """
     with torch.device("meta"):
-        plain = FullBandwidthLM(config)
+        plain = families.family_named(model.family).model_class().from_config(model.config)
     plain.load_state_dict(state, assign=True)
     return plain
 
@@ -330,12 +323,11 @@ def verify_checkpoint(path: str | Path, hashes: bool = True) -> str | None:
         return f"no {MANIFEST} (the write did not finish)"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         return f"unreadable {MANIFEST}: {type(err).__name__}: {err}"
-    for required in (*_model_files(files), RNG, STATE):
+    if (problem := families.family_of_files(files).model_class().checkpoint_problem(files)) is not None:
+        return f"{MANIFEST} {problem}"
+    for required in (RNG, STATE):
         if required not in files:
             return f"{MANIFEST} does not list {required}"
-    base_weights = (f"{RETROFIT_BASE}/model.safetensors", f"{RETROFIT_BASE}/model.safetensors.index.json")
-    if RETROFIT_CONFIG in files and not any(name in files for name in base_weights):
-        return f"{MANIFEST} lists no weights of the base model under {RETROFIT_BASE}/"
     if OPTIMIZER not in files and SHARDED_METADATA not in files:
         return f"{MANIFEST} lists neither {OPTIMIZER} nor {SHARDED_METADATA}"
     for name, (size, sha256) in files.items():
@@ -349,11 +341,9 @@ def verify_checkpoint(path: str | Path, hashes: bool = True) -> str | None:
     return None
 
 
-def _model_files(files: dict[str, Any]) -> tuple[str, ...]:
-    """The model files a checkpoint must hold: a retrofitted model's (retrofit.json listed) or a native one's."""
-    if RETROFIT_CONFIG in files:
-        return RETROFIT_CONFIG, RETROFIT_FUSION, f"{RETROFIT_BASE}/config.json"
-    return WEIGHTS_NAME, CONFIG_NAME
+def _model_class(path: Path) -> type[FeedbackLM]:
+    """The class of the family whose model the checkpoint at ``path`` holds."""
+    return families.family_of(path).model_class()
 
 
 def latest_good_checkpoint(out_dir: str | Path) -> Path | None:
@@ -395,17 +385,18 @@ def load_checkpoint(
     problem = verify_checkpoint(path)
     if problem is not None:
         raise CheckpointError(f"refusing to load {path}: {problem}")
-    if is_retrofit_checkpoint(path):
-        _load_retrofitted(path, model, optimizer)
-    elif (saved_config := load_config(path)) != model.config:
+    family = families.family_of(path)
+    if family.name != model.family:
+        raise CheckpointError(f"{path} holds {family.description}; it cannot be loaded into a {type(model).__name__}")
+    if (saved_config := _model_class(path).saved_config(path)) != model.config:
         raise CheckpointError(f"{path} holds a model with config {saved_config}, not {model.config}")
-    elif (path / SHARDED_METADATA).is_file():
+    if (path / SHARDED_METADATA).is_file():
         _load_sharded(path / SHARDED, model, optimizer)
     elif is_sharded(model):
         raise CheckpointError(f"{path} was written by a run without FSDP ({OPTIMIZER}); FSDP cannot load it: "
                               "resume with train.parallel='ddp' or with one process")
     else:
-        load_state_dict_into(model, path)
+        model.load_weights(path)  # in place: the optimizer holds these tensors
         if optimizer is not None:
             optimizer.load_state_dict(torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True))
     if restore_rng:
@@ -423,21 +414,6 @@ def load_checkpoint(
     data = json.loads((path / STATE).read_text())
     data.pop("format", None)
     return TrainingState(**data)
-
-
-def _load_retrofitted(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-    """Weights (in place, so the optimizer's references stay valid) and optimizer state of a RetrofittedLM."""
-    if isinstance(model, FullBandwidthLM) or is_sharded(model):
-        raise CheckpointError(f"{path} holds a retrofitted transformers model ({RETROFIT_CONFIG}); it cannot be "
-                              f"loaded into a {type(model).__name__}")
-    from fullband.integrations.retrofit.io import load_retrofit_config, load_weights_into
-
-    saved_config = load_retrofit_config(path)
-    if saved_config != model.config:
-        raise CheckpointError(f"{path} holds a model with config {saved_config}, not {model.config}")
-    load_weights_into(model, path)
-    if optimizer is not None:
-        optimizer.load_state_dict(torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True))
 
 
 def _load_sharded(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:

@@ -1,5 +1,6 @@
 """The configs of ``fullband train`` (torch-free, so the command line checks them before importing torch): the
-run ([model], [data], [train], [optim], [schedule], [retrofit] sections) and the checks of each section."""
+run ([model], [data], [train], [optim], [schedule] sections, and the options sections the model families declare
+in ``fullband.integrations.families``) and the checks of each section."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from fullband.config import (
     validate_device_name,
     validate_threads,
 )
+from fullband.integrations.families import FamilyOptions, source_help
 
 LR_SCHEDULES = ("cosine", "wsd", "constant")
 Z_LOSS_WHEN = ("always", "cooldown", "off")
@@ -340,50 +342,27 @@ class DataConfig:
                  "must be in [0, 1] (0 = no curriculum)")
 
 
-RETROFIT_LAST_HIDDEN = "last_hidden"
-
-
 @dataclass
-class RetrofitTrainConfig:
-    """Retrofitting a transformers causal LM ([retrofit]; read only with init_from='hf:PATH')."""
-
-    feedback_source: str = doc(
-        RETROFIT_LAST_HIDDEN,
-        "Hidden state of the pretrained model that feeds back: 'last_hidden' = its last hidden state (after the "
-        "final norm for Llama, Qwen2, GPT-2), or N = the residual stream after block N, 1..n_layers-1 (quoted in a "
-        'config file: feedback_source = "2").',
-    )
-
-    def __post_init__(self) -> None:
-        source = self.feedback_source
-        ok = isinstance(source, str) and (source == RETROFIT_LAST_HIDDEN or (source.isdigit() and int(source) >= 1))
-        _require(ok, "feedback_source", source, "must be 'last_hidden' or a block index N >= 1 (at most the "
-                 "pretrained model's n_layers - 1)")
-        if source != RETROFIT_LAST_HIDDEN:
-            self.feedback_source = str(int(source))
-
-    def resolve(self) -> str | int:
-        """The ``feedback_source`` argument of :func:`fullband.retrofit`: 'last_hidden' or an int."""
-        return RETROFIT_LAST_HIDDEN if self.feedback_source == RETROFIT_LAST_HIDDEN else int(self.feedback_source)
-
-
-@dataclass
-class TrainRunConfig:
-    """``fullband train``: all sections of one run."""
+class TrainSections:
+    """The sections of a run that every model family reads."""
 
     model: TrainModelConfig = field(default_factory=TrainModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(eval_every=250))
     optim: OptimConfig = field(default_factory=lambda: OptimConfig())
     schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig())
-    retrofit: RetrofitTrainConfig = field(default_factory=RetrofitTrainConfig)
+
+
+@dataclass
+class TrainRunConfig(FamilyOptions, TrainSections):
+    """``fullband train``: all sections of one run (the families' options sections after [schedule])."""
+
     out_dir: str = doc("runs/train", "Run directory: checkpoints/, metrics.jsonl, config.toml, model/ at the end.")
     resume: bool = doc(False, "Continue from the latest complete checkpoint in out_dir.")
     init_from: str | None = doc(
-        None, "Start from this model directory (its architecture replaces [model]; model.feedback decides whether "
-        "fusion weights are added; a retrofitted model's directory continues it), or from 'hf:PATH': the "
-        "transformers causal LM (Llama, Qwen2, GPT-2, ...) saved with save_pretrained, with its tokenizer, in the "
-        "local directory PATH, retrofitted with latent feedback ([retrofit]) and tokenized with its own tokenizer.",
+        None, "Start from this model directory (a native model's architecture replaces [model] and model.feedback "
+        "decides whether fusion weights are added; another family's model continues as saved), or from "
+        + source_help(),
     )
     device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
     threads: str = threads_field()
@@ -401,8 +380,4 @@ class TrainRunConfig:
         if hf:
             _require(bool(self.init_from[len(HF_PREFIX):].strip()), "init_from", self.init_from,
                      "give the directory after hf: (init_from='hf:PATH')")
-            _require(self.model.feedback, "model.feedback", self.model.feedback,
-                     "a retrofitted model always has the fusion; use schedule.feedback_start=1 to train it single-pass")
-        _require(hf or self.retrofit.feedback_source == RETROFIT_LAST_HIDDEN, "retrofit.feedback_source",
-                 self.retrofit.feedback_source, "applies only to init_from='hf:PATH' (a retrofitted model's "
-                 "directory keeps the source it was built with)")
+        self.check_family_options(self.init_from, self.model.feedback)

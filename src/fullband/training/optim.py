@@ -5,8 +5,11 @@ fusion's W_U/W_G, and the token embedding, which is also the output head when ti
 gains, biases) do not, since shrinking a gain towards 0 changes the function rather than regularising it.
 
 ``optimizer="muon"`` is the paper's split (§4): Muon (``torch.optim.Muon``'s orthogonalised momentum, scale-free
-updates; :mod:`.muon`) on the 2-D weights of the modules named in ``muon_params`` (the blocks and the fusion by
-default), at ``muon_lr`` with ``muon_weight_decay``; AdamW at ``lr`` on everything else (embedding/head, norms).
+updates; :mod:`.muon`) on the hidden matrices ``muon_params`` names, at ``muon_lr`` with ``muon_weight_decay``;
+AdamW at ``lr`` on everything else (embedding/head, norms). Its entries ``blocks`` and ``fusion`` (the default)
+are parameter roles the model's family reports (``parameter_roles``: the 2-D matrices of its blocks and of its
+fusion, whatever their names), so every family trains with Muon as it is; any other entry is a prefix of
+parameter names. The fusion's parameters (``fusion_lr_mult``) are the ones the family reports as the fusion's.
 ``optimizer="normuon"`` puts NorMuon, the paper's optimiser, in Muon's place. Every group carries an ``lr_scale``
 (its peak LR over ``lr``, times ``fusion_lr_mult`` for the fusion), so one schedule drives them all. The
 orthogonalisation's dtype is resolved once here (:func:`ns_dtype_for`).
@@ -15,7 +18,7 @@ orthogonalisation's dtype is resolved once here (:func:`ns_dtype_for`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import torch
@@ -23,40 +26,56 @@ from torch import nn
 
 from fullband.config import ConfigError
 from fullband.devices import cpu_flags
+from fullband.model.family import ParamRole
 from fullband.training.config import OptimConfig
 from fullband.training.muon import Muon, NorMuon, resolve_ns_dtype
 
-FUSION_PREFIX = "fusion."
+# The muon_params entries that name parameter roles rather than name prefixes.
+MUON_ROLES = {"blocks": ParamRole.BLOCK_MATRIX, "fusion": ParamRole.FUSION_MATRIX}
+FUSION_ROLES = (ParamRole.FUSION_MATRIX, ParamRole.FUSION)
+
+
+def fusion_names(model: nn.Module) -> set[str]:
+    """Names of the parameters the model's family reports as the fusion's."""
+    return {name for name, role in model.parameter_roles().items() if role in FUSION_ROLES}
 
 
 def param_groups(named_params: Iterable[tuple[str, nn.Parameter]], weight_decay: float,
-                 fusion_lr_mult: float = 1.0) -> list[dict]:
-    """AdamW groups: ``decay`` (>= 2-D weights) and ``no_decay`` (1-D), the fusion's apart when its LR differs.
+                 fusion_lr_mult: float = 1.0, fusion: Collection[str] = ()) -> list[dict]:
+    """AdamW groups: ``decay`` (>= 2-D weights) and ``no_decay`` (1-D), the fusion's (names in ``fusion``, see
+    :func:`fusion_names`) apart when its LR differs.
 
     Pass ``model.named_parameters()``, which yields a shared (tied) tensor once. Empty groups are dropped.
     """
     groups: dict[str, dict[str, Any]] = {}
+    in_fusion = set(fusion)
     for name, param in named_params:
         if not param.requires_grad:
             continue
         decays = param.dim() >= 2
-        fusion = fusion_lr_mult != 1.0 and name.startswith(FUSION_PREFIX)
-        key = ("decay" if decays else "no_decay") + ("_fusion" if fusion else "")
+        fusion_param = fusion_lr_mult != 1.0 and name in in_fusion
+        key = ("decay" if decays else "no_decay") + ("_fusion" if fusion_param else "")
         group = groups.setdefault(key, {"params": [], "weight_decay": weight_decay if decays else 0.0, "name": key,
-                                        "lr_scale": fusion_lr_mult if fusion else 1.0})
+                                        "lr_scale": fusion_lr_mult if fusion_param else 1.0})
         group["params"].append(param)
     return [groups[k] for k in ("decay", "no_decay", "decay_fusion", "no_decay_fusion") if k in groups]
 
 
 def muon_split(model: nn.Module, prefixes: tuple[str, ...]) -> tuple[list[tuple[str, nn.Parameter]], set[int]]:
-    """The (name, parameter) pairs Muon updates: 2-D weights under the module prefixes in ``prefixes``.
+    """The (name, parameter) pairs Muon updates, in ``named_parameters()`` order within each entry: for the
+    entries ``blocks`` and ``fusion`` the parameters of that role (:data:`MUON_ROLES`), for any other entry the
+    2-D weights under that module prefix.
 
     A prefix that names a parameter directly must name a 2-D one, and every prefix must match something:
     otherwise a ConfigError says what to change.
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    roles = model.parameter_roles()
     chosen: list[tuple[str, nn.Parameter]] = []
     for prefix in prefixes:
+        if prefix in MUON_ROLES:  # a role: whatever the family calls these matrices (none: a baseline's fusion)
+            chosen += [(n, p) for n, p in named if roles.get(n) == MUON_ROLES[prefix]]
+            continue
         matches = [(n, p) for n, p in named if n == prefix or n.startswith(prefix.rstrip(".") + ".")]
         if not matches and hasattr(model, prefix) and getattr(model, prefix) is None:
             continue  # a module this model leaves out (the baseline's fusion)
@@ -125,20 +144,21 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
     AdamW uses the fused kernel when every parameter is on CUDA, else foreach (:func:`adamw_kernel`).
     """
     kernel = adamw_kernel(model.parameters())
+    fusion = fusion_names(model)
     if cfg.optimizer == "adamw":
-        groups = param_groups(model.named_parameters(), cfg.weight_decay, cfg.fusion_lr_mult)
+        groups = param_groups(model.named_parameters(), cfg.weight_decay, cfg.fusion_lr_mult, fusion)
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **kernel)
     muon_named, muon_ids = muon_split(model, cfg.muon_params)
     rest = [(n, p) for n, p in model.named_parameters() if id(p) not in muon_ids]
-    adam = torch.optim.AdamW(param_groups(rest, cfg.weight_decay, cfg.fusion_lr_mult), lr=cfg.lr, betas=cfg.betas,
-                             eps=cfg.eps, **kernel)
+    adam = torch.optim.AdamW(param_groups(rest, cfg.weight_decay, cfg.fusion_lr_mult, fusion), lr=cfg.lr,
+                             betas=cfg.betas, eps=cfg.eps, **kernel)
     scale = cfg.muon_lr / cfg.lr
     muon_groups = []
-    for fusion in (False, True):
-        params = [p for n, p in muon_named if n.startswith(FUSION_PREFIX) == fusion]
+    for in_fusion in (False, True):
+        params = [p for n, p in muon_named if (n in fusion) == in_fusion]
         if params:
-            mult = cfg.fusion_lr_mult if fusion else 1.0
-            name = "muon_fusion" if fusion else "muon"
+            mult = cfg.fusion_lr_mult if in_fusion else 1.0
+            name = "muon_fusion" if in_fusion else "muon"
             muon_groups.append({"params": params, "name": name, "lr_scale": scale * mult})
     ns_dtype = ns_dtype_for(cfg, next(model.parameters()).device)
     common = dict(lr=cfg.muon_lr, weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum, ns_dtype=ns_dtype)

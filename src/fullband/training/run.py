@@ -7,17 +7,15 @@
       checkpoints/       step-NNNNNNN/ (atomic, verified, last N kept)
       model/             the final model: ``fullband.model_io.load_any`` / ``fullband generate``
 
-``init_from="hf:PATH"`` retrofits the transformers causal LM saved in the local directory PATH
-(``fullband.retrofit(AutoModelForCausalLM.from_pretrained(PATH))``, weights in float32, ``retrofit.feedback_source``)
-and tokenizes with its own tokenizer (``AutoTokenizer.from_pretrained(PATH)``, as a
-:class:`~fullband.data.TransformersTokenizer`). Checkpoints and ``model/`` then hold the retrofitted layout
-(``base/``, ``fusion.safetensors``, ``retrofit.json``) and the tokenizer's own files; ``init_from`` naming
-such a directory continues training it. Retrofitted models train in one process or under DDP, not FSDP.
+``init_from`` names a model directory of any model family (``fullband.integrations.families``), which continues
+training it, or a source a family builds from: ``hf:PATH`` gives the transformers causal LM saved in the local
+directory PATH latent feedback (its options section, [retrofit]) and tokenizes with its own tokenizer
+(``AutoTokenizer.from_pretrained(PATH)``, as a :class:`~fullband.data.TransformersTokenizer`). Checkpoints and
+``model/`` then hold that family's files and the tokenizer's own. Only families that say so are sharded by FSDP.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import importlib.util
 import json
@@ -46,9 +44,10 @@ from fullband.data import (
     train_bpe,
 )
 from fullband.devices import resolve_device
-from fullband.model import FullBandwidthLM, hub
+from fullband.integrations import families
+from fullband.model import hub
 from fullband.model.serialization import CheckpointError
-from fullband.model_io import AnyLM, is_retrofit_checkpoint, load_any, retrofit_transformers
+from fullband.model_io import AnyLM, build_from_source, load_any, model_class
 from fullband.training.checkpoint import save_model
 from fullband.training.config import TrainRunConfig
 from fullband.training.distributed import cleanup_distributed, init_distributed, wrap_ddp, wrap_fsdp
@@ -122,17 +121,15 @@ def build_model(cfg: TrainRunConfig, tokenizer: Tokenizer, device: torch.device)
     torch.manual_seed(cfg.train.seed)  # the same initial weights on every process and every rerun
     hf_path = hf_init_path(cfg)
     if hf_path is not None:
-        model = retrofit_pretrained(cfg, hf_path)
-    elif cfg.init_from and is_retrofit_checkpoint(cfg.init_from):
-        if not cfg.model.feedback:
-            raise ConfigError(f"model.feedback=False is invalid with init_from={cfg.init_from!r}: a retrofitted "
-                              "model always has the fusion")
-        model = load_any(cfg.init_from, dtype=torch.float32).train()
+        model = from_source(cfg)
     elif cfg.init_from:
-        _refuse_transformers_dir(cfg.init_from)
-        model = load_any(cfg.init_from, feedback=cfg.model.feedback).train()
+        family = families.family_of(cfg.init_from)
+        if family is families.DEFAULT:
+            _refuse_transformers_dir(cfg.init_from)
+        dtype = model_class(family, repr(cfg.init_from)).train_dtype
+        model = load_any(cfg.init_from, dtype=dtype, feedback=cfg.model.feedback).train()
     else:
-        model = FullBandwidthLM(cfg.model.resolve(tokenizer.vocab_size))
+        model = families.new_model(cfg.model.resolve(tokenizer.vocab_size))  # the default family's: [model]
     if cfg.init_from and model.config.vocab_size < tokenizer.vocab_size:
         fix = ("resize the model's embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer))) and "
                "save it again" if hf_path is not None else "use the checkpoint's own tokenizer")
@@ -142,29 +139,32 @@ def build_model(cfg: TrainRunConfig, tokenizer: Tokenizer, device: torch.device)
 
 
 def _refuse_transformers_dir(init_from: str) -> None:
-    """A plain init_from naming a transformers checkpoint: say to retrofit it (hf:PATH) rather than fail on its
-    config.json."""
+    """A plain init_from naming a transformers checkpoint: say to give it latent feedback (hf:PATH) rather than
+    fail on its config.json."""
     try:
         saved = json.loads((Path(init_from) / "config.json").read_text())
     except (OSError, ValueError):
-        return  # not readable here: from_pretrained gives its own message
+        return  # not readable here: the family's loader gives its own message
     model_type = saved.get("model_type") if isinstance(saved, dict) else None
-    if model_type and model_type != "fullband":
+    if model_type and model_type not in families.FAMILIES:
         raise ConfigError(f"init_from={init_from!r} is a transformers {model_type!r} model, not a fullband one; "
-                          f"use init_from='hf:{init_from}' to retrofit it")
+                          f"use init_from='hf:{init_from}' to give it latent feedback")
 
 
-def retrofit_pretrained(cfg: TrainRunConfig, path: Path) -> AnyLM:
-    """:func:`fullband.model_io.retrofit_transformers` in float32, with the messages of ``init_from``."""
+def from_source(cfg: TrainRunConfig) -> AnyLM:
+    """The model ``init_from`` builds from a source (``hf:PATH``), in float32, with its family's options section;
+    its problems as ConfigErrors naming ``init_from`` or the option."""
+    family = families.source_family(cfg.init_from)
     try:
-        model = retrofit_transformers(path, cfg.retrofit.resolve(), torch.float32, f"init_from={cfg.init_from!r}")
+        model = build_from_source(cfg.init_from, cfg.family_options(family), torch.float32,
+                                  f"init_from={cfg.init_from!r}")
         return model.train()
+    except ConfigError:
+        raise
     except CheckpointError as err:
         raise ConfigError(str(err)) from None
     except (ValueError, NotImplementedError) as err:
-        message = _first_line(err)
-        where = "retrofit." if message.startswith("feedback_source") else f"init_from={cfg.init_from!r}: "
-        raise ConfigError(where + message) from None
+        raise ConfigError(f"init_from={cfg.init_from!r}: {_first_line(err)}") from None
 
 
 def _first_line(err: BaseException) -> str:
@@ -192,7 +192,7 @@ def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) ->
     val = TokenBatches(val_split.tokens, t.seq_len, t.batch_size, seed=t.seed + 1)
     losses = loss_eval(val.batch, t.eval_batches, cfg.eval_passes)
 
-    def evaluate(model: FullBandwidthLM, step: int) -> dict[str, float]:
+    def evaluate(model: AnyLM, step: int) -> dict[str, float]:
         results = losses(model, step)
         # Bits per byte compare across tokenizers: nats/token x tokens/byte of the split / ln 2.
         bpb = {k.replace("val_loss", "val_bpb"): val_split.bits_per_byte(v) for k, v in results.items()}
@@ -203,21 +203,7 @@ def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) ->
 
 def run_train(cfg: TrainRunConfig, progress: bool = True) -> TrainResult:
     """Train as configured (DDP or FSDP when launched by torchrun); returns where the final model is."""
-    with _quiet_transformers(cfg):
-        return _run_train(cfg, progress)
-
-
-def _quiet_transformers(cfg: TrainRunConfig) -> contextlib.AbstractContextManager:
-    """A retrofit run: transformers' progress bars (at every load and checkpoint) off, fullband's own on."""
-    retrofit_run = bool(cfg.init_from) and (cfg.init_from.startswith(HF_PREFIX) or is_retrofit_checkpoint(
-        cfg.init_from))
-    if not retrofit_run:
-        return contextlib.nullcontext()  # a native run does not import transformers
-    try:
-        from fullband.integrations._hf_compat import no_progress_bars
-    except ImportError:
-        return contextlib.nullcontext()  # build_model says that transformers is missing
-    return no_progress_bars()
+    return _run_train(cfg, progress)
 
 
 def _run_train(cfg: TrainRunConfig, progress: bool) -> TrainResult:
@@ -238,8 +224,8 @@ def _run_train(cfg: TrainRunConfig, progress: bool) -> TrainResult:
 
         tokenizer = build_tokenizer(cfg, out_dir, env.is_main, barrier)
         model = build_model(cfg, tokenizer, device)
-        if env.world_size > 1 and cfg.train.parallel == "fsdp" and not isinstance(model, FullBandwidthLM):
-            raise ConfigError("train.parallel='fsdp' is invalid for a retrofitted transformers model "
+        if env.world_size > 1 and cfg.train.parallel == "fsdp" and not model.shardable:
+            raise ConfigError(f"train.parallel='fsdp' is invalid for {families.family_named(model.family).description} "
                               f"(init_from={cfg.init_from!r}): FSDP shards native models only; use 'ddp'")
         if env.is_main:  # data caches (download, tokenization) are filled once, then read by everyone
             batch_fn, eval_fn = build_batches(cfg, tokenizer, env.world_size)

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from fullband.config import ConfigError
 from fullband.configio import config_to_dict
-from fullband.model import FullBandwidthLM
+from fullband.model import FeedbackLM
 from fullband.training.checkpoint import (
     TrainingState,
     capture_process_rng,
@@ -54,7 +54,7 @@ from fullband.training.schedule import FeedbackSchedule
 # rows of optimizer step ``step``, all micro-batches together; must be a pure function of its arguments.
 BatchFn = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
 # eval_fn(model, step) -> {"name": value}; called in eval mode under torch.no_grad.
-EvalFn = Callable[[FullBandwidthLM, int], dict[str, float]]
+EvalFn = Callable[[FeedbackLM, int], dict[str, float]]
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -64,7 +64,7 @@ class Trainer:
 
     def __init__(
         self,
-        model: FullBandwidthLM,
+        model: FeedbackLM,
         train_cfg: TrainConfig,
         optim_cfg: OptimConfig,
         schedule_cfg: ScheduleConfig,

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from fullband.model import FullBandwidthLM
+from fullband.model import FeedbackLM
 
 BatchFn = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
 
@@ -14,7 +14,7 @@ BatchFn = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
 def loss_eval(
     batch_fn: BatchFn, num_batches: int, passes: Sequence[int] = (1,), *, plain_prefix: int = 1,
     rank: int = 0, world_size: int = 1,
-) -> Callable[[FullBandwidthLM, int], dict[str, float]]:
+) -> Callable[[FeedbackLM, int], dict[str, float]]:
     """An eval_fn giving ``val_loss_{k}pass`` = mean NTP loss of the last of ``k`` passes over validation batches
     ``batch_fn(0..num_batches-1)`` (the same batches at every evaluation, so values are comparable).
 
@@ -23,7 +23,7 @@ def loss_eval(
     if num_batches < 1:
         raise ValueError(f"num_batches must be >= 1, got {num_batches}")
 
-    def evaluate(model: FullBandwidthLM, step: int) -> dict[str, float]:
+    def evaluate(model: FeedbackLM, step: int) -> dict[str, float]:
         device = next(model.parameters()).device
         sums = dict.fromkeys(passes, 0.0)
         for index in range(num_batches):

@@ -1,5 +1,6 @@
-"""What a retrofitted model is (:class:`RetrofitConfig`) and the layout of its directory; imports neither torch nor
-transformers, so the loaders recognise a retrofitted checkpoint without the ``hf`` extra.
+"""What a retrofitted model is (:class:`RetrofitConfig`), its ``fullband train`` options (:class:`RetrofitOptions`,
+the [retrofit] section) and the layout of its directory; imports neither torch nor transformers, so the loaders
+recognise a retrofitted checkpoint, and the command line checks [retrofit], without the ``hf`` extra.
 
     base/                 the wrapped model's save_pretrained (config.json, model.safetensors, ...)
     fusion.safetensors    the LatentFusion weights
@@ -12,8 +13,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-FeedbackSource = str | int  # "last_hidden" or a block index 1..L-1
+from fullband.config import HF_PREFIX, _require, doc
 
+FeedbackSource = str | int  # "last_hidden" or a block index 1..L-1
+LAST_HIDDEN = "last_hidden"
+
+RETROFIT_FAMILY = "fullband_retrofit"  # the family's name: config.json's model_type
 RETROFIT_CONFIG = "retrofit.json"  # its marker: format, base architecture, feedback source, fusion settings
 RETROFIT_FUSION = "fusion.safetensors"  # the LatentFusion weights
 RETROFIT_BASE = "base"  # the wrapped model's own save_pretrained
@@ -40,3 +45,37 @@ class RetrofitConfig:
 def is_retrofit_checkpoint(directory: str | Path) -> bool:
     """Whether ``directory`` holds a retrofitted model (rather than a native fullband or plain HF one)."""
     return (Path(directory) / RETROFIT_CONFIG).is_file()
+
+
+@dataclass
+class RetrofitOptions:
+    """Retrofitting a transformers causal LM ([retrofit]; read only with init_from='hf:PATH')."""
+
+    feedback_source: str = doc(
+        LAST_HIDDEN,
+        "Hidden state of the pretrained model that feeds back: 'last_hidden' = its last hidden state (after the "
+        "final norm for Llama, Qwen2, GPT-2), or N = the residual stream after block N, 1..n_layers-1 (quoted in a "
+        'config file: feedback_source = "2").',
+    )
+
+    def __post_init__(self) -> None:
+        source = self.feedback_source
+        ok = isinstance(source, str) and (source == LAST_HIDDEN or (source.isdigit() and int(source) >= 1))
+        _require(ok, "feedback_source", source, "must be 'last_hidden' or a block index N >= 1 (at most the "
+                 "pretrained model's n_layers - 1)")
+        if source != LAST_HIDDEN:
+            self.feedback_source = str(int(source))
+
+    def resolve(self) -> FeedbackSource:
+        """The ``feedback_source`` argument of :func:`fullband.retrofit`: 'last_hidden' or an int."""
+        return LAST_HIDDEN if self.feedback_source == LAST_HIDDEN else int(self.feedback_source)
+
+    def check(self, init_from: str | None, feedback: bool) -> None:
+        """The run's init_from and model.feedback against this section (ConfigError naming the field)."""
+        hf = isinstance(init_from, str) and init_from.startswith(HF_PREFIX)
+        if hf:
+            _require(feedback, "model.feedback", feedback, "a retrofitted model always has the fusion; use "
+                     "schedule.feedback_start=1 to train it single-pass")
+        _require(hf or self.feedback_source == LAST_HIDDEN, "retrofit.feedback_source", self.feedback_source,
+                 "applies only to init_from='hf:PATH' (a retrofitted model's directory keeps the source it was "
+                 "built with)")

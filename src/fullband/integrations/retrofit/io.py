@@ -11,6 +11,7 @@ included.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,17 +20,23 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from fullband.integrations._hf_compat import no_progress_bars
 from fullband.integrations.retrofit.config import (
     RETROFIT_BASE,
     RETROFIT_CONFIG,
+    RETROFIT_FAMILY,
     RETROFIT_FUSION,
     RetrofitConfig,
     is_retrofit_checkpoint,
 )
 from fullband.model import hub
 from fullband.model.serialization import CONFIG_NAME, CheckpointError
+
+MODEL_TYPE = RETROFIT_FAMILY
+REMOTE_CODE = hub.RemoteCode("FullBandwidthRetrofitConfig", "FullBandwidthRetrofitForCausalLM",
+                             "fullband.integrations.hf_retrofit")
 
 Retrofitted = TypeVar("Retrofitted", bound=nn.Module)
 
@@ -43,16 +50,20 @@ def save_retrofitted(model: nn.Module, directory: str | Path, **decoding: Any) -
     """Write ``model``; ``decoding`` overrides the decoding defaults recorded in config.json."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model.base.save_pretrained(directory / BASE_DIR)
+    with no_progress_bars():  # as quiet as the native save (fullband train shows one progress bar of its own)
+        model.base.save_pretrained(directory / BASE_DIR)
     fusion = {k: v.detach().contiguous().cpu() for k, v in model.fusion.state_dict().items()}
     save_file(fusion, str(directory / FUSION_WEIGHTS), metadata={"format": "pt"})
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "base_dir": BASE_DIR, **model.config.to_dict()}
     (directory / RETROFIT_CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
     dtype = str(model.embed.weight.dtype).removeprefix("torch.")
     config = hub.hf_config_dict(model.config.to_dict(), dtype=dtype, tie_word_embeddings=False,
-                                model_type=hub.RETROFIT_MODEL_TYPE, **decoding)
-    hub.write_remote_code(directory, hub.RETROFIT_MODEL_TYPE)
-    hub.write_model_card(directory, config)
+                                model_type=MODEL_TYPE, remote=REMOTE_CODE, **decoding)
+    hub.write_remote_code(directory, REMOTE_CODE)
+    hub.write_model_card(directory, config, architecture=(
+        f"a pretrained `{config.get('base_architecture')}` ({config.get('n_layers')} layers, width "
+        f"{config.get('d_model')}) retrofitted with latent feedback: the fed-back state is "
+        f"`{config.get('feedback_source')}`; the base model is in `base/`, the fusion in `fusion.safetensors`"))
     (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -77,7 +88,8 @@ def load_retrofitted(cls: type[Retrofitted], directory: str | Path, **base_kwarg
     """A ``cls`` (RetrofittedLM, which imports this module) built on the checkpoint's base, with its fusion weights."""
     directory = Path(directory)
     meta = _read_meta(directory)
-    base = AutoModelForCausalLM.from_pretrained(directory / meta["base_dir"], **base_kwargs)
+    with no_progress_bars():
+        base = AutoModelForCausalLM.from_pretrained(directory / meta["base_dir"], **base_kwargs)
     if type(base).__name__ != meta["base_architecture"]:
         raise CheckpointError(f"{directory}: base loads as {type(base).__name__}, but {RETROFIT_CONFIG} says "
                               f"{meta['base_architecture']}")
@@ -89,6 +101,43 @@ def load_retrofitted(cls: type[Retrofitted], directory: str | Path, **base_kwarg
     p = model.embed.weight
     model.fusion.load_state_dict({k: v.to(device=p.device, dtype=p.dtype) for k, v in fusion.items()}, strict=True)
     return model.eval()
+
+
+def checkpoint_problem(files: Collection[str]) -> str | None:
+    """What a training checkpoint's manifest (``files``) lacks of a retrofitted model's files, or None."""
+    for required in (RETROFIT_CONFIG, RETROFIT_FUSION, f"{BASE_DIR}/config.json"):
+        if required not in files:
+            return f"does not list {required}"
+    if not any(f"{BASE_DIR}/{name}" in files for name in ("model.safetensors", "model.safetensors.index.json")):
+        return f"lists no weights of the base model under {BASE_DIR}/"
+    return None
+
+
+def load_quietly(cls: type[Retrofitted], directory: str | Path, dtype: torch.dtype | None) -> Retrofitted:
+    """:func:`load_retrofitted` from local files, problems as CheckpointError."""
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    try:
+        return load_retrofitted(cls, directory, local_files_only=True, **kwargs)
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"cannot load the retrofitted model in {directory}: {_first_line(err)}") from None
+
+
+def load_base(path: str | Path, dtype: torch.dtype | None, name: str) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained(path)`` from local files; problems as CheckpointError naming ``name``."""
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    try:
+        with no_progress_bars():
+            return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{name} is not a transformers causal LM that AutoModelForCausalLM can load: "
+                              f"{_first_line(err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _read_meta(directory: Path) -> dict[str, Any]:

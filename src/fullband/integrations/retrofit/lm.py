@@ -22,23 +22,30 @@ Which state feeds back (``feedback_source``):
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
 import fullband.generation.decoding  # noqa: F401 (binds generate / stream: a retrofitted model decodes)
+from fullband.config import ConfigError
 from fullband.integrations._hf_compat import cache_argument
+from fullband.integrations.retrofit import io
 from fullband.integrations.retrofit.cache import RetrofitCache
-from fullband.integrations.retrofit.config import FeedbackSource, RetrofitConfig
-from fullband.integrations.retrofit.io import load_retrofitted, save_retrofitted
+from fullband.integrations.retrofit.config import LAST_HIDDEN, FeedbackSource, RetrofitConfig, RetrofitOptions
 from fullband.model import LatentFusion
 from fullband.model.feedback import FeedbackLM
+from fullband.model.serialization import CheckpointError
 
 
 class RetrofittedLM(FeedbackLM):
+    family: ClassVar[str] = io.MODEL_TYPE
+    cache_type: ClassVar[type[RetrofitCache]] = RetrofitCache
+    train_dtype: ClassVar[torch.dtype | None] = torch.float32  # a pretrained network is often saved in half precision
+
     def __init__(
         self, base: PreTrainedModel, feedback_source: FeedbackSource = "last_hidden", *, init_std: float | None = None
     ) -> None:
@@ -126,17 +133,51 @@ class RetrofittedLM(FeedbackLM):
         """The 2D mask transformers expects: (B, S) 1 = real token, over cached + new positions."""
         return key_valid.long()
 
-    # ------------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------------ the model-family interface
 
     def save_pretrained(self, directory: str | Path, **decoding: Any) -> None:
         """Base model (its own save_pretrained, in ``base/``) + fusion weights + ``retrofit.json``, and what
         transformers needs to open it (config.json, remote code; ``decoding`` sets its decoding defaults)."""
-        save_retrofitted(self, directory, **decoding)
+        io.save_retrofitted(self, directory, **decoding)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, **base_kwargs: Any) -> RetrofittedLM:
         """Load what :meth:`save_pretrained` wrote; ``base_kwargs`` go to the base's from_pretrained (dtype, ...)."""
-        return load_retrofitted(cls, directory, **base_kwargs)
+        return io.load_retrofitted(cls, directory, **base_kwargs)
+
+    @classmethod
+    def load(cls, directory: str | Path, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+             *, feedback: bool | None = None) -> RetrofittedLM:
+        if feedback is False:
+            raise CheckpointError(f"feedback=False (model.feedback) is invalid for {directory}: a retrofitted "
+                                  "model always has the fusion; train it single-pass with schedule.feedback_start=1")
+        return io.load_quietly(cls, directory, dtype).to(device=device).eval()
+
+    @classmethod
+    def saved_config(cls, directory: str | Path) -> RetrofitConfig:
+        return io.load_retrofit_config(directory)
+
+    def load_weights(self, directory: str | Path) -> None:
+        io.load_weights_into(self, directory)
+
+    @classmethod
+    def checkpoint_problem(cls, files: Collection[str]) -> str | None:
+        return io.checkpoint_problem(files)
+
+    @classmethod
+    def from_source(cls, path: Path, options: RetrofitOptions | None = None, dtype: torch.dtype | None = None,
+                    name: str = "") -> RetrofittedLM:
+        """``retrofit(AutoModelForCausalLM.from_pretrained(path))`` from local files, fusion weights drawn from
+        torch's global RNG. Loading problems raise CheckpointError whose message starts with ``name`` (default: the
+        quoted path); a bad ``options.feedback_source`` a ConfigError naming it; an unsupported architecture (or a
+        bad source without ``options``) retrofit's own ValueError / NotImplementedError."""
+        base = io.load_base(path, dtype, name or repr(str(path)))
+        try:
+            return cls(base, options.resolve() if options is not None else LAST_HIDDEN)
+        except ValueError as err:
+            if options is not None and str(err).startswith("feedback_source"):
+                raise ConfigError(f"retrofit.{str(err).splitlines()[0]}") from None
+            raise
 
 
 def retrofit(model: PreTrainedModel, feedback_source: FeedbackSource = "last_hidden", **kwargs: Any) -> RetrofittedLM:
