@@ -326,6 +326,23 @@ class TransformersTokenizer(Tokenizer):
         return f"TransformersTokenizer({type(self._tk).__name__}, vocab_size={self.vocab_size})"
 
 
+def load_pretrained_tokenizer(path: str | Path) -> Tokenizer:
+    """A pretrained tokenizer from local files (``--data.tokenizer hf:PATH``): a ``tokenizer.json`` file (read with
+    ``tokenizers``; end-of-text is the first of the usual end-of-text tokens it has), or a directory with one, a
+    transformers tokenizer saved with ``save_pretrained`` (read with ``AutoTokenizer``; its ``eos_token``) or a
+    tokenizer fullband saved. Vocabulary size and special ids come from the tokenizer; nothing is downloaded."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return BPETokenizer.from_file(path)
+    if not path.is_dir():
+        raise DataError(f"tokenizer not found: {str(path)!r} is neither a tokenizer.json file nor a directory")
+    tokenizer = load_tokenizer(path)
+    if tokenizer is None:
+        raise DataError(f"{path} holds no tokenizer (no {BPE_FILE} or {CONFIG_FILE}); give a tokenizer.json file or "
+                        "a directory a tokenizer was saved to (save_pretrained)")
+    return tokenizer
+
+
 def load_tokenizer(directory: str | Path) -> Tokenizer | None:
     """The tokenizer saved in ``directory``, or None if it holds no tokenizer files (or does not exist)."""
     directory = Path(directory)
