@@ -21,7 +21,8 @@ class PrepareConfig:
     input: str = doc(
         "", "What to tokenize (required): a text file, a JSONL file (one JSON object per line, text in --field), a "
         "directory (every *.txt and *.jsonl below it, sorted by path), or hf:PATH_OR_NAME: a Hugging Face dataset "
-        "(a save_to_disk directory, a local data directory, or a dataset in the local cache; never downloaded).")
+        "(a save_to_disk directory, a local data directory, or a hub name, streamed as datasets.load_dataset does; "
+        "HF_DATASETS_OFFLINE=1 keeps it to the local cache).")
     out_dir: str = doc("", "Directory for the shards and index.json (required); rerunning the same command there "
                        "resumes an interrupted prepare.")
     tokenizer: str = doc("byte", "byte (UTF-8 bytes), hf:PATH (a tokenizer.json file or a local transformers "
@@ -33,7 +34,7 @@ class PrepareConfig:
         0.01, "Held-out validation split: the first documents holding this fraction of the input (by bytes for files, "
         "a text file cut at a line end; by rows for datasets). 0 = no validation split.")
     shard_tokens: int = doc(100_000_000, "Tokens per shard file (a shard ends at the first chunk end past this).")
-    chunk_bytes: int = doc(4 << 20, "Text per work unit in bytes; a large text file is tokenized in pieces of about "
+    chunk_bytes: int = doc(1 << 20, "Text per work unit in bytes; a large text file is tokenized in pieces of about "
                            "this size cut at line ends.")
     dtype: str = doc("auto", "Token dtype on disk: auto (uint16 when the vocabulary fits, else uint32), uint16, "
                      "uint32.")

@@ -157,8 +157,9 @@ class BPETokenizer(Tokenizer):
         return self._tk.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        # The Rust side parallelises across texts.
-        return [e.ids for e in self._tk.encode_batch(list(texts), add_special_tokens=False)]
+        # The Rust side parallelises across texts; encode_batch_fast (tokenizers >= 0.21) skips the offsets.
+        encode = getattr(self._tk, "encode_batch_fast", self._tk.encode_batch)
+        return [e.ids for e in encode(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tk.decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=True)
