@@ -14,6 +14,7 @@ from fullband.data.config import PrepareConfig
 from fullband.data.prepare import prepare_shards, shard_dtype
 
 DOCS = [f"Document {i}: the quick brown fox, ünïcode {i * 7}.\nSecond line {i}.\n" * (3 + i) for i in range(6)]
+DOCS[1] += "Text that spells <|endoftext|> is text, in every worker.\n"
 
 
 def write_corpus(root, docs=DOCS):

@@ -179,6 +179,7 @@ def prepare_shards(cfg: PrepareConfig) -> dict[str, Any]:
     if progress is None:
         return {**_read_json(out / INDEX_FILE), "seconds": 0.0, "input_bytes": 0, "already_done": True}
     tokenizer.save(out / TOKENIZER_DIR)
+    atomic_write_json(out / PROGRESS_FILE, progress)  # before any shard: a rerun always knows the directory is ours
     shards: list[dict[str, Any]] = progress["shards"]
     begun = {s: any(r["split"] == s and r["tokens"] for r in shards) for s in FILE_PREFIX}
     workers = cfg.workers or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())

@@ -153,6 +153,10 @@ class BPETokenizer(Tokenizer):
         self.vocab_size = tk.get_vocab_size(with_added_tokens=True)
         self._json = tk.to_str()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # tokenizers' own pickling drops encode_special_tokens: rebuild from the definition (prepare's workers)
+        return _bpe_from_json, (self._json, self.eos_token)
+
     def encode(self, text: str) -> list[int]:
         return self._tk.encode(text, add_special_tokens=False).ids
 
@@ -200,6 +204,12 @@ class BPETokenizer(Tokenizer):
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size})"
+
+
+def _bpe_from_json(definition: str, eos_token: str) -> BPETokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    return BPETokenizer(HFTokenizer.from_str(definition), eos_token)
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2) -> BPETokenizer:
