@@ -109,3 +109,13 @@ def test_a_transformers_tokenizer_directory_is_a_pretrained_tokenizer(tmp_path):
     fast.save_pretrained(str(tmp_path / "hf_tok"))
     tokenizer = load_pretrained_tokenizer(tmp_path / "hf_tok")
     assert tokenizer.eos_id == tk.token_to_id("</s>") and tokenizer.encode("Line 1") == tk.encode("Line 1").ids
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("hf:", "data.tokenizer"), ("hf:{tmp}/missing.json", "tokenizer not found"), ("hf:{tmp}", "holds no tokenizer")])
+def test_a_bad_pretrained_tokenizer_is_one_line(tmp_path, capsys, value, says):
+    (tmp_path / "corpus.txt").write_text(TEXT)
+    assert main(["train", "--data.source", str(tmp_path / "corpus.txt"), "--data.tokenizer",
+                 value.format(tmp=tmp_path), "--out_dir", str(tmp_path / "run"), *TINY, "--train.max_steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err
