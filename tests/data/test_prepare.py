@@ -2,7 +2,11 @@
 equals an uninterrupted run, several workers equal one, clear errors, local Hugging Face datasets."""
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -122,29 +126,39 @@ def test_unreadable_inputs_and_foreign_output_are_clear_errors(tmp_path, capsys)
     assert prep(tmp_path / "ok.txt", tmp_path / "o3")["already_done"]
 
 
+KILL_AT_CHUNK = """
+import os, signal, sys
+from fullband.data import prepare as prepare_mod
+from fullband.data.config import PrepareConfig
+
+real = prepare_mod.encode_chunk
+
+def encode_or_die(chunk, *args):
+    if chunk.index == 12:  # kill -9 while a shard is half written: no cleanup of any kind runs
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(chunk, *args)
+
+prepare_mod.encode_chunk = encode_or_die
+prepare_mod.prepare_shards(PrepareConfig(input=sys.argv[1], out_dir=sys.argv[2], workers=1, progress=False,
+                                         val_fraction=0.1, chunk_bytes=100, shard_tokens=300))
+"""
+
+
 def test_a_prepare_killed_midway_resumes_to_the_same_files(tmp_path, monkeypatch):
     corpus = write_corpus(tmp_path / "corpus")
     options = {"val_fraction": 0.1, "chunk_bytes": 100, "shard_tokens": 300}
     prep(corpus, tmp_path / "straight", **options)
     expected = shard_files(tmp_path / "straight")
 
-    real, calls = prepare_mod.encode_chunk, []
-
-    def crash_at_chunk_12(chunk, *args):
-        calls.append(chunk.index)
-        if chunk.index == 12:
-            raise KeyboardInterrupt  # the process dies while a shard is half written
-        return real(chunk, *args)
-
-    monkeypatch.setattr(prepare_mod, "encode_chunk", crash_at_chunk_12)
-    with pytest.raises(KeyboardInterrupt):
-        prep(corpus, tmp_path / "resumed", **options)
+    killed = subprocess.run([sys.executable, "-c", KILL_AT_CHUNK, str(corpus), str(tmp_path / "resumed")],
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
     progress = json.loads((tmp_path / "resumed" / "progress.json").read_text())
     assert progress["shards"] and 0 < progress["next_chunk"] <= 12
-    (tmp_path / "resumed" / ".train_000009.bin.x.tmp").write_bytes(b"debris of a kill -9")
+    assert list((tmp_path / "resumed").glob(".*.tmp"))  # the half-written shard's temp file is left behind
     with pytest.raises(DataError, match="unfinished fullband prepare"):
         is_prepared(tmp_path / "resumed")  # training refuses the unfinished directory
-    calls.clear()
+    real, calls = prepare_mod.encode_chunk, []
     monkeypatch.setattr(prepare_mod, "encode_chunk", lambda chunk, *a: calls.append(chunk.index) or real(chunk, *a))
     prep(corpus, tmp_path / "resumed", **options)
     assert min(calls) == progress["next_chunk"]  # the finished shards' chunks were not tokenized again
