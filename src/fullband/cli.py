@@ -13,6 +13,7 @@ from typing import NoReturn
 from fullband.bench.config import BenchConfig
 from fullband.config import CheckConfig, ConfigError
 from fullband.configio import add_dataclass_arguments, config_from_args
+from fullband.data.config import PrepareConfig
 from fullband.experiments.config import CompareConfig, ReasoningConfig, RecipeConfig, StateTrackingConfig
 from fullband.generation.config import GenerateConfig
 from fullband.integrations.lm_eval.config import LmEvalConfig
@@ -103,6 +104,22 @@ def run_train(cfg: TrainRunConfig) -> None:
     print(f"model: {result.model_dir}   (fullband generate --checkpoint {result.model_dir} --prompt ...)")
 
 
+def run_prepare(cfg: PrepareConfig) -> None:
+    from fullband.data.prepare import prepare_shards
+
+    index = prepare_shards(cfg)
+    train, val = index["splits"]["train"], index["splits"]["validation"]
+    if index["already_done"]:
+        print(f"{cfg.out_dir} is already prepared with these options")
+    else:
+        rate = index["input_bytes"] / 1e6 / max(index["seconds"], 1e-9)
+        speed = f" ({rate:.1f} MB/s)" if index["input_bytes"] else ""
+        print(f"prepared in {index['seconds']:.1f} s{speed}")
+    print(f"train: {train['tokens']:,} tokens in {len(train['shards'])} shard(s); validation: {val['tokens']:,} "
+          f"tokens; {index['dtype']}, vocabulary {index['vocab_size']:,}")
+    print(f"train on it: fullband train --data.source {cfg.out_dir} --out_dir runs/mine")
+
+
 def run_check(cfg: CheckConfig) -> None:
     from fullband.selfcheck import run_check as check
 
@@ -172,6 +189,7 @@ def run_serve(cfg: ServeConfig) -> None:
 
 COMMANDS: dict[str, tuple[type, Callable, str]] = {
     "train": (TrainRunConfig, run_train, "Train a full-bandwidth transformer (or the feedback=False baseline)."),
+    "prepare": (PrepareConfig, run_prepare, "Tokenize text, JSONL or a dataset into memory-mapped token shards."),
     "generate": (GenerateConfig, run_generate, "Decode from a checkpoint in standard, soft, fused or exact mode."),
     "serve": (ServeConfig, run_serve, "OpenAI-compatible HTTP server (every mode, continuous batching)."),
     "check": (CheckConfig, run_check, "Verify that sequential, multi-pass, chunked and cached decoding agree."),

@@ -128,26 +128,48 @@ class TokenBatches:
 
     ``batch(step)`` draws the global batch's window starts from ``np.random.default_rng([seed, step])``,
     so resuming at any step, or changing the number of ranks, replays exactly the same data. Each
-    rank takes its contiguous slice of the global batch. ``labels`` holds the same values as ``inputs``
-    (HF convention: the model shifts them internally), as a separate tensor.
+    rank takes its contiguous slice of the global batch (its own rows: no two ranks train on the same row).
+    ``labels`` holds the same values as ``inputs`` (HF convention: the model shifts them internally), as a
+    separate tensor.
+
+    ``tokens`` is one array or a sequence of them (the shards of a prepared split, memory-mapped): a window lies
+    inside one shard, and a start is drawn uniformly over all shards' possible starts, so one array and a
+    one-element sequence give the same batches. Nothing is concatenated: memory stays that of the batch.
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int = 0) -> None:
-        _check_length(tokens, seq_len)
+    def __init__(self, tokens: np.ndarray | Sequence[np.ndarray], seq_len: int, batch_size: int,
+                 seed: int = 0) -> None:
+        parts = [tokens] if isinstance(tokens, np.ndarray) else list(tokens)
+        if not parts:
+            raise DataError("no tokens to draw batches from (an empty split)")
+        _check_length(max(parts, key=len), seq_len)
         if batch_size < 1:
             raise DataError(f"batch_size must be positive, got {batch_size}")
-        self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
+        self.parts, self.seq_len, self.batch_size, self.seed = parts, seq_len, batch_size, seed
+        # starts_before[i]: how many window starts the parts before part i hold
+        self._starts = np.cumsum([0] + [max(0, len(p) - seq_len + 1) for p in parts])
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The token array (the first part when there are several)."""
+        return self.parts[0]
 
     def offsets(self, step: int) -> np.ndarray:
-        """Start positions of the global batch's windows at ``step``."""
+        """Start positions of the global batch's windows at ``step``, counted over all parts' possible starts."""
         rng = np.random.default_rng([self.seed, step])
-        return rng.integers(0, self.tokens.shape[0] - self.seq_len + 1, size=self.batch_size)
+        return rng.integers(0, int(self._starts[-1]), size=self.batch_size)
+
+    def windows(self, step: int, rank: int = 0, world_size: int = 1) -> list[tuple[int, int]]:
+        """``(part, start)`` of each window this rank trains on at ``step``."""
+        starts = self.offsets(step)[rank_slice(self.batch_size, rank, world_size)]
+        part = np.searchsorted(self._starts, starts, side="right") - 1
+        return [(int(p), int(s - self._starts[p])) for p, s in zip(part, starts, strict=True)]
 
     def batch(self, step: int, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, labels)``, each LongTensor[batch_size // world_size, seq_len], for this rank."""
-        starts = self.offsets(step)[rank_slice(self.batch_size, rank, world_size)]
-        rows = np.stack([np.asarray(self.tokens[s : s + self.seq_len], dtype=np.int64) for s in starts])
-        inputs = torch.from_numpy(rows)
+        rows = [np.asarray(self.parts[p][s : s + self.seq_len], dtype=np.int64)
+                for p, s in self.windows(step, rank, world_size)]
+        inputs = torch.from_numpy(np.stack(rows))
         return inputs, inputs.clone()
 
 

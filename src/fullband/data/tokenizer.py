@@ -153,12 +153,17 @@ class BPETokenizer(Tokenizer):
         self.vocab_size = tk.get_vocab_size(with_added_tokens=True)
         self._json = tk.to_str()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # tokenizers' own pickling drops encode_special_tokens: rebuild from the definition (prepare's workers)
+        return _bpe_from_json, (self._json, self.eos_token)
+
     def encode(self, text: str) -> list[int]:
         return self._tk.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        # The Rust side parallelises across texts.
-        return [e.ids for e in self._tk.encode_batch(list(texts), add_special_tokens=False)]
+        # The Rust side parallelises across texts; encode_batch_fast (tokenizers >= 0.21) skips the offsets.
+        encode = getattr(self._tk, "encode_batch_fast", self._tk.encode_batch)
+        return [e.ids for e in encode(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tk.decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=True)
@@ -199,6 +204,12 @@ class BPETokenizer(Tokenizer):
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size})"
+
+
+def _bpe_from_json(definition: str, eos_token: str) -> BPETokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    return BPETokenizer(HFTokenizer.from_str(definition), eos_token)
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2) -> BPETokenizer:
@@ -325,6 +336,23 @@ class TransformersTokenizer(Tokenizer):
 
     def __repr__(self) -> str:
         return f"TransformersTokenizer({type(self._tk).__name__}, vocab_size={self.vocab_size})"
+
+
+def load_pretrained_tokenizer(path: str | Path) -> Tokenizer:
+    """A pretrained tokenizer from local files (``--data.tokenizer hf:PATH``): a ``tokenizer.json`` file (read with
+    ``tokenizers``; end-of-text is the first of the usual end-of-text tokens it has), or a directory with one, a
+    transformers tokenizer saved with ``save_pretrained`` (read with ``AutoTokenizer``; its ``eos_token``) or a
+    tokenizer fullband saved. Vocabulary size and special ids come from the tokenizer; nothing is downloaded."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return BPETokenizer.from_file(path)
+    if not path.is_dir():
+        raise DataError(f"tokenizer not found: {str(path)!r} is neither a tokenizer.json file nor a directory")
+    tokenizer = load_tokenizer(path)
+    if tokenizer is None:
+        raise DataError(f"{path} holds no tokenizer (no {BPE_FILE} or {CONFIG_FILE}); give a tokenizer.json file or "
+                        "a directory a tokenizer was saved to (save_pretrained)")
+    return tokenizer
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer | None:

@@ -320,12 +320,15 @@ class TrainModelConfig(ModelConfig):
 class DataConfig:
     """Training data ([data])."""
 
-    source: str = doc("shakespeare", "Corpus: 'shakespeare' (embedded default), a text file or directory, "
-                      "'hf:NAME[:field]' (Hugging Face datasets), or with format=sft a JSONL file.")
+    source: str = doc("shakespeare", "Corpus: 'shakespeare' (embedded default), a directory written by fullband "
+                      "prepare (token shards + index.json, read through memory maps, its own tokenizer), a text file "
+                      "or directory, 'hf:NAME[:field]' (Hugging Face datasets), or with format=sft a JSONL file.")
     format: str = doc("text", "text = language modelling on the corpus; sft = prompt/completion or chat JSONL "
                       "with the prompt masked out of the loss.")
     validation_source: str | None = doc(None, "sft: JSONL for validation (text sources bring their own split).")
-    tokenizer: str = doc("byte", "byte (UTF-8 bytes, no training) or bpe (trained on the train split).")
+    tokenizer: str = doc("byte", "byte (UTF-8 bytes, no training), bpe (trained on the train split), or hf:PATH: a "
+                         "pretrained tokenizer, a tokenizer.json file or a local transformers tokenizer directory "
+                         "(vocabulary and end-of-text token from it). A prepared source brings its own tokenizer.")
     bpe_vocab_size: int = doc(2048, "Vocabulary size of a trained BPE tokenizer.")
     curriculum: float = doc(
         0.0, "sft: over the first this fraction of the steps, batches come from a prefix of the file that grows "
@@ -335,7 +338,8 @@ class DataConfig:
         _require(isinstance(self.source, str) and bool(self.source), "data.source", self.source,
                  "give a corpus name, a path or hf:NAME")
         _require(self.format in DATA_FORMATS, "data.format", self.format, f"must be one of {DATA_FORMATS}")
-        _require(self.tokenizer in TOKENIZERS, "data.tokenizer", self.tokenizer, f"must be one of {TOKENIZERS}")
+        _require(self.tokenizer in TOKENIZERS or (self.tokenizer.startswith(HF_PREFIX) and self.tokenizer != HF_PREFIX),
+                 "data.tokenizer", self.tokenizer, f"must be one of {TOKENIZERS} or hf:PATH")
         _require(_is_int(self.bpe_vocab_size) and 260 <= self.bpe_vocab_size <= 1_000_000, "data.bpe_vocab_size",
                  self.bpe_vocab_size, "must be an integer in 260..1000000")
         _require(_is_number(self.curriculum) and 0 <= self.curriculum <= 1, "data.curriculum", self.curriculum,

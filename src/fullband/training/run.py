@@ -37,10 +37,14 @@ from fullband.data import (
     TokenBatches,
     Tokenizer,
     TransformersTokenizer,
+    is_prepared,
     load_corpus,
+    load_prepared,
+    load_pretrained_tokenizer,
     load_sft,
     load_tokenizer,
     load_tokens,
+    prepared_tokenizer,
     train_bpe,
 )
 from fullband.devices import resolve_device
@@ -105,6 +109,10 @@ def build_tokenizer(cfg: TrainRunConfig, out_dir: Path, is_main: bool, barrier: 
         except DataError as err:
             raise ConfigError(f"init_from={cfg.init_from!r}: {err} (save the model's tokenizer into the same "
                               "directory: tokenizer.save_pretrained(PATH))") from None
+    if cfg.data.format == "text" and is_prepared(cfg.data.source):
+        return _prepared_tokenizer(cfg)
+    if cfg.data.tokenizer.startswith(HF_PREFIX):
+        return load_pretrained_tokenizer(cfg.data.tokenizer[len(HF_PREFIX):])
     if cfg.data.tokenizer == "byte":
         return ByteTokenizer()
     if cfg.data.format == "sft":
@@ -115,6 +123,17 @@ def build_tokenizer(cfg: TrainRunConfig, out_dir: Path, is_main: bool, barrier: 
         train_bpe(load_corpus(cfg.data.source, "train"), vocab_size=cfg.data.bpe_vocab_size).save(out_dir / "tokenizer")
     barrier()
     return load_tokenizer(out_dir / "tokenizer")
+
+
+def _prepared_tokenizer(cfg: TrainRunConfig) -> Tokenizer:
+    """The tokenizer saved beside prepared shards; data.tokenizer may only name the same one (or stay 'byte')."""
+    tokenizer = prepared_tokenizer(cfg.data.source)
+    asked = cfg.data.tokenizer
+    if asked == "bpe" or (asked.startswith(HF_PREFIX) and load_pretrained_tokenizer(
+            asked[len(HF_PREFIX):]).fingerprint != tokenizer.fingerprint):
+        raise ConfigError(f"data.tokenizer={asked!r} differs from the tokenizer {cfg.data.source!r} was prepared with; "
+                          "leave data.tokenizer out (the shards' own is used) or prepare the data with this one")
+    return tokenizer
 
 
 def build_model(cfg: TrainRunConfig, tokenizer: Tokenizer, device: torch.device) -> AnyLM:
@@ -186,8 +205,14 @@ def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) ->
                              seed=t.seed + 1)
             evaluate = loss_eval(val.batch, t.eval_batches, cfg.eval_passes)
         return train.batch, evaluate
-    train_split = load_tokens(cfg.data.source, "train", tokenizer)
-    val_split = load_tokens(cfg.data.source, "validation", tokenizer)
+    if is_prepared(cfg.data.source):  # token shards: memory maps, the held-out split from the index
+        train_split = load_prepared(cfg.data.source, "train", tokenizer)
+        val_split = load_prepared(cfg.data.source, "validation", tokenizer)
+        if not val_split.n_tokens:  # prepared with val_fraction=0
+            return TokenBatches(train_split.tokens, t.seq_len, rows, seed=t.seed).batch, None
+    else:
+        train_split = load_tokens(cfg.data.source, "train", tokenizer)
+        val_split = load_tokens(cfg.data.source, "validation", tokenizer)
     train = TokenBatches(train_split.tokens, t.seq_len, rows, seed=t.seed)
     val = TokenBatches(val_split.tokens, t.seq_len, t.batch_size, seed=t.seed + 1)
     losses = loss_eval(val.batch, t.eval_batches, cfg.eval_passes)
