@@ -88,12 +88,9 @@ class CompareConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
         token_budget=512_000, batch_size=16, seq_len=128, eval_batches=4, checkpoint_every=0))  # 250 steps at 1x
-    # The best recipe found by `fullband recipe` (docs/results/recipe): NorMuon on the hidden matrices (lower loss
-    # than Muon for both models: docs/results/compare-normuon) with a 3x learning rate on the fusion, raw plain
-    # inputs (ModelConfig's default input form), feedback from the first step.
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(
-        optimizer="normuon", lr=1e-3, muon_lr=0.02, muon_weight_decay=0.01, fusion_lr_mult=3.0, warmup_steps=25))
-    schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(feedback_start=0.0))
+    # The recipe: fullband train's defaults (fullband.training.config.TRAIN_PRESETS says what it is and why).
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     budgets: tuple[float, ...] = doc(
         (0.5, 1.0, 1.5), "Baseline token budgets as multiples of train.token_budget (the unit, 1x); the "
         "full-bandwidth models train to 1x. At least two, so the baseline's loss-vs-tokens curve can be fitted. "

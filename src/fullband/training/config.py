@@ -16,6 +16,7 @@ from fullband.config import (
     _is_int,
     _is_number,
     _require,
+    apply_preset,
     doc,
     threads_field,
     validate_device_name,
@@ -35,9 +36,10 @@ class ScheduleConfig:
     """Feedback schedule: how many passes each training batch runs (DESIGN.md §3)."""
 
     feedback_start: float = doc(
-        0.75,
+        0.0,
         "Fraction of all training steps after which multi-pass batches start; before it every batch is "
-        "single-pass. 0 = feedback from the first step (fine-tuning), 1 = never.",
+        "single-pass. 0 = feedback from the first step (the recipe: docs/results/recipe), 0.75 = the paper's late "
+        "start (--preset paper), 1 = never.",
     )
     feedback_end: float = doc(
         1.0,
@@ -46,9 +48,9 @@ class ScheduleConfig:
     )
     pass_mix: tuple[float, ...] = doc(
         (0.88, 0.12),
-        "Probabilities of 2, 3, ... passes per batch after feedback_start (must sum to 1). The default "
-        "0.88,0.12 with feedback_start=0.75 is the paper's overall 75%/22%/3% single/two/three-pass split; "
-        "0,1 with feedback_start=0 always runs 3 passes.",
+        "Probabilities of 2, 3, ... passes per batch after feedback_start (must sum to 1). 0.88,0.12 with "
+        "feedback_start=0.75 is the paper's overall 75%/22%/3% single/two/three-pass split; 0,1 with "
+        "feedback_start=0 always runs 3 passes.",
     )
     ramp_steps: int = doc(
         0,
@@ -72,15 +74,17 @@ NS_DTYPES = ("auto", "float32", "bfloat16")
 
 @dataclass
 class OptimConfig:
-    """The optimiser (AdamW, or Muon / NorMuon + AdamW) and the learning-rate schedule."""
+    """The optimiser (AdamW, or Muon / NorMuon + AdamW) and the learning-rate schedule. The defaults (with
+    ScheduleConfig's and ModelConfig's) are the recipe: see TRAIN_PRESETS."""
 
     optimizer: str = doc(
-        "adamw",
+        "normuon",
         "adamw = AdamW on every parameter; muon = Muon (torch.optim.Muon's update) on the 2-D weights of "
         "muon_params and AdamW at lr on the rest (embedding/head, norms); normuon = the same split with NorMuon "
         "(arXiv 2510.05491: Muon's update normalised per output neuron), the paper's optimiser (section 4).",
     )
-    lr: float = doc(3e-4, "Peak learning rate of AdamW (reached at the end of warmup).")
+    lr: float = doc(1e-3, "Peak learning rate of AdamW (reached at the end of warmup; with muon/normuon: of the "
+                    "embedding/head and the gains).")
     muon_lr: float = doc(0.02, "optimizer=muon/normuon: peak learning rate of (Nor)Muon (follows the same schedule).")
     muon_weight_decay: float = doc(0.01, "optimizer=muon/normuon: decoupled weight decay (scaled by its LR).")
     muon_momentum: float = doc(0.95, "optimizer=muon/normuon: (Nesterov) momentum, in [0, 1).")
@@ -99,14 +103,14 @@ class OptimConfig:
         "CPUs with bf16 instructions (avx512_bf16/amx_bf16), float32 on other CPUs, where bf16 is emulated and "
         "several times slower; 'float32'; 'bfloat16' (torch.optim.Muon's). The run config records what auto chose.",
     )
-    fusion_lr_mult: float = doc(1.0, "Learning-rate multiplier of the fusion's parameters (W_U, W_G, its norms), > 0.")
+    fusion_lr_mult: float = doc(3.0, "Learning-rate multiplier of the fusion's parameters (W_U, W_G, its norms), > 0.")
     min_lr_ratio: float = doc(0.1, "Final learning rate as a fraction of lr, in [0, 1].")
     betas: tuple[float, float] = doc((0.9, 0.95), "AdamW beta1,beta2, each in [0, 1).")
     eps: float = doc(1e-8, "AdamW epsilon, > 0.")
     weight_decay: float = doc(
         0.1, "Decoupled AdamW weight decay on weight matrices (>= 2-D, embeddings included); norms get none."
     )
-    warmup_steps: int = doc(100, "Linear warmup steps from ~0 to lr.")
+    warmup_steps: int = doc(25, "Linear warmup steps from ~0 to lr.")
     schedule: str = doc(
         "wsd",
         "Learning rate after warmup: 'wsd' = constant then linear decay to min_lr over the last decay_fraction "
@@ -367,10 +371,37 @@ class RetrofitTrainConfig:
         return RETROFIT_LAST_HIDDEN if self.feedback_source == RETROFIT_LAST_HIDDEN else int(self.feedback_source)
 
 
+# The presets of ``fullband train`` (what each changes relative to the defaults, which *are* the "recipe" preset).
+# recipe: the best recipe our recipe study measured (docs/results/recipe/report.md), the one `fullband compare` and
+#   `fullband recipe` train with: NorMuon on the blocks' and the fusion's matrices (muon_lr 0.02, wd 0.01), AdamW
+#   at 1e-3 on the rest, the fusion at 3x the learning rate, 25 warmup steps, multi-pass batches (88% 2 passes, 12%
+#   3) from the first step, raw plain inputs and normalised fused inputs (ModelConfig's input_norm="fused",
+#   gate_norm="own"). In the recipe study's full ablation (docs/LOG.md, issue 24) the paper's late feedback start
+#   was the weakest variant: its fused(1) mode was worth 0.40x its training tokens.
+# paper: the paper's published recipe (DESIGN.md section 3, paper section 4): NorMuon (lr 1e-2, wd 0.01) on the
+#   matrices, Adam (lr 5e-4, no weight decay) on the rest, WSD with 200 warmup steps and a 25% cool-down to zero,
+#   the fusion at the common rate, single-pass until 75% of the steps, then 88% 2-pass / 12% 3-pass batches (the
+#   75/22/3 split). Set for its 1B runs (~170K feedback steps, a quarter of the run), not for small ones.
+TRAIN_PRESETS: dict[str, dict[str, object]] = {
+    "recipe": {},
+    "paper": {
+        "optim": {"optimizer": "normuon", "muon_lr": 1e-2, "muon_weight_decay": 0.01, "lr": 5e-4,
+                  "weight_decay": 0.0, "fusion_lr_mult": 1.0, "warmup_steps": 200, "schedule": "wsd",
+                  "decay_fraction": 0.25, "min_lr_ratio": 0.0},
+        "schedule": {"feedback_start": 0.75, "pass_mix": (0.88, 0.12)},
+    },
+}
+
+
 @dataclass
 class TrainRunConfig:
     """``fullband train``: all sections of one run."""
 
+    preset: str = doc(
+        "recipe", f"Settings to start from: one of {tuple(TRAIN_PRESETS)}. recipe = the best recipe our recipe "
+        "study measured, the one fullband compare trains with (NorMuon, fusion LR x3, feedback from the first step); "
+        "paper = the paper's published recipe (NorMuon at its 1B-run rates, 200 warmup steps, a 25% cool-down to "
+        "zero, single-pass until 75% of the steps). Values from a config file or the command line override it.")
     model: TrainModelConfig = field(default_factory=TrainModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(eval_every=250))
@@ -392,6 +423,7 @@ class TrainRunConfig:
     )
 
     def __post_init__(self) -> None:
+        apply_preset(self, TRAIN_PRESETS)
         validate_device_name(self.device)
         self.threads = validate_threads(self.threads)
         _require(bool(self.eval_passes) and all(_is_int(k) and k >= 1 for k in self.eval_passes), "eval_passes",
