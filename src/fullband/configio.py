@@ -102,7 +102,9 @@ def _convert(value: Any, tp: Any) -> Any:
         value = int(value)
     elif base is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    elif base is str and isinstance(value, int) and not isinstance(value, bool):  # threads = 2 in a file
+    elif base is str and isinstance(value, bool):  # resume = true in a file: the option's words are strings
+        value = str(value).lower()
+    elif base is str and isinstance(value, int):  # threads = 2 in a file
         value = str(value)
     if not isinstance(value, base) or (base is int and isinstance(value, bool)):
         raise ValueError

@@ -92,10 +92,17 @@ def test_fresh_start_refuses_a_directory_with_checkpoints(tmp_path):
         make_trainer(tmp_path, max_steps=2).fit()
 
 
-def test_resume_without_checkpoints_starts_fresh(tmp_path):
+def test_resume_auto_without_checkpoints_starts_fresh(tmp_path):
     with pytest.warns(UserWarning, match="starting from scratch"):
-        state = make_trainer(tmp_path, max_steps=2).fit(resume=True)
+        state = make_trainer(tmp_path, max_steps=2).fit(resume="auto")
     assert state.step == 2
+
+
+@pytest.mark.parametrize("resume", [True, "true"])
+def test_resume_true_without_checkpoints_is_an_error(tmp_path, resume):
+    with pytest.raises(TrainingError, match=r"holds no complete checkpoint to resume.*--resume auto"):
+        make_trainer(tmp_path, max_steps=2).fit(resume=resume)
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
 
 
 def test_nan_loss_raises_and_writes_no_checkpoint(tmp_path):

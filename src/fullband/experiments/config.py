@@ -258,8 +258,11 @@ class SyntheticStudyConfig:
     )
     pass_mix: tuple[float, ...] = doc((0.88, 0.12), "fullband model: probabilities of 2, 3, ... passes afterwards.")
     seed: int = doc(0, "Seed of the data, the initial weights and the batches.")
-    threads: str = threads_field("1")  # tiny models: one thread is fastest on a shared CPU (no contention)
-    device: str = doc("cpu", "Torch device for training and evaluation: auto, cpu, cuda, cuda:N or mps.")
+    # auto leaves the cores other running processes hold (fullband.devices.resolve_threads), which these tiny models
+    # suffer from most; seeds run side by side (workers) share the threads out (fullband.experiments.parallel).
+    threads: str = threads_field()
+    device: str = doc("auto", "Torch device for training and evaluation: auto (cuda when available, else cpu), cpu, "
+                      "cuda, cuda:N or mps.")
     progress: bool = doc(True, "Progress bars.")
     reuse_models: bool = doc(False, "Evaluate the models an earlier run left in out_dir instead of training.")
 

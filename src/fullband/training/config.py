@@ -291,6 +291,20 @@ def validate_train_config(c: TrainConfig) -> None:
 
 # ---------------------------------------------------------------------------------------------- fullband train
 
+RESUME = ("false", "true", "auto")
+
+
+def validate_resume(value: object) -> str:
+    """``resume`` as one of RESUME: true/false (a bool from Python or a file, or yes/no/1/0) or auto."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    word = value.lower() if isinstance(value, str) else value
+    word = str(BOOL_WORDS[word]).lower() if word in BOOL_WORDS else word
+    _require(word in RESUME, "resume", value, "use true (continue; an error when there is nothing to resume), auto "
+             "(continue if there is a checkpoint, else start) or false")
+    return word
+
+
 TOKENIZERS = ("byte", "bpe")
 DATA_FORMATS = ("text", "sft")
 
@@ -409,7 +423,10 @@ class TrainRunConfig:
     schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig())
     retrofit: RetrofitTrainConfig = field(default_factory=RetrofitTrainConfig)
     out_dir: str = doc("runs/train", "Run directory: checkpoints/, metrics.jsonl, config.toml, model/ at the end.")
-    resume: bool = doc(False, "Continue from the latest complete checkpoint in out_dir.")
+    resume: str = doc(
+        "false", "Continue from the latest complete checkpoint in out_dir: true = continue, an error when there is "
+        "none; auto = continue if there is one, else start from scratch; false = start, an error when out_dir holds "
+        "checkpoints.")
     init_from: str | None = doc(
         None, "Start from this model directory (its architecture replaces [model]; model.feedback decides whether "
         "fusion weights are added; a retrofitted model's directory continues it), or from 'hf:PATH': the "
@@ -424,6 +441,7 @@ class TrainRunConfig:
 
     def __post_init__(self) -> None:
         apply_preset(self, TRAIN_PRESETS)
+        self.resume = validate_resume(self.resume)
         validate_device_name(self.device)
         self.threads = validate_threads(self.threads)
         _require(bool(self.eval_passes) and all(_is_int(k) and k >= 1 for k in self.eval_passes), "eval_passes",
