@@ -132,7 +132,8 @@ def run_eval_reasoning(cfg: ReasoningConfig) -> None:
         print("\n".join(results["verdict"]))
         print(f"\nreport: {cfg.out_dir}/report.md")
         return
-    from fullband.experiments.reasoning import run_reasoning, tables
+    from fullband.experiments.reasoning import run_reasoning
+    from fullband.experiments.reasoning_report import tables
 
     results = run_reasoning(cfg)
     for name in ("training", "accuracy", "mean_len", "equal_accuracy"):

@@ -10,15 +10,9 @@ import pytest
 from fullband.cli import main
 from fullband.config import ConfigError, explicit_keys
 from fullband.experiments.config import ReasoningConfig
-from fullband.experiments.reasoning import (
-    build_data,
-    chance,
-    context_length,
-    equal_accuracy,
-    over_seeds,
-    pooled,
-    verdict,
-)
+from fullband.experiments.reasoning_data import build_data, context_length
+from fullband.experiments.reasoning_eval import equal_accuracy, over_seeds, pooled
+from fullband.experiments.reasoning_report import chance, verdict
 from fullband.tasks.reasoning import sample_problems
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
