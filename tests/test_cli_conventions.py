@@ -71,3 +71,23 @@ def test_study_resume_true_with_nothing_to_resume_fails_in_one_line(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(f"fullband {command}: error: out_dir=")
     assert "to resume" in err
+
+
+@pytest.mark.parametrize("command", ["eval-reasoning", "eval-state"])
+def test_synthetic_studies_take_the_training_sections_and_the_earlier_flat_names(command):
+    shown = options(command)
+    for flag in ("--model.d_model", "--train.max_steps", "--train.batch_size", "--optim.lr", "--optim.optimizer",
+                 "--schedule.feedback_start", "--schedule.pass_mix"):
+        assert flag in shown, flag
+    assert "--d_model" not in shown and "--steps" not in shown and "--lr" not in shown  # hidden aliases
+    config_cls = COMMANDS[command][0]
+    sectioned = ["--model.d_model", "48", "--train.max_steps", "7", "--optim.lr", "0.01", "--train.seed", "3",
+                 "--schedule.feedback_start", "0.5"]
+    flat = ["--d_model", "48", "--steps", "7", "--lr", "0.01", "--seed", "3", "--feedback_start", "0.5"]
+    configs = [build_config(config_cls, None, build_parser().parse_args([command, "--preset", "smoke", *argv]))
+               for argv in (sectioned, flat)]
+    assert configs[0] == configs[1]
+    cfg = configs[0]
+    assert (cfg.model.d_model, cfg.train.max_steps, cfg.optim.lr, cfg.seed, cfg.schedule.feedback_start) == (
+        48, 7, 0.01, 3, 0.5)
+    assert cfg.model.n_layers == config_cls(preset="smoke").model.n_layers  # the rest from the preset

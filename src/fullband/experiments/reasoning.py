@@ -34,6 +34,7 @@ from fullband.experiments.reasoning_data import build_data, context_length, pass
 from fullband.experiments.reasoning_eval import equal_accuracy, evaluate, over_seeds, pooled
 from fullband.experiments.reasoning_report import PLOT, draw, render_report
 from fullband.experiments.study import PairStudy, StudyModel, train_both
+from fullband.experiments.synthetic_config import flat_view
 from fullband.tasks.reasoning import Problem
 
 
@@ -56,16 +57,11 @@ class ReasoningStudy(PairStudy):
     def context_length(self) -> int:
         return context_length(self.cfg)
 
-    def recipe(self) -> dict[str, Any]:
-        cfg = self.cfg
-        return {"optimizer": cfg.optimizer, "muon_lr": cfg.muon_lr, "fusion_lr_mult": cfg.fusion_lr_mult,
-                "input_norm": cfg.input_norm, "curriculum": cfg.curriculum, "grad_passes": cfg.grad_passes,
-                "prefix_mixin": cfg.prefix_mixin, "feedback_weight": cfg.feedback_weight}
-
     def model_spec(self, seed: int) -> StudyModel:
         spec = super().model_spec(seed)
         if self.cfg.passes:  # every multi-pass batch runs `passes` passes (0: the pass mix)
-            spec = dataclasses.replace(spec, pass_mix=pass_mix_of(self.cfg.passes))
+            spec = dataclasses.replace(spec, schedule=dataclasses.replace(spec.schedule,
+                                                                          pass_mix=pass_mix_of(self.cfg.passes)))
         return spec
 
     def collect(self) -> dict[str, Any]:
@@ -87,7 +83,7 @@ class ReasoningStudy(PairStudy):
             seed_cells += [c | {"seed": seed} for c in cells]
         variants = list(dict.fromkeys(c["variant"] for c in seed_cells))
         all_cells = over_seeds(seed_cells + pooled(seed_cells))
-        return {"study": self.title, "config": dataclasses.asdict(cfg), "training": training, "variants": variants,
+        return {"study": self.title, "config": flat_view(cfg), "training": training, "variants": variants,
                 "cells": all_cells, "seed_cells": seed_cells, "equal_accuracy": equal_accuracy(all_cells, variants)}
 
 

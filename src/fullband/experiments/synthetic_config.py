@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fullband.config import (
     DECODING_MODES,
-    ModelConfig,
     _is_int,
     _is_number,
     _require,
@@ -19,30 +18,69 @@ from fullband.config import (
     validate_device_name,
     validate_threads,
 )
-from fullband.training.config import DataConfig, OptimConfig, ScheduleConfig, TrainConfig
+from fullband.training.config import DataConfig, OptimConfig, ScheduleConfig, TrainConfig, TrainModelConfig
+
+# The training knobs of the two models live in fullband train's sections ([model], [train], [optim], [schedule]),
+# declared once there; the names these studies took before the sections (--d_model, --steps, --lr, ...) still work
+# on the command line, as hidden aliases, so the commands of the committed reports run unchanged.
+ALIASES = {"d_model": "model.d_model", "n_layers": "model.n_layers", "n_heads": "model.n_heads",
+           "steps": "train.max_steps", "batch_size": "train.batch_size", "seed": "train.seed", "lr": "optim.lr",
+           "feedback_start": "schedule.feedback_start", "pass_mix": "schedule.pass_mix"}
+REASONING_ALIASES = ALIASES | {
+    "input_norm": "model.input_norm", "grad_passes": "train.grad_passes", "prefix_mixin": "train.prefix_mixin",
+    "feedback_weight": "train.feedback_weight", "optimizer": "optim.optimizer", "muon_lr": "optim.muon_lr",
+    "fusion_lr_mult": "optim.fusion_lr_mult"}
+
+
+def sectioned(preset: dict[str, Any], aliases: dict[str, str]) -> dict[str, Any]:
+    """A preset written with the flat names -> the sections' form :func:`apply_preset` takes."""
+    out: dict[str, Any] = {}
+    for key, value in preset.items():
+        if key in aliases:
+            section, name = aliases[key].split(".")
+            out.setdefault(section, {})[name] = value
+        else:
+            out[key] = value
+    return out
+
+
+def flat_view(cfg: Any) -> dict[str, Any]:
+    """The config as results.json records it: the study's own fields and each alias's value (the report code reads
+    these names), then the whole training sections under "training"."""
+    from fullband.configio import config_to_dict
+
+    tree = config_to_dict(cfg)
+    out = {k: v for k, v in tree.items() if k not in cfg.SECTIONS}
+    for alias, dotted in cfg.ALIASES.items():
+        section, name = dotted.split(".")
+        out[alias] = tree[section][name]
+    return out | {"training": {k: tree[k] for k in cfg.SECTIONS}}
 
 
 @dataclass
 class SyntheticStudyConfig:
     """What ``fullband eval-reasoning`` and ``eval-state`` share: two models (baseline and full-bandwidth) of one
-    size trained on the same batches of a synthetic task (fullband.experiments.study.PairStudy). The sizes left
-    at none come from the preset."""
+    size trained on the same batches of a synthetic task (fullband.experiments.study.PairStudy), with the training
+    sections of ``fullband train``. The study fills in what the task decides: model.max_seq_len and train.seq_len
+    (the longest example), optim.warmup_steps (5% of train.max_steps), data (the task's files, byte tokenizer); the
+    baseline trains with model.feedback=false, fusion LR x1 and no multi-pass batches. Study fields left at none
+    come from the preset."""
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+    PRESET_ALIASES: ClassVar[dict[str, str]] = {}  # earlier preset names -> today's
+    ALIASES: ClassVar[dict[str, str]] = ALIASES  # flat option -> section.key (configio reads them)
+    SECTIONS: ClassVar[tuple[str, ...]] = ("model", "train", "optim", "schedule")
 
     preset: str = doc("default", "Sizes of everything left at none: one of the presets (see preset's choices).")
     out_dir: str = doc("runs/study", "Run directory: data/, baseline/, fullband/, results.json, report.md, PNG.")
-    d_model: int | None = doc(None, "Model width (both models).")
-    n_layers: int | None = doc(None, "Transformer blocks (both models; eval-state probes depths 0..n_layers).")
-    n_heads: int | None = doc(None, "Attention heads (both models).")
-    steps: int | None = doc(None, "Training steps (both models, the same batches).")
-    batch_size: int | None = doc(None, "Training batch size.")
-    lr: float | None = doc(None, "Peak learning rate.")
-    feedback_start: float = doc(
-        0.75, "fullband model: fraction of the steps trained single-pass before multi-pass (the paper's 75%)."
-    )
-    pass_mix: tuple[float, ...] = doc((0.88, 0.12), "fullband model: probabilities of 2, 3, ... passes afterwards.")
-    seed: int = doc(0, "Seed of the data, the initial weights and the batches.")
+    # The studies' own defaults: the AdamW recipe they were written with, eager tiny runs that validate only at the
+    # end (1 and 3 passes, 4 batches) and keep one checkpoint, feedback from 75% of the steps (the paper's start).
+    model: TrainModelConfig = field(default_factory=TrainModelConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(
+        eval_every=0, eval_batches=4, checkpoint_every=0, keep_last=1, log_every=50, compile="false"))
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(
+        optimizer="adamw", fusion_lr_mult=1.0, weight_decay=0.0))
+    schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(feedback_start=0.75))
     # auto leaves the cores other running processes hold (fullband.devices.resolve_threads), which these tiny models
     # suffer from most; seeds run side by side (workers) share the threads out (fullband.experiments.parallel).
     threads: str = threads_field()
@@ -53,16 +91,19 @@ class SyntheticStudyConfig:
 
     def __post_init__(self) -> None:
         validate_device_name(self.device)
+        self.preset = self.PRESET_ALIASES.get(self.preset, self.preset)
         apply_preset(self, self.PRESETS)
-        self.pass_mix = tuple(float(x) for x in self.pass_mix)
-        _require_ints(self, {"d_model": 2, "n_layers": 1, "n_heads": 1, "steps": 1, "batch_size": 1, "seed": 0})
         self.threads = validate_threads(self.threads)
         self.validate()
-        _require(_is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be > 0")
-        _require(_is_number(self.feedback_start) and 0 <= self.feedback_start < 1, "feedback_start",
-                 self.feedback_start, "must be in [0, 1): the fullband model needs some multi-pass steps")
-        ScheduleConfig(feedback_start=self.feedback_start, pass_mix=self.pass_mix)  # validates pass_mix
+        start = self.schedule.feedback_start
+        _require(start < 1, "schedule.feedback_start", start,
+                 "must be in [0, 1): the fullband model needs some multi-pass steps")
         _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
+
+    @property
+    def seed(self) -> int:
+        """The first seed: of the data, the initial weights and the batches (train.seed)."""
+        return self.train.seed
 
     def validate(self) -> None:
         """The study's own fields (after the preset is applied)."""
@@ -72,7 +113,7 @@ class SyntheticStudyConfig:
 
 # Each preset fills the fields left at None. smoke: the tests (seconds); default: the committed report (minutes on
 # 2 CPU cores); long: more steps and problems, for a GPU or a patient CPU.
-REASONING_PRESETS: dict[str, dict[str, Any]] = {
+_REASONING_PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(min_length=2, max_length=4, strides=(1, 0), train_examples=500, test_per_length=4, d_model=32,
                   n_layers=1, n_heads=2, steps=8, batch_size=8, lr=3e-3),
     "default": dict(min_length=2, max_length=6, strides=(1, 2, 4, 0), train_examples=100_000, test_per_length=60,
@@ -85,23 +126,27 @@ REASONING_PRESETS: dict[str, dict[str, Any]] = {
     # train.grad_passes) next to the plain pass 1. AdamW (Muon fit the training set lower with no held-out gain,
     # docs/LOG.md), fusion LR x3, plain positions unnormalised, mostly answer-only training on n <= 6 with a length
     # curriculum, tested on n = 8, 12, 16 too; fused(k), k = 1..8, shows the iteration short of the fixed point.
-    "serial": dict(min_length=2, max_length=6, test_lengths=(8, 12, 16), strides=(1, 0), answer_share=0.75,
+    "exact-recurrence": dict(min_length=2, max_length=6, test_lengths=(8, 12, 16), strides=(1, 0), answer_share=0.75,
                    train_examples=100_000, test_per_length=40, d_model=64, n_layers=2, n_heads=4, steps=1200,
                    batch_size=64, lr=1e-3, optimizer="adamw", fusion_lr_mult=3.0, input_norm="fused",
                    feedback_start=0.0, passes=32, grad_passes=4, prefix_mixin=False, curriculum=0.3,
                    fused_passes=(1, 2, 4, 8)),
 }
 # Issue 17's positive results (docs/results/reasoning-sum-recurrent, and -swaps-recurrent with --family swaps):
-# serial's recipe with the fixed-point passes' loss weighted 0.3, 2.5x the steps and gradients through the last 8
+# exact-recurrence's recipe with the fixed-point passes' loss weighted 0.3, 2.5x the steps, gradients through the last 8
 # passes, two seeds side by side (one per core: 23-26 min on 2 quiet cores). With 4 gradient passes and 3600 steps
 # sum extrapolates as well but swaps with one seed of two (the -g4 reports).
-REASONING_PRESETS["recurrent"] = REASONING_PRESETS["serial"] | dict(family="sum", feedback_weight=0.3, steps=3000,
-                                                                    grad_passes=8, seeds=2, workers=2)
+_REASONING_PRESETS["exact-recurrence-tuned"] = _REASONING_PRESETS["exact-recurrence"] | dict(
+    family="sum", feedback_weight=0.3, steps=3000, grad_passes=8, seeds=2, workers=2)
 # Issue 29: the controls of DESIGN.md section 7 next to the recurrent recipe, on the three families, 3 seeds, 200
 # test problems per length (or half of a length's problems where it has fewer), answer-only decoding.
-REASONING_PRESETS["controls"] = REASONING_PRESETS["recurrent"] | dict(
+_REASONING_PRESETS["controls"] = _REASONING_PRESETS["exact-recurrence-tuned"] | dict(
     families=("swaps", "swaps5", "sum"), controls=("looped", "equal_flops"), seeds=3, test_per_length=200,
     modes=("standard", "exact"))
+REASONING_PRESETS = {name: sectioned(p, REASONING_ALIASES) for name, p in _REASONING_PRESETS.items()}
+# The names of the committed reports' commands: serial (its recipe trains the serial, fully recurrent computation)
+# and recurrent (issue 17's results).
+REASONING_PRESET_ALIASES = {"serial": "exact-recurrence", "recurrent": "exact-recurrence-tuned"}
 REASONING_FAMILIES = ("swaps", "swaps5", "sum")
 CONTROLS = ("looped", "equal_flops")
 
@@ -111,8 +156,15 @@ class ReasoningConfig(SyntheticStudyConfig):
     """``fullband eval-reasoning``: shorter traces at equal accuracy? (fullband.experiments.reasoning)."""
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = REASONING_PRESETS
+    PRESET_ALIASES: ClassVar[dict[str, str]] = REASONING_PRESET_ALIASES
+    ALIASES: ClassVar[dict[str, str]] = REASONING_ALIASES
 
-    preset: str = doc("default", f"Sizes of everything left at none: one of {tuple(REASONING_PRESETS)}.")
+    preset: str = doc("default", f"Settings to start from: one of {tuple(REASONING_PRESETS)}. smoke = seconds "
+                      "(tests); default = the committed report; long = more steps and problems; exact-recurrence = the "
+                      "full-bandwidth model trained on its fully recurrent (exact) passes (earlier name: serial); "
+                      "exact-recurrence-tuned = that with lambda 0.3, 3000 steps, 8 gradient passes, 2 seeds on sum "
+                      "(issue 17's results; earlier name: recurrent); controls = that beside the looped and "
+                      "equal-FLOPs controls on three families.")
     out_dir: str = doc("runs/reasoning", "Run directory: data/, baseline/, fullband/, results.json, report.md, PNGs.")
     family: str = doc("swaps", f"Problem family: one of {REASONING_FAMILIES} (fullband.tasks.reasoning).")
     modulus: int = doc(5, "sum family: values are running sums modulo this (2..10).")
@@ -138,25 +190,12 @@ class ReasoningConfig(SyntheticStudyConfig):
                      "(the test problems stay those of seed).")
     workers: int = doc(1, "Seeds trained and evaluated at a time, each in its own process with the torch threads "
                        "shared out (2 seeds on 2 cores: 2). The numbers do not depend on it.")
-    optimizer: str = doc("adamw", "Both models: adamw, muon (Muon on the hidden matrices at muon_lr, AdamW at lr "
-                         "on the rest; the Recipe issue's best) or normuon (NorMuon in Muon's place).")
-    muon_lr: float = doc(0.02, "optimizer=muon/normuon: (Nor)Muon's peak learning rate.")
-    fusion_lr_mult: float = doc(1.0, "fullband model: learning-rate multiplier of the fusion (the recipe uses 3).")
-    input_norm: str = doc("fused", "Both models: the input form (model.input_norm, DESIGN.md section 1): fused = raw "
-                          "plain inputs, normalised fused inputs; paper; all = plain inputs normalised too.")
     curriculum: float = doc(0.0, "Length curriculum: over the first this fraction of the steps, training draws "
                             "from the shortest problems first, widening linearly to all lengths; 0 = none.")
     passes: int = doc(
         0, "fullband model: every multi-pass batch runs this many passes instead of pass_mix's (at most the "
         "batch's exact count: with passes >= the longest example and prefix_mixin false, the last pass is the "
-        "fully recurrent one exact mode runs); 0 = pass_mix.")
-    grad_passes: int = doc(
-        0, "fullband model: truncated gradient, only pass 1 and the last grad_passes passes of a multi-pass batch "
-        "with gradients (train.grad_passes); 0 = all.")
-    prefix_mixin: bool = doc(
-        True, "fullband model: a random plain prefix per row in training (train.prefix_mixin); false = every "
-        "position after the first fused, as in fused and exact prefill.")
-    feedback_weight: float = doc(1.0, "fullband model: λ, the weight of the multi-pass passes' loss against pass 1's.")
+        "fully recurrent one exact mode runs); 0 = schedule.pass_mix.")
     controls: tuple[str, ...] = doc(
         (), f"Control models trained on the same batches and decoded answer-only, from {CONTROLS}: looped = the "
         "full-bandwidth model with feedback_shift=0 (pass k fuses h_t, not h_{t-1}); equal_flops = a plain model as "
@@ -182,13 +221,9 @@ class ReasoningConfig(SyntheticStudyConfig):
         _require(self.answer_share is None or (_is_number(self.answer_share) and 0 <= self.answer_share <= 1
                                                and 0 in self.strides and len(set(self.strides)) > 1),
                  "answer_share", self.answer_share, "must be in [0, 1], with 0 and another stride in strides, or none")
-        OptimConfig(optimizer=self.optimizer, lr=self.lr, muon_lr=self.muon_lr, fusion_lr_mult=self.fusion_lr_mult)
-        self.input_norm = ModelConfig(input_norm=self.input_norm).input_norm  # validated; true/false = all/fused
         DataConfig(curriculum=self.curriculum)  # validates it
         _require(_is_int(self.passes) and (self.passes == 0 or self.passes >= 2), "passes", self.passes,
                  "must be an integer >= 2, or 0 (pass_mix)")
-        TrainConfig(grad_passes=self.grad_passes, prefix_mixin=self.prefix_mixin,
-                    feedback_weight=self.feedback_weight)  # validates them
         _require(self.family in REASONING_FAMILIES, "family", self.family, f"must be one of {REASONING_FAMILIES}")
         self.controls, self.families = tuple(self.controls), tuple(self.families)
         _require(all(c in CONTROLS for c in self.controls) and len(set(self.controls)) == len(self.controls),
@@ -211,7 +246,7 @@ class ReasoningConfig(SyntheticStudyConfig):
 
 STATE_TASKS = ("completion", "memory", "registers")
 STATE_PREFILLS = ("standard", "one-step", "exact")
-STATE_PRESETS: dict[str, dict[str, Any]] = {
+_STATE_PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(seq_len=12, train_per_task=200, probe_train=32, probe_test=32, d_model=32, n_layers=2, n_heads=2,
                   steps=8, batch_size=8, lr=3e-3),
     "default": dict(seq_len=24, train_per_task=10_000, probe_train=600, probe_test=400, d_model=64, n_layers=3,
@@ -219,6 +254,9 @@ STATE_PRESETS: dict[str, dict[str, Any]] = {
     "long": dict(seq_len=32, train_per_task=40_000, probe_train=2000, probe_test=1000, d_model=128, n_layers=4,
                  n_heads=4, steps=6000, batch_size=64, lr=2e-3),
 }
+
+
+STATE_PRESETS = {name: sectioned(p, ALIASES) for name, p in _STATE_PRESETS.items()}
 
 
 @dataclass
