@@ -2,7 +2,7 @@
 
 For each seed: baselines (``model.feedback=false``) trained to each budget in ``budgets`` x the unit
 ``train.token_budget``; the full-bandwidth model trained to 1x with ``schedule`` (the recipe's by default:
-multi-pass batches from the first step, fullband.training.config.TRAIN_PRESETS); and, for the stability diagnostic,
+multi-pass batches from the first step, fullband.training.recipes); and, for the stability diagnostic,
 the same with only 1-/2-pass batches. Every run is ``fullband train`` (:func:`run_train`) with the same model size,
 tokenizer, optimizer and data order, in its own directory under ``out_dir``. Then every model is scored on the test
 split in every mode, the feedback models get the stability diagnostic on the validation split, the baseline's

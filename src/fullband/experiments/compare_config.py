@@ -71,7 +71,7 @@ class CompareConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
         token_budget=512_000, batch_size=16, seq_len=128, eval_batches=4, checkpoint_every=0))  # 250 steps at 1x
-    # The recipe: fullband train's defaults (fullband.training.config.TRAIN_PRESETS says what it is and why).
+    # The recipe: fullband train's defaults (fullband.training.recipes says what it is and why).
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     budgets: tuple[float, ...] = doc(

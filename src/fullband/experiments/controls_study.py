@@ -47,7 +47,9 @@ class ControlsStudy(Study):
     def family_config(self, family: str) -> ReasoningConfig:
         cfg = self.cfg
         # Every field explicit: the preset must not fill families back in, nor undo a value given on purpose.
-        with explicit_keys({f.name for f in dataclasses.fields(cfg)}):
+        keys = {f.name for f in dataclasses.fields(cfg)}
+        keys |= {f"{section}.{f.name}" for section in cfg.SECTIONS for f in dataclasses.fields(getattr(cfg, section))}
+        with explicit_keys(keys):
             return dataclasses.replace(cfg, family=family, families=(), out_dir=str(self.out_dir / family))
 
     def collect(self) -> dict[str, Any]:

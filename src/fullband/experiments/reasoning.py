@@ -46,9 +46,12 @@ class ReasoningStudy(PairStudy):
     command_skip = ("reuse_models", "resume")
     timed = True  # the report states the command's wall time (its cost, with the seeds run side by side or not)
 
-    figure = PLOT
-    draw = staticmethod(draw)
-    report = staticmethod(render_report)
+
+    def plot(self, results: dict[str, Any]) -> None:
+        draw(results, self.out_dir / PLOT)
+
+    def render(self, results: dict[str, Any], plots: bool) -> str:
+        return render_report(results, self.command_line(), plots)
 
     def build_data(self, data_dir: Path) -> tuple[Path, Path]:
         self.test, train_path, test_path = build_data(self.cfg, data_dir)

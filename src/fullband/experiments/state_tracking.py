@@ -143,7 +143,7 @@ accuracy of always answering the fit set's majority class (what a probe on a con
 """
 
 
-def plot(results: dict[str, Any], path: Path) -> None:
+def plot_probes(results: dict[str, Any], path: Path) -> None:
     """Probe accuracy vs depth, one panel per task, one line per model/prefill, chance dashed."""
     plt = pyplot()
     cells = results["cells"]
@@ -174,9 +174,12 @@ class StateTrackingStudy(PairStudy):
     command = "eval-state"
     title = "state tracking at the input layer"
 
-    figure = PLOT
-    draw = staticmethod(plot)
-    report = staticmethod(render_report)
+
+    def plot(self, results: dict[str, Any]) -> None:
+        plot_probes(results, self.out_dir / PLOT)
+
+    def render(self, results: dict[str, Any], plots: bool) -> str:
+        return render_report(results, self.command_line(), plots)
 
     def build_data(self, data_dir: Path) -> tuple[Path, Path]:
         return build_data(self.cfg, data_dir)

@@ -176,10 +176,6 @@ class PairStudy(Study):
     timed = False
     command_skip = ("reuse_models",)
     title: ClassVar[str]  # results["study"]
-    figure: ClassVar[str]  # the one plot's file name
-    # draw(results, path) draws the plot; report(results, command, plots) renders report.md
-    draw: ClassVar[Callable[[dict[str, Any], Path], None]]
-    report: ClassVar[Callable[[dict[str, Any], str, bool], str]]
 
     def prepare(self) -> None:
         import torch
@@ -202,12 +198,6 @@ class PairStudy(Study):
                           # a short warmup: tiny models, few steps, synthetic data
                           optim=dataclasses.replace(cfg.optim, warmup_steps=max(1, cfg.train.max_steps // 20)),
                           schedule=cfg.schedule, curriculum=getattr(cfg, "curriculum", 0.0), device=cfg.device)
-
-    def plot(self, results: dict[str, Any]) -> None:
-        self.draw(results, self.out_dir / self.figure)
-
-    def render(self, results: dict[str, Any], plots: bool) -> str:
-        return self.report(results, self.command_line(), plots)
 
     def build_data(self, data_dir: Path) -> tuple[Path, Path]:
         """Write the training and validation JSONL (prompt/completion) -> their paths."""
