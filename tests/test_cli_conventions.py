@@ -91,3 +91,9 @@ def test_synthetic_studies_take_the_training_sections_and_the_earlier_flat_names
     assert (cfg.model.d_model, cfg.train.max_steps, cfg.optim.lr, cfg.seed, cfg.schedule.feedback_start) == (
         48, 7, 0.01, 3, 0.5)
     assert cfg.model.n_layers == config_cls(preset="smoke").model.n_layers  # the rest from the preset
+
+
+@pytest.mark.parametrize("flag", ["--model.max_seq_len", "--train.seq_len", "--optim.warmup_steps"])
+def test_synthetic_studies_refuse_the_keys_they_set_themselves(flag, capsys):
+    assert main(["eval-state", "--preset", "smoke", "--out_dir", "unused", flag, "7"]) == 2
+    assert f"{flag[2:]}=7 is invalid: the study sets it" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -30,6 +31,12 @@ REASONING_ALIASES = ALIASES | {
     "input_norm": "model.input_norm", "grad_passes": "train.grad_passes", "prefix_mixin": "train.prefix_mixin",
     "feedback_weight": "train.feedback_weight", "optimizer": "optim.optimizer", "muon_lr": "optim.muon_lr",
     "fusion_lr_mult": "optim.fusion_lr_mult"}
+
+
+# Section keys the study decides itself (PairStudy.model_spec, sft_run_config): a value given for one is refused.
+SET_BY_STUDY = {"model.vocab_size": "the byte tokenizer's", "model.max_seq_len": "the longest example",
+                "model.feedback": "false for the baseline, true for the full-bandwidth model",
+                "train.seq_len": "the longest example", "optim.warmup_steps": "5% of train.max_steps"}
 
 
 def sectioned(preset: dict[str, Any], aliases: dict[str, str]) -> dict[str, Any]:
@@ -95,6 +102,12 @@ class SyntheticStudyConfig:
         apply_preset(self, self.PRESETS)
         self.threads = validate_threads(self.threads)
         self.validate()
+        defaults = {f.name: f.default_factory() for f in dataclasses.fields(self) if f.name in self.SECTIONS}
+        for dotted, what in SET_BY_STUDY.items():
+            section, name = dotted.split(".")
+            value = getattr(getattr(self, section), name)
+            _require(value == getattr(defaults[section], name), dotted, value,
+                     f"the study sets it ({what}); leave it out")
         start = self.schedule.feedback_start
         _require(start < 1, "schedule.feedback_start", start,
                  "must be in [0, 1): the fullband model needs some multi-pass steps")
