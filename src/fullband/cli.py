@@ -142,7 +142,8 @@ def run_eval_reasoning(cfg: ReasoningConfig) -> None:
 
 
 def run_eval_state(cfg: StateTrackingConfig) -> None:
-    from fullband.experiments.state_tracking import run_state_tracking, tables
+    from fullband.experiments.state_report import tables
+    from fullband.experiments.state_tracking import run_state_tracking
 
     for name, table in tables(run_state_tracking(cfg)).items():
         print(f"\n{name}:\n{table}")
