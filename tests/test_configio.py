@@ -174,19 +174,3 @@ def test_validation_errors_name_the_section() -> None:
         build_config(Run, None, {"model.n_heads": "3"})
     with pytest.raises(ConfigError, match=r"^train\.lr=-1\.0 is invalid: must be > 0"):
         build_config(Run, {"train": {"lr": -1}}, {})
-
-
-def test_the_shipped_recipe_config_is_the_compare_default():
-    from pathlib import Path
-
-    from fullband.configio import build_config, load_config_file
-    from fullband.experiments.config import CompareConfig
-    from fullband.training.config import TrainRunConfig
-
-    recipe = Path(__file__).resolve().parents[1] / "configs" / "recipe.toml"
-    train = build_config(TrainRunConfig, load_config_file(recipe), {})
-    compare = CompareConfig()
-    assert train.optim == compare.optim
-    assert train.schedule == compare.schedule
-    for name in ("input_norm", "input_norm_init", "gate_norm"):
-        assert getattr(train.model, name) == getattr(compare.model, name)

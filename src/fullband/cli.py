@@ -8,6 +8,7 @@ import difflib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from fullband.bench.config import BenchConfig
@@ -19,6 +20,7 @@ from fullband.generation.config import GenerateConfig
 from fullband.integrations.lm_eval.config import LmEvalConfig
 from fullband.serve.config import ServeConfig
 from fullband.training.config import TrainRunConfig
+from fullband.version import __version__
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -136,6 +138,10 @@ def run_eval_lm(cfg: LmEvalConfig) -> None:
 
 
 def run_eval_reasoning(cfg: ReasoningConfig) -> None:
+    out_dir = Path(cfg.out_dir)
+    if cfg.resume and not (out_dir.is_dir() and any(out_dir.iterdir())):
+        raise ConfigError(f"out_dir={cfg.out_dir!r} holds no eval-reasoning study to resume: run without --resume "
+                          "true to start one there")
     if cfg.families:  # one study per family: their reports sit in out_dir/<family>/
         from fullband.experiments.controls_study import run_families
 
@@ -143,7 +149,8 @@ def run_eval_reasoning(cfg: ReasoningConfig) -> None:
         print("\n".join(results["verdict"]))
         print(f"\nreport: {cfg.out_dir}/report.md")
         return
-    from fullband.experiments.reasoning import run_reasoning, tables
+    from fullband.experiments.reasoning import run_reasoning
+    from fullband.experiments.reasoning_report import tables
 
     results = run_reasoning(cfg)
     for name in ("training", "accuracy", "mean_len", "equal_accuracy"):
@@ -152,7 +159,8 @@ def run_eval_reasoning(cfg: ReasoningConfig) -> None:
 
 
 def run_eval_state(cfg: StateTrackingConfig) -> None:
-    from fullband.experiments.state_tracking import run_state_tracking, tables
+    from fullband.experiments.state_report import tables
+    from fullband.experiments.state_tracking import run_state_tracking
 
     for name, table in tables(run_state_tracking(cfg)).items():
         print(f"\n{name}:\n{table}")
@@ -214,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fullband",
         description="The full-bandwidth transformer: train, compare, decode, evaluate and serve.",
     )
+    parser.add_argument("--version", action="version", version=f"fullband {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (config_cls, _, help_text) in COMMANDS.items():
         cmd = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)

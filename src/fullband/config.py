@@ -192,6 +192,13 @@ def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"{name}={value!r} is invalid: {allowed}")
 
 
+def _require_ints(config: Any, limits: dict[str, int]) -> None:
+    """Each field ``name`` of ``config`` in ``limits`` is an integer >= its limit."""
+    for name, low in limits.items():
+        value = getattr(config, name)
+        _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

@@ -102,7 +102,9 @@ def _convert(value: Any, tp: Any) -> Any:
         value = int(value)
     elif base is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    elif base is str and isinstance(value, int) and not isinstance(value, bool):  # threads = 2 in a file
+    elif base is str and isinstance(value, bool):  # resume = true in a file: the option's words are strings
+        value = str(value).lower()
+    elif base is str and isinstance(value, int):  # threads = 2 in a file
         value = str(value)
     if not isinstance(value, base) or (base is int and isinstance(value, bool)):
         raise ValueError
@@ -127,12 +129,21 @@ def _lookup(cls: type, key: str, prefix: str, dash: str) -> Any:
     raise ConfigError(f"unknown key {dash}{prefix}{key}{hint} (valid keys in {where}: {', '.join(fields)})")
 
 
+def _aliases(cls: type) -> dict[str, str]:
+    """A config class's earlier flat option names -> the ``section.key`` they now set (``ALIASES``, if any)."""
+    return getattr(cls, "ALIASES", {})
+
+
 def _file_tree(cls: type, data: Any, prefix: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         where = prefix[:-1] or "config"
         raise ConfigError(f"{where}: expected a mapping of {cls.__name__} keys, got {type(data).__name__}")
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in data.items():
+        if not prefix and str(key) in _aliases(cls):  # an earlier flat name: into its section
+            section, name = _aliases(cls)[str(key)].split(".")
+            out.setdefault(section, {}).update(_file_tree(cls, {section: {name: value}}, "")[section])
+            continue
         tp = _lookup(cls, str(key), prefix, "")
         dotted = f"{prefix}{key}"
         out[key] = _file_tree(tp, value, dotted + ".") if _is_section(tp) else _typed(value, tp, dotted)
@@ -140,7 +151,9 @@ def _file_tree(cls: type, data: Any, prefix: str) -> dict[str, Any]:
 
 
 def _set_override(cls: type, key: str, value: Any, tree: dict[str, Any]) -> None:
-    parts = key.lstrip("-").replace("-", "_").split(".")
+    key = key.lstrip("-").replace("-", "_")
+    key = _aliases(cls).get(key, key)
+    parts = key.split(".")
     prefix = ""
     for part in parts[:-1]:
         cls = _lookup(cls, part, prefix, "--")
@@ -216,8 +229,12 @@ def _metavar(tp: Any) -> str:
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add ``--section.key VALUE`` (and ``--key`` for top-level leaves) for every leaf field of ``cls``."""
+    """Add ``--section.key VALUE`` (and ``--key`` for top-level leaves) for every leaf field of ``cls``, and its
+    ``ALIASES`` (earlier flat names of section keys) hidden from ``--help``."""
     _add_arguments(parser, parser, cls, "", None)
+    for alias, dotted in _aliases(cls).items():
+        for spelling in {alias, alias.replace("_", "-")}:
+            parser.add_argument(f"--{spelling}", dest=_DEST + dotted, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def _add_arguments(parser: argparse.ArgumentParser, group: Any, cls: type, prefix: str, base: Any) -> None:

@@ -9,16 +9,11 @@ import pytest
 
 from fullband.cli import main
 from fullband.config import ConfigError, explicit_keys
+from fullband.configio import build_config
 from fullband.experiments.config import ReasoningConfig
-from fullband.experiments.reasoning import (
-    build_data,
-    chance,
-    context_length,
-    equal_accuracy,
-    over_seeds,
-    pooled,
-    verdict,
-)
+from fullband.experiments.reasoning_data import build_data, context_length
+from fullband.experiments.reasoning_eval import equal_accuracy, over_seeds, pooled
+from fullband.experiments.reasoning_report import chance, verdict
 from fullband.tasks.reasoning import sample_problems
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
@@ -90,25 +85,28 @@ def test_config_rejects_bad_values_by_name():
     with pytest.raises(ConfigError, match=r"answer_share=0\.5 is invalid"):
         ReasoningConfig(preset="smoke", strides=(1, 2), answer_share=0.5)
     with pytest.raises(ConfigError, match="optimizer='sgd' is invalid"):
-        ReasoningConfig(preset="smoke", optimizer="sgd")
+        build_config(ReasoningConfig, None, {"preset": "smoke", "optimizer": "sgd"})
     with pytest.raises(ConfigError, match="curriculum=2 is invalid"):
         ReasoningConfig(preset="smoke", curriculum=2)
-    serial = ReasoningConfig(preset="serial")
-    assert (serial.passes, serial.grad_passes, serial.prefix_mixin) == (32, 4, False)
-    with explicit_keys(["passes", "grad_passes"]):  # as from the command line: the pass mix again
-        shallow = ReasoningConfig(preset="serial", passes=0, grad_passes=0)
-    assert (shallow.passes, shallow.grad_passes) == (0, 0)
+    serial = ReasoningConfig(preset="exact-recurrence")
+    assert (serial.passes, serial.train.grad_passes, serial.train.prefix_mixin) == (32, 4, False)
+    assert ReasoningConfig(preset="serial") == serial  # the earlier name, in committed reports' commands
+    # as from the command line (the earlier flat spelling too): the pass mix again
+    shallow = build_config(ReasoningConfig, None, {"preset": "serial", "passes": 0, "--grad_passes": "0"})
+    assert (shallow.passes, shallow.train.grad_passes) == (0, 0)
     with pytest.raises(ConfigError, match="passes=1 is invalid"):
         ReasoningConfig(preset="smoke", passes=1)
     with pytest.raises(ConfigError, match="grad_passes=-1 is invalid"):
-        ReasoningConfig(preset="smoke", grad_passes=-1)
-    with pytest.raises(ConfigError, match="feedback_weight=-1 is invalid"):
-        ReasoningConfig(preset="smoke", feedback_weight=-1)
+        build_config(ReasoningConfig, None, {"preset": "smoke", "train.grad_passes": -1})
+    with pytest.raises(ConfigError, match=r"feedback_weight=-1\.0 is invalid"):
+        build_config(ReasoningConfig, None, {"preset": "smoke", "feedback_weight": -1})
     with pytest.raises(ConfigError, match="workers=0 is invalid"):
         ReasoningConfig(preset="smoke", workers=0)
-    recurrent = ReasoningConfig(preset="recurrent")  # issue 17's result: serial on sum, λ = 0.3, 2 seeds at once
-    assert (recurrent.family, recurrent.feedback_weight, recurrent.steps, recurrent.grad_passes, recurrent.seeds,
-            recurrent.workers, recurrent.passes) == ("sum", 0.3, 3000, 8, 2, 2, 32)
+    # issue 17's result: exact-recurrence on sum, λ = 0.3, 2 seeds at once
+    recurrent = ReasoningConfig(preset="exact-recurrence-tuned")
+    assert (recurrent.family, recurrent.train.feedback_weight, recurrent.train.max_steps, recurrent.train.grad_passes,
+            recurrent.seeds, recurrent.workers, recurrent.passes) == ("sum", 0.3, 3000, 8, 2, 2, 32)
+    assert ReasoningConfig(preset="recurrent") == recurrent
     with explicit_keys({"family"}):  # --family swaps on the command line beats the preset's sum
         assert ReasoningConfig(preset="recurrent", family="swaps").family == "swaps"
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import make_model
+from conftest import ADAMW, make_model
 
 from fullband import FullBandwidthLM
 from fullband.training import Trainer
@@ -39,7 +39,7 @@ def make_trainer(out: Path, rank: int, world_size: int, jitter: float = 0.0, che
     # Jitter noise is drawn per process, so it is off to compare with one process and on to test the resume.
     train = TrainConfig(max_steps=STEPS, batch_size=batch_size, grad_accum=grad_accum, seq_len=T, log_every=1,
                         checkpoint_every=checkpoint_every, jitter=jitter)
-    optim = OptimConfig(lr=3e-3, warmup_steps=1, z_loss_when="always", z_loss=1e-3)
+    optim = OptimConfig(**ADAMW, lr=3e-3, warmup_steps=1, z_loss_when="always", z_loss=1e-3)
     schedule = ScheduleConfig(feedback_start=0.25, pass_mix=(0.5, 0.5))  # step 0 single-pass: unused fusion weights
     model = make_model(seed=seed, dtype=torch.float32)
     return Trainer(model, train, optim, schedule, rank_rows, out_dir=out, rank=rank, world_size=world_size,

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from fullband.training import FeedbackSchedule
-from fullband.training.config import ScheduleConfig
+from fullband.training.config import TRAIN_PRESETS, ScheduleConfig
 
 
 def fractions(schedule: FeedbackSchedule) -> dict[int, float]:
@@ -13,8 +13,13 @@ def fractions(schedule: FeedbackSchedule) -> dict[int, float]:
     return {k: n / schedule.total_steps for k, n in sorted(counts.items())}
 
 
-def test_default_schedule_matches_75_22_3_split():
-    schedule = FeedbackSchedule(ScheduleConfig(), total_steps=20_000, seed=3)
+def paper_schedule() -> ScheduleConfig:
+    """The paper's feedback schedule (``fullband train --preset paper``)."""
+    return ScheduleConfig(**TRAIN_PRESETS["paper"]["schedule"])
+
+
+def test_papers_schedule_matches_75_22_3_split():
+    schedule = FeedbackSchedule(paper_schedule(), total_steps=20_000, seed=3)
     got = fractions(schedule)
     assert set(got) == {1, 2, 3}
     assert got[1] == pytest.approx(0.75, abs=0.02)
@@ -25,7 +30,7 @@ def test_default_schedule_matches_75_22_3_split():
 
 
 def test_single_pass_before_start_and_multi_pass_after():
-    schedule = FeedbackSchedule(ScheduleConfig(), total_steps=1000, seed=0)
+    schedule = FeedbackSchedule(paper_schedule(), total_steps=1000, seed=0)
     assert schedule.start_step == 750
     assert all(schedule.passes_at(s) == 1 for s in range(750))
     assert all(schedule.passes_at(s) in (2, 3) for s in range(750, 1000))

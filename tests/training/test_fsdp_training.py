@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import make_model
+from conftest import ADAMW, make_model
 
 from fullband import FullBandwidthLM
 from fullband.training import CheckpointError, Trainer, build_optimizer, load_checkpoint
@@ -42,7 +42,7 @@ def make_trainer(out: Path, rank: int, world_size: int, jitter: float = 0.0, che
     batch_size, grad_accum = (4, 1) if world_size == 1 else (1, 2)
     train = TrainConfig(max_steps=STEPS, batch_size=batch_size, grad_accum=grad_accum, seq_len=T, log_every=1,
                         checkpoint_every=checkpoint_every, keep_last=5, jitter=jitter, parallel="fsdp")
-    optim = OptimConfig(lr=3e-3, warmup_steps=1, z_loss_when="always", z_loss=1e-3)  # weight decay 0.1
+    optim = OptimConfig(**ADAMW, lr=3e-3, warmup_steps=1, z_loss_when="always", z_loss=1e-3)  # weight decay 0.1
     # Passes [1, 1, 1, 3, 2, 2]: the fusion has no gradient and so no AdamW state until step 3.
     schedule = ScheduleConfig(feedback_start=0.5, pass_mix=(0.5, 0.5), ramp_steps=2)
     # vocab 61 does not split evenly over 2 ranks: FSDP2 pads the embedding's shards.
@@ -128,7 +128,7 @@ def test_checkpoint_full_model_loads_and_matches_the_sharded_model(runs):
                                rtol=0, atol=1e-6)
     # One plain process can also load the sharded files (model and AdamW state) directly.
     plain = make_model(seed=5, dtype=torch.float32)
-    optimizer = build_optimizer(plain, OptimConfig())
+    optimizer = build_optimizer(plain, OptimConfig(**ADAMW))
     state = load_checkpoint(path, plain, optimizer, restore_rng=False)
     assert state.step == STEPS
     for a, b in zip(model.parameters(), plain.parameters(), strict=True):

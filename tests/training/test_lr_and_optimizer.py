@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import make_model
+from conftest import ADAMW, make_model
 
 from fullband.config import ConfigError
 from fullband.training import build_optimizer, lr_at
@@ -50,7 +50,7 @@ def test_constant_schedule_after_warmup():
 
 def test_weight_decay_only_on_matrices_including_the_tied_embedding():
     model = make_model(dtype=torch.float32)
-    optimizer = build_optimizer(model, OptimConfig(weight_decay=0.1))
+    optimizer = build_optimizer(model, OptimConfig(**ADAMW, weight_decay=0.1))
     decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     names = {id(p): n for n, p in model.named_parameters()}

@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import torch
-from conftest import make_model
+from conftest import ADAMW, make_model
 from test_trainer import make_trainer
 
 from fullband.devices import cpu_flags
@@ -90,8 +90,8 @@ def test_build_optimizer_resolves_ns_dtype_once_and_the_run_config_records_it(tm
     auto = build_optimizer(model, OptimConfig(optimizer=optimizer))
     assert optimizer_ns_dtype(auto) == resolve_ns_dtype("auto", "cpu", cpu_flags())
     assert optimizer_ns_dtype(build_optimizer(model, OptimConfig(optimizer=optimizer, ns_dtype="float32"))) == "float32"
-    assert optimizer_ns_dtype(build_optimizer(model, OptimConfig())) is None
-    assert ns_dtype_for(OptimConfig(), torch.device("cpu")) is None  # AdamW has none
+    assert optimizer_ns_dtype(build_optimizer(model, OptimConfig(**ADAMW))) is None
+    assert ns_dtype_for(OptimConfig(**ADAMW), torch.device("cpu")) is None  # AdamW has none
 
     trainer = make_trainer(tmp_path, optim=OptimConfig(optimizer=optimizer, ns_dtype="float32"), max_steps=1,
                            grad_accum=1)

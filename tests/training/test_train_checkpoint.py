@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import make_model
+from conftest import ADAMW, make_model
 
 from fullband.training import (
     CheckpointError,
@@ -25,7 +25,7 @@ from fullband.training.config import OptimConfig
 
 def trained_pair(seed: int = 0):
     model = make_model(seed=seed, dtype=torch.float32)
-    optimizer = build_optimizer(model, OptimConfig(lr=1e-2))
+    optimizer = build_optimizer(model, OptimConfig(**ADAMW, lr=1e-2))
     tokens = torch.randint(0, 61, (2, 8), generator=torch.Generator().manual_seed(seed))
     model(tokens, passes=2, labels=tokens).loss.backward()
     optimizer.step()

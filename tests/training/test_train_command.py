@@ -32,8 +32,9 @@ def test_train_on_shakespeare_writes_a_usable_run(tmp_path, capsys):
                                                      "tensorboard", "tokenizer"]  # tensorboard: a dev extra
     train_records = records(out)
     assert [r["step"] for r in train_records] == list(range(8))
-    # The default schedule turns feedback on for the last quarter of the steps.
-    assert [r["passes"] for r in train_records[:6]] == [1] * 6 and all(r["passes"] >= 2 for r in train_records[6:])
+    # The default (the recipe) runs multi-pass batches from the first step, with NorMuon on the matrices.
+    assert all(r["passes"] >= 2 for r in train_records)
+    assert json.loads((out / "checkpoints" / "step-0000008" / "run_config.json").read_text())["preset"] == "recipe"
     assert train_records[-1]["token_equiv_compute"] > train_records[-1]["tokens"]
     evals = records(out, "eval")
     assert [e["step"] for e in evals] == [3, 7]

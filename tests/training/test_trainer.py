@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_model
+from conftest import ADAMW, make_model
 from test_training_metrics import tensorboard_scalars
 
 from fullband.training import CheckpointWarning, NonFiniteLossError, Trainer, TrainingError, loss_eval
@@ -33,7 +33,8 @@ def make_trainer(out: Path, seed: int = 0, batch_size: int = 2, grad_accum: int 
                  **train) -> Trainer:
     train_cfg = TrainConfig(**{"max_steps": 8, "batch_size": batch_size, "grad_accum": grad_accum, "seq_len": T,
                                "log_every": 1, "checkpoint_every": 0, "seed": 3, **train})
-    optim_cfg = optim or OptimConfig(lr=3e-3, warmup_steps=2, schedule="cosine", z_loss_when="always", z_loss=1e-3)
+    optim_cfg = optim or OptimConfig(**ADAMW, lr=3e-3, warmup_steps=2, schedule="cosine", z_loss_when="always",
+                                     z_loss=1e-3)
     schedule_cfg = ScheduleConfig(feedback_start=0.25, pass_mix=(0.5, 0.5))  # multi-pass steps from step 2 on
     model = make_model(seed=seed, dtype=torch.float32)
     return Trainer(model, train_cfg, optim_cfg, schedule_cfg, random_batches(batch_size * grad_accum), out_dir=out,
@@ -91,10 +92,17 @@ def test_fresh_start_refuses_a_directory_with_checkpoints(tmp_path):
         make_trainer(tmp_path, max_steps=2).fit()
 
 
-def test_resume_without_checkpoints_starts_fresh(tmp_path):
+def test_resume_auto_without_checkpoints_starts_fresh(tmp_path):
     with pytest.warns(UserWarning, match="starting from scratch"):
-        state = make_trainer(tmp_path, max_steps=2).fit(resume=True)
+        state = make_trainer(tmp_path, max_steps=2).fit(resume="auto")
     assert state.step == 2
+
+
+@pytest.mark.parametrize("resume", [True, "true"])
+def test_resume_true_without_checkpoints_is_an_error(tmp_path, resume):
+    with pytest.raises(TrainingError, match=r"holds no complete checkpoint to resume.*--resume auto"):
+        make_trainer(tmp_path, max_steps=2).fit(resume=resume)
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
 
 
 def test_nan_loss_raises_and_writes_no_checkpoint(tmp_path):
@@ -159,7 +167,7 @@ def test_a_tiny_model_learns_a_repeating_sequence(tmp_path):
 
     model = make_model(dtype=torch.float32)
     trainer = Trainer(model, TrainConfig(max_steps=40, batch_size=4, seq_len=T, log_every=1, checkpoint_every=0),
-                      OptimConfig(lr=1e-2, warmup_steps=5), ScheduleConfig(feedback_start=0.5), batch_fn,
+                      OptimConfig(**ADAMW, lr=1e-2, warmup_steps=5), ScheduleConfig(feedback_start=0.5), batch_fn,
                       out_dir=tmp_path, progress=False)
     trainer.fit()
     losses = [r["ntp_loss"] for r in records(tmp_path)]
@@ -167,7 +175,7 @@ def test_a_tiny_model_learns_a_repeating_sequence(tmp_path):
 
 
 def test_z_loss_applies_only_in_the_cooldown(tmp_path):
-    optim = OptimConfig(lr=3e-3, warmup_steps=2, decay_fraction=0.3, z_loss=1e-3, z_loss_when="cooldown")
+    optim = OptimConfig(**ADAMW, lr=3e-3, warmup_steps=2, decay_fraction=0.3, z_loss=1e-3, z_loss_when="cooldown")
     make_trainer(tmp_path, max_steps=10, optim=optim).fit()
     assert [r["step"] for r in records(tmp_path) if "z_loss" in r] == [7, 8, 9]
 

@@ -6,7 +6,7 @@ import pytest
 
 from fullband.config import ConfigError
 from fullband.configio import build_config, config_to_dict
-from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
+from fullband.training.config import TRAIN_PRESETS, OptimConfig, ScheduleConfig, TrainConfig
 
 
 @dataclass
@@ -16,8 +16,8 @@ class Run:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
 
-def test_default_mix_is_the_papers_overall_split():
-    cfg = ScheduleConfig()
+def test_the_paper_presets_mix_is_the_papers_overall_split():
+    cfg = ScheduleConfig(**TRAIN_PRESETS["paper"]["schedule"])
     after = 1 - cfg.feedback_start
     assert cfg.feedback_start == pytest.approx(0.75)
     assert [after * p for p in cfg.pass_mix] == pytest.approx([0.22, 0.03])

@@ -134,7 +134,7 @@ class BenchConfig:
     exact: BenchExactConfig = field(default_factory=BenchExactConfig)
     seed: int = doc(0, "Seed of the weights and tokens.")
     json: str | None = doc(None, "Also write every figure, the machine and its load to this JSON file.")
-    device: str = doc("cpu", "Torch device: auto, cpu, cuda, cuda:N or mps.")
+    device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
     threads: str = threads_field()
 
     def __post_init__(self) -> None:

@@ -154,7 +154,9 @@ def trainer_and_bare_step(model: FullBandwidthLM, tokens: torch.Tensor,
 
     rows, seq_len = tokens.shape
     train_cfg = TrainConfig(batch_size=rows, seq_len=seq_len, max_steps=10**6, checkpoint_every=0)
-    optim_cfg, schedule = OptimConfig(warmup_steps=0), ScheduleConfig(feedback_start=1.0)
+    # AdamW pinned (fullband train's default is the recipe's NorMuon): the bare step it is measured against is AdamW's
+    optim_cfg = OptimConfig(optimizer="adamw", fusion_lr_mult=1.0, warmup_steps=0)
+    schedule = ScheduleConfig(feedback_start=1.0)
     trainer = Trainer(copy.deepcopy(model), train_cfg, optim_cfg, schedule, lambda step, rank, world: (tokens, tokens),
                       out_dir=out_dir, progress=False)
     bare = copy.deepcopy(model)

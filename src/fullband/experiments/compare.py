@@ -1,12 +1,13 @@
 """``fullband compare``: does latent feedback buy training tokens?
 
 For each seed: baselines (``model.feedback=false``) trained to each budget in ``budgets`` x the unit
-``train.token_budget``; the full-bandwidth model trained to 1x with ``schedule`` (the paper's 75%/22%/3%
-single/two/three-pass split by default); and, for the stability diagnostic, the same with only 1-/2-pass
-batches. Every run is ``fullband train`` (:func:`run_train`) with the same model size, tokenizer, optimizer and
-data order, in its own directory under ``out_dir``. Then every model is scored on the test split in every
-mode, the feedback models get the stability diagnostic on the validation split, the baseline's loss-vs-tokens
-curve gives each mode's effective token multiplier, and :mod:`fullband.experiments.report` writes it all down.
+``train.token_budget``; the full-bandwidth model trained to 1x with ``schedule`` (the recipe's by default:
+multi-pass batches from the first step, fullband.training.recipes); and, for the stability diagnostic,
+the same with only 1-/2-pass batches. Every run is ``fullband train`` (:func:`run_train`) with the same model size,
+tokenizer, optimizer and data order, in its own directory under ``out_dir``. Then every model is scored on the test
+split in every mode, the feedback models get the stability diagnostic on the validation split, the baseline's
+loss-vs-tokens curve gives each mode's effective token multiplier, and :mod:`fullband.experiments.report` writes it
+all down.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ Control = tuple[str, str, str, dict[int, int]]  # (kind, decoding mode, variant,
 
 def trained_passes(cfg: ReasoningConfig) -> int:
     """The most passes a multi-pass training batch ran (``passes``, or the pass mix's deepest)."""
-    return cfg.passes or len(cfg.pass_mix) + 1
+    return cfg.passes or len(cfg.schedule.pass_mix) + 1
 
 
 def prompt_lengths(test: list[Problem]) -> dict[int, int]:
@@ -78,8 +78,8 @@ def train_controls(cfg: ReasoningConfig, spec: StudyModel, train_path: Path, tes
                                                 out_dir=str(run_dir / "looped"))
     if "equal_flops" in cfg.controls:
         depth = equal_flops_depth(Shape.of(base.model.resolve(vocab)), target, plain_cost)
-        configs["equal_flops"] = sft_run_config(dataclasses.replace(spec, n_layers=depth), train_path, test_path,
-                                                run_dir / "equal_flops", False)
+        deeper = dataclasses.replace(spec, model=dataclasses.replace(spec.model, n_layers=depth))
+        configs["equal_flops"] = sft_run_config(deeper, train_path, test_path, run_dir / "equal_flops", False)
     for kind in cfg.controls:
         runs[kind] = train_run(kind, configs[kind], progress, cfg.reuse_models or cfg.resume, cfg.resume)
     for kind, run_cfg in configs.items():

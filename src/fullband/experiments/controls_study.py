@@ -13,6 +13,7 @@ from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.controls_report import FLOPS_PLOT, plot_flops, render_controls, verdict
 from fullband.experiments.reasoning import ReasoningStudy
 from fullband.experiments.study import Study, set_threads
+from fullband.experiments.synthetic_config import flat_view
 
 # ---------------------------------------------------------------------------------------------- the study
 
@@ -46,13 +47,15 @@ class ControlsStudy(Study):
     def family_config(self, family: str) -> ReasoningConfig:
         cfg = self.cfg
         # Every field explicit: the preset must not fill families back in, nor undo a value given on purpose.
-        with explicit_keys({f.name for f in dataclasses.fields(cfg)}):
+        keys = {f.name for f in dataclasses.fields(cfg)}
+        keys |= {f"{section}.{f.name}" for section in cfg.SECTIONS for f in dataclasses.fields(getattr(cfg, section))}
+        with explicit_keys(keys):
             return dataclasses.replace(cfg, family=family, families=(), out_dir=str(self.out_dir / family))
 
     def collect(self) -> dict[str, Any]:
         families = {family: FamilyStudy(self.family_config(family), self.cfg.progress, self.command_line()).run()
                     for family in self.cfg.families}
-        return {"study": "reasoning controls", "config": dataclasses.asdict(self.cfg), "families": families}
+        return {"study": "reasoning controls", "config": flat_view(self.cfg), "families": families}
 
     def analyse(self, results: dict[str, Any]) -> dict[str, Any]:
         return {"verdict": verdict(results)}

@@ -82,6 +82,9 @@ class RecipeStudy(CompareStudy):
         return super().run()
 
     def prepare(self) -> None:
+        if self.cfg.resume and not (self.out_dir / "config.toml").is_file():
+            raise ConfigError(f"out_dir={self.cfg.out_dir!r} holds no recipe study to resume (no config.toml): run "
+                              "without --resume true to start one there")
         Study.prepare(self)  # the plots are optional here: no warning
 
     def plan(self) -> list[Job]:

@@ -25,6 +25,7 @@ from fullband.config import ConfigError
 from fullband.configio import config_to_dict, save_resolved_config
 from fullband.experiments import plots as plotting
 from fullband.experiments.results import write_json
+from fullband.experiments.synthetic_config import flat_view
 from fullband.training.config import (
     DataConfig,
     OptimConfig,
@@ -36,7 +37,6 @@ from fullband.training.config import (
 
 MODEL_KINDS = ("baseline", "fullband")
 SUMMARY_FILE = "study_training.json"
-VALIDATION_BATCHES = 4
 RESULTS = "results.json"
 REPORT = "report.md"
 
@@ -147,31 +147,21 @@ def _flag_value(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------- two-model studies
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class StudyModel:
-    """Architecture and training budget shared by the two models of a study."""
+    """The training sections of a study's models for one seed: the study config's, with what the study decides
+    filled in (context length, seed, warmup); :func:`sft_run_config` makes each model's run of them."""
 
-    d_model: int
-    n_layers: int
-    n_heads: int
-    max_seq_len: int
-    steps: int
-    batch_size: int
-    lr: float
-    feedback_start: float
-    pass_mix: tuple[float, ...]
-    seed: int = 0
+    model: TrainModelConfig
+    train: TrainConfig
+    optim: OptimConfig
+    schedule: ScheduleConfig
+    curriculum: float = 0.0  # data.curriculum: the training file is in curriculum order
     device: str = "cpu"
-    # The training recipe (the Recipe issue's levers); the defaults are the studies' original AdamW recipe.
-    optimizer: str = "adamw"
-    muon_lr: float = 0.02
-    fusion_lr_mult: float = 1.0
-    input_norm: str = "fused"
-    curriculum: float = 0.0
-    # The multi-pass objective's knobs (TrainConfig's fields of the same names; the defaults are the paper's).
-    grad_passes: int = 0
-    prefix_mixin: bool = True
-    feedback_weight: float = 1.0
+
+    @property
+    def batch_size(self) -> int:
+        return self.train.batch_size
 
 
 class PairStudy(Study):
@@ -186,10 +176,6 @@ class PairStudy(Study):
     timed = False
     command_skip = ("reuse_models",)
     title: ClassVar[str]  # results["study"]
-    figure: ClassVar[str]  # the one plot's file name
-    # draw(results, path) draws the plot; report(results, command, plots) renders report.md
-    draw: ClassVar[Callable[[dict[str, Any], Path], None]]
-    report: ClassVar[Callable[[dict[str, Any], str, bool], str]]
 
     def prepare(self) -> None:
         import torch
@@ -202,24 +188,16 @@ class PairStudy(Study):
         train_path, test_path = self.build_data(self.out_dir / "data")
         training = train_both(self.model_spec(cfg.seed), train_path, test_path, self.out_dir, cfg.progress,
                               reuse=cfg.reuse_models)
-        return {"study": self.title, "config": dataclasses.asdict(cfg), "training": training,
-                **self.evaluate(training)}
+        return {"study": self.title, "config": flat_view(cfg), "training": training, **self.evaluate(training)}
 
     def model_spec(self, seed: int) -> StudyModel:
-        """Both models' size and training budget (seed ``seed``), with the study's :meth:`recipe`."""
-        cfg = self.cfg
-        return StudyModel(cfg.d_model, cfg.n_layers, cfg.n_heads, self.context_length(), cfg.steps, cfg.batch_size,
-                          cfg.lr, cfg.feedback_start, cfg.pass_mix, seed, cfg.device, **self.recipe())
-
-    def recipe(self) -> dict[str, Any]:
-        """StudyModel's recipe fields this study sets (none: the original AdamW recipe)."""
-        return {}
-
-    def plot(self, results: dict[str, Any]) -> None:
-        self.draw(results, self.out_dir / self.figure)
-
-    def render(self, results: dict[str, Any], plots: bool) -> str:
-        return self.report(results, self.command_line(), plots)
+        """Both models' training sections for seed ``seed``: the config's, sized to the task's context."""
+        cfg, context = self.cfg, self.context_length()
+        return StudyModel(model=dataclasses.replace(cfg.model, max_seq_len=context),
+                          train=dataclasses.replace(cfg.train, seq_len=context, seed=seed),
+                          # a short warmup: tiny models, few steps, synthetic data
+                          optim=dataclasses.replace(cfg.optim, warmup_steps=max(1, cfg.train.max_steps // 20)),
+                          schedule=cfg.schedule, curriculum=getattr(cfg, "curriculum", 0.0), device=cfg.device)
 
     def build_data(self, data_dir: Path) -> tuple[Path, Path]:
         """Write the training and validation JSONL (prompt/completion) -> their paths."""
@@ -236,27 +214,16 @@ class PairStudy(Study):
 
 def sft_run_config(spec: StudyModel, data: Path, validation: Path, out_dir: Path, feedback: bool) -> TrainRunConfig:
     """SFT on ``data`` (prompt masked). Both models see the same batches in the same order (same seed); the
-    full-bandwidth one runs the multi-pass objective from ``feedback_start`` on (DESIGN.md §3). ``validation``
-    gives the held-out loss with 1 pass (standard) and 3 passes (fused prefill, 2 extra passes) at the end."""
+    full-bandwidth one runs the multi-pass objective of ``spec.schedule`` (DESIGN.md §3), the baseline none, at
+    the fusion's LR multiplier of 1. ``validation`` gives the held-out loss with 1 pass (standard) and 3 passes
+    (fused prefill, 2 extra passes) at the end."""
     return TrainRunConfig(
-        model=TrainModelConfig(d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads,
-                               max_seq_len=spec.max_seq_len, feedback=feedback, input_norm=spec.input_norm),
+        model=dataclasses.replace(spec.model, feedback=feedback),
         data=DataConfig(source=str(data), format="sft", validation_source=str(validation), tokenizer="byte",
                         curriculum=spec.curriculum),
-        train=TrainConfig(max_steps=spec.steps, batch_size=spec.batch_size, seq_len=spec.max_seq_len,
-                          seed=spec.seed, eval_every=0, eval_batches=VALIDATION_BATCHES,
-                          checkpoint_every=study_checkpoint_every(spec.steps), keep_last=1, log_every=50,
-                          grad_passes=spec.grad_passes, prefix_mixin=spec.prefix_mixin,
-                          feedback_weight=spec.feedback_weight,
-                          # Eager: these tiny models train in a minute or two, which a ~20 s compile does not earn
-                          # back, and the committed reports were computed eagerly (compiling changes the numbers at
-                          # float rounding).
-                          compile="false"),
-        # A short warmup and no weight decay: tiny models, few steps, synthetic data.
-        optim=OptimConfig(lr=spec.lr, warmup_steps=max(1, spec.steps // 20), weight_decay=0.0,
-                          optimizer=spec.optimizer, muon_lr=spec.muon_lr,
-                          fusion_lr_mult=spec.fusion_lr_mult if feedback else 1.0),
-        schedule=ScheduleConfig(feedback_start=spec.feedback_start if feedback else 1.0, pass_mix=spec.pass_mix),
+        train=dataclasses.replace(spec.train, checkpoint_every=study_checkpoint_every(spec.train.max_steps)),
+        optim=spec.optim if feedback else dataclasses.replace(spec.optim, fusion_lr_mult=1.0),
+        schedule=spec.schedule if feedback else ScheduleConfig(feedback_start=1.0, pass_mix=spec.schedule.pass_mix),
         out_dir=str(out_dir), device=spec.device, eval_passes=(1, 3),
     )
 

@@ -17,12 +17,14 @@ from fullband.config import (
     _is_int,
     _is_number,
     _require,
+    apply_preset,
     doc,
     threads_field,
     validate_device_name,
     validate_threads,
 )
 from fullband.integrations.families import FamilyOptions, source_help
+from fullband.training.recipes import TRAIN_PRESETS
 
 LR_SCHEDULES = ("cosine", "wsd", "constant")
 Z_LOSS_WHEN = ("always", "cooldown", "off")
@@ -37,9 +39,10 @@ class ScheduleConfig:
     """Feedback schedule: how many passes each training batch runs (DESIGN.md §3)."""
 
     feedback_start: float = doc(
-        0.75,
+        0.0,
         "Fraction of all training steps after which multi-pass batches start; before it every batch is "
-        "single-pass. 0 = feedback from the first step (fine-tuning), 1 = never.",
+        "single-pass. 0 = feedback from the first step (the recipe: docs/results/recipe), 0.75 = the paper's late "
+        "start (--preset paper), 1 = never.",
     )
     feedback_end: float = doc(
         1.0,
@@ -48,9 +51,9 @@ class ScheduleConfig:
     )
     pass_mix: tuple[float, ...] = doc(
         (0.88, 0.12),
-        "Probabilities of 2, 3, ... passes per batch after feedback_start (must sum to 1). The default "
-        "0.88,0.12 with feedback_start=0.75 is the paper's overall 75%/22%/3% single/two/three-pass split; "
-        "0,1 with feedback_start=0 always runs 3 passes.",
+        "Probabilities of 2, 3, ... passes per batch after feedback_start (must sum to 1). 0.88,0.12 with "
+        "feedback_start=0.75 is the paper's overall 75%/22%/3% single/two/three-pass split; 0,1 with "
+        "feedback_start=0 always runs 3 passes.",
     )
     ramp_steps: int = doc(
         0,
@@ -74,15 +77,17 @@ NS_DTYPES = ("auto", "float32", "bfloat16")
 
 @dataclass
 class OptimConfig:
-    """The optimiser (AdamW, or Muon / NorMuon + AdamW) and the learning-rate schedule."""
+    """The optimiser (AdamW, or Muon / NorMuon + AdamW) and the learning-rate schedule. The defaults (with
+    ScheduleConfig's and ModelConfig's) are the recipe: see fullband.training.recipes."""
 
     optimizer: str = doc(
-        "adamw",
+        "normuon",
         "adamw = AdamW on every parameter; muon = Muon (torch.optim.Muon's update) on the 2-D weights of "
         "muon_params and AdamW at lr on the rest (embedding/head, norms); normuon = the same split with NorMuon "
         "(arXiv 2510.05491: Muon's update normalised per output neuron), the paper's optimiser (section 4).",
     )
-    lr: float = doc(3e-4, "Peak learning rate of AdamW (reached at the end of warmup).")
+    lr: float = doc(1e-3, "Peak learning rate of AdamW (reached at the end of warmup; with muon/normuon: of the "
+                    "embedding/head and the gains).")
     muon_lr: float = doc(0.02, "optimizer=muon/normuon: peak learning rate of (Nor)Muon (follows the same schedule).")
     muon_weight_decay: float = doc(0.01, "optimizer=muon/normuon: decoupled weight decay (scaled by its LR).")
     muon_momentum: float = doc(0.95, "optimizer=muon/normuon: (Nesterov) momentum, in [0, 1).")
@@ -101,14 +106,14 @@ class OptimConfig:
         "CPUs with bf16 instructions (avx512_bf16/amx_bf16), float32 on other CPUs, where bf16 is emulated and "
         "several times slower; 'float32'; 'bfloat16' (torch.optim.Muon's). The run config records what auto chose.",
     )
-    fusion_lr_mult: float = doc(1.0, "Learning-rate multiplier of the fusion's parameters (W_U, W_G, its norms), > 0.")
+    fusion_lr_mult: float = doc(3.0, "Learning-rate multiplier of the fusion's parameters (W_U, W_G, its norms), > 0.")
     min_lr_ratio: float = doc(0.1, "Final learning rate as a fraction of lr, in [0, 1].")
     betas: tuple[float, float] = doc((0.9, 0.95), "AdamW beta1,beta2, each in [0, 1).")
     eps: float = doc(1e-8, "AdamW epsilon, > 0.")
     weight_decay: float = doc(
         0.1, "Decoupled AdamW weight decay on weight matrices (>= 2-D, embeddings included); norms get none."
     )
-    warmup_steps: int = doc(100, "Linear warmup steps from ~0 to lr.")
+    warmup_steps: int = doc(25, "Linear warmup steps from ~0 to lr.")
     schedule: str = doc(
         "wsd",
         "Learning rate after warmup: 'wsd' = constant then linear decay to min_lr over the last decay_fraction "
@@ -289,6 +294,20 @@ def validate_train_config(c: TrainConfig) -> None:
 
 # ---------------------------------------------------------------------------------------------- fullband train
 
+RESUME = ("false", "true", "auto")
+
+
+def validate_resume(value: object) -> str:
+    """``resume`` as one of RESUME: true/false (a bool from Python or a file, or yes/no/1/0) or auto."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    word = value.lower() if isinstance(value, str) else value
+    word = str(BOOL_WORDS[word]).lower() if word in BOOL_WORDS else word
+    _require(word in RESUME, "resume", value, "use true (continue; an error when there is nothing to resume), auto "
+             "(continue if there is a checkpoint, else start) or false")
+    return word
+
+
 TOKENIZERS = ("byte", "bpe")
 DATA_FORMATS = ("text", "sft")
 
@@ -350,6 +369,11 @@ class DataConfig:
 class TrainSections:
     """The sections of a run that every model family reads."""
 
+    preset: str = doc(
+        "recipe", f"Settings to start from: one of {tuple(TRAIN_PRESETS)}. recipe = the best recipe our recipe "
+        "study measured, the one fullband compare trains with (NorMuon, fusion LR x3, feedback from the first step); "
+        "paper = the paper's published recipe (NorMuon at its 1B-run rates, 200 warmup steps, a 25% cool-down to "
+        "zero, single-pass until 75% of the steps). Values from a config file or the command line override it.")
     model: TrainModelConfig = field(default_factory=TrainModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(eval_every=250))
@@ -362,7 +386,10 @@ class TrainRunConfig(FamilyOptions, TrainSections):
     """``fullband train``: all sections of one run (the families' options sections after [schedule])."""
 
     out_dir: str = doc("runs/train", "Run directory: checkpoints/, metrics.jsonl, config.toml, model/ at the end.")
-    resume: bool = doc(False, "Continue from the latest complete checkpoint in out_dir.")
+    resume: str = doc(
+        "false", "Continue from the latest complete checkpoint in out_dir: true = continue, an error when there is "
+        "none; auto = continue if there is one, else start from scratch; false = start, an error when out_dir holds "
+        "checkpoints.")
     init_from: str | None = doc(
         None, "Start from this model directory (a native model's architecture replaces [model] and model.feedback "
         "decides whether fusion weights are added; another family's model continues as saved), or from "
@@ -375,6 +402,8 @@ class TrainRunConfig(FamilyOptions, TrainSections):
     )
 
     def __post_init__(self) -> None:
+        apply_preset(self, TRAIN_PRESETS)
+        self.resume = validate_resume(self.resume)
         validate_device_name(self.device)
         self.threads = validate_threads(self.threads)
         _require(bool(self.eval_passes) and all(_is_int(k) and k >= 1 for k in self.eval_passes), "eval_passes",

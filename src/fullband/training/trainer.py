@@ -243,14 +243,16 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def fit(self, resume: bool = False, until: int | None = None) -> TrainingState:
+    def fit(self, resume: bool | str = False, until: int | None = None) -> TrainingState:
         """Train to the end of the run (or to step ``until``, exclusive), checkpointing on the way.
 
-        ``resume=True`` continues from the latest complete checkpoint in ``out_dir`` (a fresh start if there is
-        none); ``resume=False`` refuses an ``out_dir`` that already holds checkpoints.
+        ``resume=True`` (or "true") continues from the latest complete checkpoint in ``out_dir`` and raises
+        TrainingError when there is none; "auto" continues from one if there is one, else starts fresh;
+        ``resume=False`` (or "false") refuses an ``out_dir`` that already holds checkpoints.
         """
         stop = self.total_steps if until is None else min(until, self.total_steps)
-        start = self._resume() if resume else self._start_fresh()
+        mode = str(resume).lower()
+        start = self._resume(required=mode == "true") if mode in ("true", "auto") else self._start_fresh()
         bar = tqdm(total=self.total_steps, initial=start, disable=not self.progress, unit="step", dynamic_ncols=True)
         try:
             for step in range(start, stop):
@@ -329,7 +331,7 @@ class Trainer:
         self._open_log(resume_bytes=None, start_step=0)
         return 0
 
-    def _resume(self) -> int:
+    def _resume(self, required: bool) -> int:
         if self._distributed:
             # Every process must load the same checkpoint (under FSDP loading is collective), so rank 0 verifies
             # and picks it for all.
@@ -339,6 +341,9 @@ class Trainer:
         else:
             path = latest_good_checkpoint(self.out_dir)
         if path is None:
+            if required:
+                raise TrainingError(f"resume=true, but {self.out_dir} holds no complete checkpoint to resume: check "
+                                    "out_dir, or use --resume auto to start from scratch when there is none")
             warnings.warn(f"no complete checkpoint under {self.out_dir}; starting from scratch", stacklevel=3)
             return self._start_fresh()
         self.state = load_checkpoint(path, self.raw_model, self.optimizer, generator=self.generator, rank=self.rank)
