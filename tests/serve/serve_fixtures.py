@@ -98,3 +98,48 @@ def long_server_fixture(tmp_path_factory, one_thread_per_module) -> Iterator[Liv
     live = LiveServer.native(checkpoint, with_tokenizer=False, max_batch=1, max_queue=1)
     yield live
     live.stop()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_server(checkpoint: Path, port: int, *options: str):
+    """``fullband serve`` as a real subprocess (its own signal handling); :func:`wait_up` waits until it answers."""
+    import os
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "fullband.cli", "serve", "--checkpoint", str(checkpoint), "--port", str(port),
+         "--log_level", "warning", *options],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_up(url: str, process, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.1)
+
+
+def wait_until_idle(server: LiveServer, seconds: float = 5.0) -> dict:
+    """/health once nothing is active or queued (or after ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        health = httpx.get(server.url + "/health").json()
+        if (health["active"] == 0 and health["queued"] == 0) or time.monotonic() > deadline:
+            return health
+        time.sleep(0.02)

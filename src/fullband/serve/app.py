@@ -46,6 +46,7 @@ class Limits:
 
     max_tokens: int = 0  # largest max_tokens a request may ask for; 0 = only the model's context limits it
     max_body_bytes: int = 1 << 20  # largest request body (by its Content-Length)
+    request_timeout: float = 600.0  # seconds from arrival to the last token (queueing included); 0 = no deadline
 
 
 # ---------------------------------------------------------------------------------------------- request bodies
@@ -123,8 +124,10 @@ class _Run:
     """The engine requests behind one HTTP request (prompts x n choices) and their events on this event loop."""
 
     def __init__(self, engine: Engine, requests: list[GenerationRequest], tokenizer: Tokenizer | None,
-                 stops: list[str]) -> None:
+                 stops: list[str], timeout: float = 0.0) -> None:
         self.queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout if timeout > 0 else None
         loop = asyncio.get_running_loop()
         self.texts = [TextStream(tokenizer, stops) for _ in requests]
         self.finish: list[str | None] = [None] * len(requests)
@@ -141,11 +144,13 @@ class _Run:
 
     async def events(self, request: Request) -> AsyncIterator[tuple[int, str, Any]]:
         """(choice, text piece, token event or None) as they come, then (choice, text, finish reason) at the end
-        of each choice; raises APIError on an engine error. Cancels everything if the client goes away."""
+        of each choice. Raises APIError on an engine error (500), at the deadline (504) and when the engine
+        cancelled the request itself (503, shutting down): a cut-short choice never gets a finish reason. Cancels
+        everything if the client goes away."""
         watcher = asyncio.create_task(self._watch(request))
         try:
             while any(f is None for f in self.finish):
-                index, event = await self.queue.get()
+                index, event = await self._next()
                 if index < 0:
                     return  # the client left
                 if self.finish[index] is not None:
@@ -154,7 +159,10 @@ class _Run:
                 if isinstance(event, FinishEvent):
                     if event.reason == "error":
                         raise APIError(500, event.error or "generation failed", None, "server_error")
-                    self.finish[index] = {"cancelled": "abort"}.get(event.reason, event.reason)
+                    if event.reason == "cancelled":  # not by us (we stop listening first): the engine shut down
+                        raise APIError(503, "the server shut down before this request finished: retry it", None,
+                                       "server_error", "server_shutting_down")
+                    self.finish[index] = event.reason
                     yield index, text.flush(), None
                     yield index, "", self.finish[index]
                     continue
@@ -168,6 +176,18 @@ class _Run:
         finally:
             watcher.cancel()
             self.cancel()  # no-op for finished sequences; frees the slots of a client that left
+
+    async def _next(self) -> tuple[int, Any]:
+        """The next event, or APIError 504 once the deadline has passed (the engine frees the slots)."""
+        if self.deadline is None:
+            return await self.queue.get()
+        try:
+            return await asyncio.wait_for(self.queue.get(), max(self.deadline - time.monotonic(), 0.0))
+        except asyncio.TimeoutError:
+            self.cancel()
+            raise APIError(504, f"the request did not finish within this server's limit of {self.timeout:g} s "
+                                "(fullband serve --request_timeout): ask for fewer tokens or retry later", None,
+                           "timeout", "request_timeout") from None
 
     async def _watch(self, request: Request) -> None:
         """Wait for the client to disconnect (the body is already read, so the next ASGI message says so)."""
@@ -262,7 +282,7 @@ def create_app(
             for prompt in prompts for choice in range(body.n)
         ]
         try:
-            return _Run(engine, requests, tokenizer, stops)
+            return _Run(engine, requests, tokenizer, stops, limits.request_timeout)
         except RequestError as err:
             param = (renamed or {}).get(err.param or "", err.param)  # the field as this endpoint spells it
             raise APIError(400, str(err).replace(f"{err.param}", f"{param}", 1), param) from None
@@ -300,8 +320,10 @@ def create_app(
                             yield f"data: {json.dumps(chunk)}\n\n"
                     yield f"data: {json.dumps(builder.usage_chunk(run))}\n\n" if builder.include_usage else ""
                 except APIError as err:
+                    # The error event ends the stream: no [DONE], so nothing reads a cut-short stream as complete.
                     status = str(err.status)
                     yield f"data: {json.dumps(err.body())}\n\n"
+                    return
                 finally:
                     done(status)
                 yield "data: [DONE]\n\n"
@@ -311,8 +333,8 @@ def create_app(
         try:
             async for index, piece, item in run.events(request):
                 builder.add(index, piece, item)
-        except APIError:
-            done("500")
+        except APIError as err:
+            done(str(err.status))
             raise
         done("200")
         return builder.full(run)

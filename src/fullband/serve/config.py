@@ -44,6 +44,9 @@ class ServeConfig:
     max_tokens_limit: int = doc(0, "Largest max_tokens one request may ask for (HTTP 400 beyond it); 0 = only the "
                                 "model's context limits it.")
     max_body_bytes: int = doc(1 << 20, "Largest request body in bytes (HTTP 413 beyond it).")
+    request_timeout: float = doc(600.0, "Seconds a request may take from arrival to its last token, queueing "
+                                 "included; past it the request is cancelled (its slot freed) and answered with HTTP "
+                                 "504 (a stream ends with an error event, never a finish_reason). 0 = no deadline.")
     api_key: str = doc("", f"Require `Authorization: Bearer <key>` on every endpoint but /health (HTTP 401 without "
                        f"it); empty = the {API_KEY_ENV} environment variable, and without that no authentication "
                        "(a warning when listening beyond localhost).")
@@ -64,6 +67,9 @@ class ServeConfig:
                  f"the default must not exceed max_tokens_limit={self.max_tokens_limit}")
         _require(_is_int(self.max_body_bytes) and self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes,
                  "must be >= 1024")
+        _require(isinstance(self.request_timeout, (int, float)) and not isinstance(self.request_timeout, bool)
+                 and self.request_timeout >= 0, "request_timeout", self.request_timeout,
+                 "must be >= 0 seconds (0 = no deadline)")
         _require(isinstance(self.graceful_timeout, (int, float)) and self.graceful_timeout >= 0, "graceful_timeout",
                  self.graceful_timeout, "must be >= 0 seconds")
         _require(self.log_level in LOG_LEVELS, "log_level", self.log_level, f"must be one of {LOG_LEVELS}")

@@ -237,10 +237,16 @@ class Engine:
                     self._cond.wait()
                 if self._closing:
                     break
+                # A request cancelled while queued (its deadline passed, its client left) gives its place back now.
+                dropped = [s for s in self._pending if s.handle.cancelled]
+                if dropped:
+                    self._pending = collections.deque(s for s in self._pending if not s.handle.cancelled)
                 arrivals = []
                 while self._pending and self.active + len(arrivals) < self.max_batch:
                     arrivals.append(self._pending.popleft())
                 self._admitting = arrivals
+            for seq in dropped:
+                self._finish(seq, "cancelled")
             try:
                 self._iteration(arrivals)
             except Exception as err:  # a bug, not a bad request (those are validated): fail what is running

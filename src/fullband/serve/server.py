@@ -41,7 +41,7 @@ def build_app(cfg: ServeConfig) -> Any:
     if not api_key and cfg.host not in LOOPBACK_HOSTS:
         print(f"fullband serve: warning: listening on {cfg.host} without an API key: anyone who reaches the port can "
               "use the model; give --api_key or set FULLBAND_API_KEY", file=sys.stderr)
-    limits = Limits(cfg.max_tokens_limit, cfg.max_body_bytes)
+    limits = Limits(cfg.max_tokens_limit, cfg.max_body_bytes, cfg.request_timeout)
     return create_app(engine, tokenizer, name, defaults, api_key=api_key or None, limits=limits)
 
 
