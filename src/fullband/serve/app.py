@@ -16,17 +16,27 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from fullband.config import DECODING_MODES
+from fullband.data.sft import ROLES
 from fullband.data.tokenizer import Tokenizer
-from fullband.serve.engine import Engine, FinishEvent, GenerationRequest, QueueFull, RequestError, SamplingParams
+from fullband.serve.engine import (
+    MAX_TOP_LOGPROBS,
+    Engine,
+    FinishEvent,
+    GenerationRequest,
+    QueueFull,
+    RequestError,
+    SamplingParams,
+)
 from fullband.serve.text import TextStream, chat_prompt, token_text
 
 
@@ -52,41 +62,51 @@ class Limits:
 # ---------------------------------------------------------------------------------------------- request bodies
 
 
+def _whole_number(value: Any) -> Any:
+    # JSON Schema's integer includes 4.0 (what some clients send for 4); strict validation alone would refuse it.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_whole_number)]
+
+
 class _Common(BaseModel):
     # strict: "5" is not a number; unknown OpenAI fields (user, presence_penalty, ...) are accepted and ignored.
     model_config = ConfigDict(strict=True, extra="ignore")
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float = 1.0
-    top_k: int = Field(0, ge=0)
-    n: int = Field(1, ge=1, le=16)
+    # json_schema_extra documents the ranges in the OpenAPI schema; the engine checks them with its own messages.
+    max_tokens: Int | None = Field(None, json_schema_extra={"minimum": 1})
+    temperature: float | None = Field(None, json_schema_extra={"minimum": 0})
+    top_p: float = Field(1.0, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
+    top_k: Int = Field(0, ge=0)
+    n: Int = Field(1, ge=1, le=16)
     stream: bool = False
     stop: str | list[str] | None = None
-    seed: int | None = None
-    mode: str | None = None
-    prefill_passes: int | None = None
+    seed: Int | None = Field(None, json_schema_extra={"minimum": -(2**63), "maximum": 2**63 - 1})
+    mode: str | None = Field(None, json_schema_extra={"enum": list(DECODING_MODES)})
+    prefill_passes: Int | None = Field(None, json_schema_extra={"minimum": 0})
     stream_options: dict[str, Any] | None = None
 
 
 class CompletionBody(_Common):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: int | None = None
+    prompt: str | list[Int] | list[str] | list[list[Int]]
+    logprobs: Int | None = Field(None, json_schema_extra={"minimum": 0, "maximum": MAX_TOP_LOGPROBS})
     echo: bool = False
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
-    role: str
+    # The plain template's roles, documented in the schema (a model's own chat template may take others).
+    role: str = Field(json_schema_extra={"enum": list(ROLES)})
     content: str
 
 
 class ChatBody(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Int | None = Field(None, json_schema_extra={"minimum": 0, "maximum": MAX_TOP_LOGPROBS})
 
 
 # ---------------------------------------------------------------------------------------------- errors

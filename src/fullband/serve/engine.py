@@ -40,6 +40,8 @@ from fullband.model import FeedbackLM, KVCache
 log = logging.getLogger("fullband.serve")
 
 MAX_TOP_LOGPROBS = 20
+# Below this a temperature is greedy: logits / 1e-320 overflow to inf, and the limit T -> 0 of sampling is argmax.
+MIN_TEMPERATURE = 1e-5
 
 
 class RequestError(ValueError):
@@ -185,6 +187,8 @@ class Engine:
             raise RequestError("max_tokens", f"max_tokens must be an integer >= 1, got {s.max_tokens!r}")
         if not s.temperature >= 0:
             raise RequestError("temperature", f"temperature must be >= 0, got {s.temperature!r}")
+        if s.seed is not None and not (_is_int(s.seed) and -(2**63) <= s.seed < 2**64):  # what torch's seeding takes
+            raise RequestError("seed", f"seed must be in -2**63 .. 2**64 - 1, got {s.seed!r}")
         if not 0 < s.top_p <= 1:
             raise RequestError("top_p", f"top_p must be in (0, 1], got {s.top_p!r}")
         if s.logprobs is not None and not 0 <= s.logprobs <= MAX_TOP_LOGPROBS:
@@ -284,8 +288,8 @@ class Engine:
         ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
         try:
             state = prefill(self.model, ids, torch.ones_like(ids), request.mode,
-                            len(request.prompt_ids) + request.sampling.max_tokens, request.prefill_passes,
-                            self.exact_chunk_size)
+                            len(request.prompt_ids) + request.sampling.max_tokens,
+                            useful_passes(request.prefill_passes, len(request.prompt_ids)), self.exact_chunk_size)
         except Exception as err:  # this request alone fails
             log.exception("prefill failed")
             self._finish(seq, "error", f"prefill failed: {err}")
@@ -328,10 +332,14 @@ class Engine:
                 self._finish(seq, "cancelled")
                 continue
             s = seq.request.sampling
-            if s.temperature == 0:
+            if s.temperature < MIN_TEMPERATURE:
                 token = greedy[row]
             else:  # the generation module's sampler, on this row alone, with the request's own generator
-                token = int(sample_next(logits[row : row + 1], s.temperature, s.top_k, s.top_p, seq.generator))
+                try:
+                    token = int(sample_next(logits[row : row + 1], s.temperature, s.top_k, s.top_p, seq.generator))
+                except RuntimeError as err:  # this row's distribution alone is broken: fail it, not the batch
+                    self._finish(seq, "error", f"sampling failed: {err}")
+                    continue
             seq.generated += 1
             seq.last_token = token
             if token in s.stop_token_ids:
@@ -397,6 +405,13 @@ class Engine:
             zeros = torch.zeros(self.model.config.d_model, dtype=self.model.embed.weight.dtype, device=self.device)
             carried = torch.stack([b.carried[i] if b.carried is not None else zeros for b, i in rows])
         return _Batch(sequences, cache, carried, logits)
+
+
+def useful_passes(prefill_passes: int, prompt_len: int) -> int:
+    """Fused mode's extra prompt passes, capped where they stop changing anything: after 1 + (T - 1) passes a
+    T-token prompt is exact (DESIGN.md §2) and every further pass reproduces it, so a request cannot hold the engine
+    for millions of passes."""
+    return min(prefill_passes, prompt_len - 1)
 
 
 def _release_free_memory() -> None:
