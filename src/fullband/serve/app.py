@@ -424,6 +424,13 @@ class _EngineCollector:
         yield CounterMetricFamily("fullband_generated_tokens", "Tokens generated.", value=e.tokens_generated)
         yield CounterMetricFamily("fullband_prompt_tokens", "Prompt tokens prefilled.", value=e.prompt_tokens)
         yield CounterMetricFamily("fullband_failed_sequences", "Sequences ended by an engine error.", value=e.failed)
+        yield CounterMetricFamily("fullband_prefills", "Prefill forwards (one per group of arrivals).",
+                                  value=e.prefills)
+        yield CounterMetricFamily("fullband_batched_prefills", "Prefill forwards that took several requests at once.",
+                                  value=e.batched_prefills)
+        yield CounterMetricFamily("fullband_interleaved_prompt_tokens",
+                                  "Exact-mode prompt tokens fed inside decoding steps (sequential exact prefill "
+                                  "interleaved with the running streams).", value=e.interleaved_prompt_tokens)
 
 
 # ---------------------------------------------------------------------------------------------- responses

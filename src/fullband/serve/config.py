@@ -32,6 +32,9 @@ class ServeConfig:
     mode: str = doc(DEFAULT_MODE, "Default decoding mode: standard | soft | fused | exact (a request's `mode` wins).")
     prefill_passes: int = doc(1, "Default extra fused prompt passes in fused mode (a request's field wins).")
     exact_chunk_size: int = doc(1, "exact mode: prompt chunk per exact Jacobi solve (1 = sequential).")
+    interleave_prefill: bool = doc(True, "Sequential exact-mode prompts (exact_chunk_size 1) feed their tokens one "
+                                   "per decoding step beside the running streams (bit-identical to prefilling the "
+                                   "whole prompt first, which false does: then a long exact prompt stalls them).")
     max_tokens: int = doc(16, "Default max_tokens of a request that gives none (the OpenAI default).")
     temperature: float = doc(1.0, "Default temperature of a request that gives none (the OpenAI default).")
     model_name: str = doc("", "Model id reported by /v1/models and in responses (default: the checkpoint name).")
@@ -70,6 +73,8 @@ class ServeConfig:
         _require(isinstance(self.request_timeout, (int, float)) and not isinstance(self.request_timeout, bool)
                  and self.request_timeout >= 0, "request_timeout", self.request_timeout,
                  "must be >= 0 seconds (0 = no deadline)")
+        _require(isinstance(self.interleave_prefill, bool), "interleave_prefill", self.interleave_prefill,
+                 "must be true or false")
         _require(isinstance(self.graceful_timeout, (int, float)) and self.graceful_timeout >= 0, "graceful_timeout",
                  self.graceful_timeout, "must be >= 0 seconds")
         _require(self.log_level in LOG_LEVELS, "log_level", self.log_level, f"must be one of {LOG_LEVELS}")

@@ -2,8 +2,13 @@
 
 One background thread owns every active sequence. Each loop iteration it
 
-1. admits queued requests up to ``max_batch`` (prefill each alone in its own mode, sample its first token),
-2. decodes every active sequence together in one forward (one batch for native models),
+1. admits queued requests up to ``max_batch``: arrivals whose prefills are the same computation are prefilled
+   together in one left-padded forward (standard and soft prompts, and the first token of a sequential exact
+   prompt, in one plain pass; fused prompts by their pass count), and each samples its first token;
+2. decodes every active sequence together in one forward (one batch for native models); a sequential exact
+   prompt feeds its remaining tokens here, one per step, as fused decoding with the prompt's tokens in place of
+   sampled ones, which is the sequential exact prefill itself (the same forwards: bit-identical alone), so a long
+   exact prompt never stalls the running streams;
 3. hands each sequence its token and retires the finished and the cancelled at once.
 
 A sequence's decoding state is its KV cache rows plus its last carried state ``h`` (DESIGN.md §4). The batch
@@ -33,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fullband.config import DECODING_MODES
-from fullband.generation.decoding import prefill
+from fullband.generation.decoding import left_pad, prefill
 from fullband.generation.sampling import sample_next
 from fullband.model import FeedbackLM, KVCache
 
@@ -114,6 +119,7 @@ class _Sequence:
     last_token: int = -1
     fused: bool = False
     done: bool = False
+    feed: list[int] = field(default_factory=list)  # exact-mode prompt tokens still to feed, one per decoding step
 
 
 @dataclass
@@ -130,11 +136,15 @@ class Engine:
     """Continuous batching over one model. Thread-safe :meth:`submit`; events go to each request's listener
     (called on the engine thread: keep it short and non-blocking)."""
 
-    def __init__(self, model: FeedbackLM, max_batch: int = 16, max_queue: int = 64, exact_chunk_size: int = 1) -> None:
+    def __init__(self, model: FeedbackLM, max_batch: int = 16, max_queue: int = 64, exact_chunk_size: int = 1,
+                 interleave_prefill: bool = True) -> None:
         self.model = model
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.exact_chunk_size = exact_chunk_size
+        self.interleave_prefill = interleave_prefill
+        # Only a native KVCache is regrouped (its rows copied into a fresh batch cache); other caches decode alone.
+        self.native = isinstance(model.new_cache(1, 1), KVCache)
         self.device = model.embed.weight.device
         self.vocab_size = int(model.config.vocab_size)
         self.context = int(model.config.max_seq_len)
@@ -150,6 +160,9 @@ class Engine:
         self.tokens_generated = 0
         self.prompt_tokens = 0
         self.failed = 0
+        self.prefills = 0  # prefill forwards (one per group of arrivals)
+        self.batched_prefills = 0  # ... of which prefilled more than one request at once
+        self.interleaved_prompt_tokens = 0  # exact-mode prompt tokens fed inside decoding steps
 
     # ------------------------------------------------------------------ public
 
@@ -272,33 +285,75 @@ class Engine:
             for seq in batch.sequences:
                 if seq.handle.cancelled and not seq.done:
                     self._finish(seq, "cancelled")
-        joined = [j for seq in arrivals if (j := self._admit(seq)) is not None]
+        joined = self._admit_all(arrivals)
         self._regroup(joined)
         self._admitting = []
         for batch in self._batches:
             self._step(batch)
         self._regroup([])
 
-    def _admit(self, seq: _Sequence) -> _Batch | None:
-        """Prefill one arrival alone in its mode; its first token comes from the prefill's logits."""
-        if seq.handle.cancelled:
-            self._finish(seq, "cancelled")
-            return None
+    def _admit_all(self, arrivals: list[_Sequence]) -> list[_Batch]:
+        """Prefill the arrivals, those whose prefills are the same computation together (left-padded, one forward
+        per group); each one's first token comes from its prefill's logits."""
+        live = []
+        for seq in arrivals:
+            if seq.handle.cancelled:
+                self._finish(seq, "cancelled")
+            else:
+                live.append(seq)
+        if not self.native:  # a cache that is not regrouped: each sequence its own batch of one
+            groups = [[seq] for seq in live]
+        else:
+            by_kind: dict[tuple[str, int], list[_Sequence]] = {}
+            for seq in live:
+                by_kind.setdefault(self._prefill_kind(seq), []).append(seq)
+            groups = list(by_kind.values())
+        return [batch for group in groups if (batch := self._prefill(group)) is not None]
+
+    def _prefill_kind(self, seq: _Sequence) -> tuple[str, int]:
+        """Which prefill computation a sequence needs: arrivals of one kind share a forward."""
         request = seq.request
-        ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
+        if request.mode == "fused":
+            return "fused", useful_passes(request.prefill_passes, len(request.prompt_ids))
+        if request.mode == "exact" and not self._interleaves(seq):
+            return "exact", 0
+        # standard and soft prompts, and an interleaved exact prompt's first token (always plain): one plain pass
+        return "plain", 0
+
+    def _interleaves(self, seq: _Sequence) -> bool:
+        """Does this exact-mode prompt feed its tokens after the first inside decoding steps? Sequential exact
+        prefill (chunks of one) is fused decoding with the prompt's tokens in place of sampled ones, so it runs
+        as one more row of the batch and a long prompt never stalls the running streams."""
+        return (self.interleave_prefill and self.native and seq.request.mode == "exact" and self.exact_chunk_size == 1
+                and self.model.fuse is not None)
+
+    def _prefill(self, group: list[_Sequence]) -> _Batch | None:
+        kind, passes = self._prefill_kind(group[0])
+        prompts = [list(s.request.prompt_ids) for s in group]
+        for seq, prompt in zip(group, prompts, strict=True):
+            if kind == "plain" and seq.request.mode == "exact":
+                seq.feed = prompt[1:]
+                del prompt[1:]
+        ids, mask = left_pad(prompts)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        # A native cache is repacked at once, so it needs the prompt alone; another keeps growing as it decodes.
+        room = ids.shape[1] if self.native else len(group[0].request.prompt_ids) + group[0].request.sampling.max_tokens
+        mode = {"plain": "soft" if any(s.request.mode != "standard" for s in group) else "standard"}.get(kind, kind)
         try:
-            state = prefill(self.model, ids, torch.ones_like(ids), request.mode,
-                            len(request.prompt_ids) + request.sampling.max_tokens,
-                            useful_passes(request.prefill_passes, len(request.prompt_ids)), self.exact_chunk_size)
-        except Exception as err:  # this request alone fails
+            state = prefill(self.model, ids, mask, mode, room, passes, self.exact_chunk_size)
+        except Exception as err:  # these requests alone fail
             log.exception("prefill failed")
-            self._finish(seq, "error", f"prefill failed: {err}")
+            for seq in group:
+                self._finish(seq, "error", f"prefill failed: {err}")
             return None
-        self.prompt_tokens += len(request.prompt_ids)
-        seq.fused = state.carried is not None
-        batch = _Batch([seq], state.cache, state.carried, state.next_logits)
+        self.prefills += 1
+        self.batched_prefills += len(group) > 1
+        self.prompt_tokens += sum(len(s.request.prompt_ids) for s in group)
+        for seq in group:
+            seq.fused = state.carried is not None and seq.request.mode != "standard"
+        batch = _Batch(group, state.cache, state.carried, state.next_logits)
         self._emit_tokens(batch)
-        return batch if not seq.done else None
+        return batch if any(not s.done for s in group) else None
 
     def _step(self, batch: _Batch) -> None:
         """Feed every row its last token: one forward for the whole batch."""
@@ -306,7 +361,10 @@ class Engine:
         if not live:
             return
         B = len(batch.sequences)
-        tokens = torch.tensor([[s.last_token if not s.done else 0] for s in batch.sequences], device=self.device)
+        fed = [s.feed.pop(0) if s.feed and not s.done else None for s in batch.sequences]
+        self.interleaved_prompt_tokens += sum(t is not None for t in fed)
+        tokens = torch.tensor([[t if t is not None else s.last_token if not s.done else 0]
+                               for s, t in zip(batch.sequences, fed, strict=True)], device=self.device)
         # Fused rows feed their carried state into every generated position; plain rows never do.
         never = self.context + 1
         plain_prefix = torch.tensor([1 if s.fused else never for s in batch.sequences], device=self.device)
@@ -326,7 +384,7 @@ class Engine:
         greedy = logits.argmax(dim=-1).tolist()
         logprobs = None
         for row, seq in enumerate(batch.sequences):
-            if seq.done:
+            if seq.done or seq.feed:  # a row still feeding its prompt has no token to choose yet
                 continue
             if seq.handle.cancelled:
                 self._finish(seq, "cancelled")
@@ -389,7 +447,8 @@ class Engine:
         lengths = [int(b.cache.next_position[i]) for b, i in rows]  # type: ignore[attr-defined]
         L = max(lengths)
         # Rows advance together: the cache needs room for the row with the most feeds still to come.
-        remaining = max(b.sequences[i].request.sampling.max_tokens - b.sequences[i].generated for b, i in rows)
+        remaining = max(len(b.sequences[i].feed) + b.sequences[i].request.sampling.max_tokens - b.sequences[i].generated
+                        for b, i in rows)
         cache: KVCache = self.model.new_cache(len(rows), min(self.context, L + remaining))
         for new_row, ((b, i), n) in enumerate(zip(rows, lengths, strict=True)):
             src: KVCache = b.cache  # type: ignore[assignment]

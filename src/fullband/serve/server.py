@@ -34,7 +34,8 @@ def build_app(cfg: ServeConfig) -> Any:
     # native, retrofitted or hf:PATH; the KV cache takes the weights' dtype
     model = load_any(cfg.checkpoint, device=resolve_device(cfg.device), dtype=getattr(torch, cfg.dtype))
     tokenizer = load_tokenizer(checkpoint_dir(cfg.checkpoint))
-    engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, exact_chunk_size=cfg.exact_chunk_size)
+    engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, exact_chunk_size=cfg.exact_chunk_size,
+                    interleave_prefill=cfg.interleave_prefill)
     name = cfg.model_name or Path(str(cfg.checkpoint).removeprefix("hf:")).resolve().name
     defaults = Defaults(cfg.mode, cfg.prefill_passes, cfg.max_tokens, cfg.temperature)
     api_key = cfg.resolved_api_key(os.environ)
