@@ -16,7 +16,7 @@ import uvicorn
 from fullband import FullBandwidthLM, ModelConfig
 from fullband.data import ByteTokenizer
 from fullband.serve.app import Defaults, Limits, create_app
-from fullband.serve.engine import Engine
+from fullband.serve.engine import Engine, FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 
 VOCAB = 257  # the byte tokenizer's 256 bytes + eos
 
@@ -143,3 +143,43 @@ def wait_until_idle(server: LiveServer, seconds: float = 5.0) -> dict:
         if (health["active"] == 0 and health["queued"] == 0) or time.monotonic() > deadline:
             return health
         time.sleep(0.02)
+
+
+# ---------------------------------------------------------------- the engine without HTTP
+
+
+class Collector:
+    """Events of one request, with the time each came."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.times: list[float] = []
+        self.finish: str | None = None
+        self.done = threading.Event()
+
+    def __call__(self, event) -> None:
+        if isinstance(event, TokenEvent):
+            self.tokens.append(event.token_id)
+            self.logprobs.append(event.logprob)
+            self.times.append(time.perf_counter())
+        elif isinstance(event, FinishEvent):
+            self.finish = event.reason
+            self.done.set()
+
+
+def run_engine(engine: Engine, requests: list[GenerationRequest]) -> list[Collector]:
+    """Queue every request before the engine starts, so its first iteration admits them together."""
+    collectors = [Collector() for _ in requests]
+    engine.submit(requests, collectors)
+    engine.start()
+    try:
+        for c in collectors:
+            assert c.done.wait(120)
+    finally:
+        engine.close()
+    return collectors
+
+
+def request(prompt: list[int], mode: str, max_tokens: int = 6, passes: int = 1, logprobs: int | None = None):
+    return GenerationRequest(tuple(prompt), mode, SamplingParams(max_tokens, 0.0, logprobs=logprobs), passes)

@@ -4,55 +4,17 @@ request alone, an interleaved exact prefill is bit-identical to the whole one, a
 
 from __future__ import annotations
 
-import threading
 import time
 
 import httpx
 import pytest
 import torch
 from conftest import make_model
-from serve_fixtures import ids_of, server_fixture  # noqa: F401 (fixture)
+from serve_fixtures import Collector, ids_of, request, run_engine, server_fixture  # noqa: F401 (fixture)
 
-from fullband.serve.engine import Engine, FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+from fullband.serve.engine import Engine
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
-
-
-class Collector:
-    """Events of one request, with the time each came."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.times: list[float] = []
-        self.finish: str | None = None
-        self.done = threading.Event()
-
-    def __call__(self, event) -> None:
-        if isinstance(event, TokenEvent):
-            self.tokens.append(event.token_id)
-            self.logprobs.append(event.logprob)
-            self.times.append(time.perf_counter())
-        elif isinstance(event, FinishEvent):
-            self.finish = event.reason
-            self.done.set()
-
-
-def run_engine(engine: Engine, requests: list[GenerationRequest]) -> list[Collector]:
-    """Queue every request before the engine starts, so its first iteration admits them together."""
-    collectors = [Collector() for _ in requests]
-    engine.submit(requests, collectors)
-    engine.start()
-    try:
-        for c in collectors:
-            assert c.done.wait(120)
-    finally:
-        engine.close()
-    return collectors
-
-
-def request(prompt: list[int], mode: str, max_tokens: int = 6, passes: int = 1, logprobs: int | None = None):
-    return GenerationRequest(tuple(prompt), mode, SamplingParams(max_tokens, 0.0, logprobs=logprobs), passes)
 
 
 def test_interleaved_exact_prefill_is_bit_identical_to_the_whole_one():

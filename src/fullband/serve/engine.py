@@ -5,21 +5,22 @@ One background thread owns every active sequence. Each loop iteration it
 1. admits queued requests up to ``max_batch``: arrivals whose prefills are the same computation are prefilled
    together in one left-padded forward (standard and soft prompts, and the first token of a sequential exact
    prompt, in one plain pass; fused prompts by their pass count), and each samples its first token;
-2. decodes every active sequence together in one forward (one batch for native models); a sequential exact
+2. decodes every active sequence together in one forward; a sequential exact
    prompt feeds its remaining tokens here, one per step, as fused decoding with the prompt's tokens in place of
    sampled ones, which is the sequential exact prefill itself (the same forwards: bit-identical alone), so a long
    exact prompt never stalls the running streams;
 3. hands each sequence its token and retires the finished and the cancelled at once.
 
 A sequence's decoding state is its KV cache rows plus its last carried state ``h`` (DESIGN.md §4). The batch
-keeps the rows right-aligned in one :class:`~fullband.model.KVCache` (left padding, as batched decoding does), so
-a row at any length decodes next to any other; whenever the membership changes the rows are copied into a fresh
-cache whose padded length is the longest row's, which keeps it within the model context. Modes mix in one step:
+keeps the rows right-aligned in one cache (left padding, as batched decoding does), so a row at any length decodes
+next to any other; whenever the membership changes the rows are copied into a fresh cache whose padded length is
+the longest row's, which keeps it within the model context (:mod:`~fullband.serve.batching`: the native KVCache and
+a retrofitted model's transformers cache alike). Modes mix in one step:
 a row is fused (soft, fused, exact) or plain (standard) through a per-row ``plain_prefix``, and its own carried
 state. Greedy tokens are those of the same request decoded alone (``tests/serve`` checks it).
 
-Models whose cache is not a native :class:`KVCache` (retrofitted transformers) decode each sequence as its own
-batch of one, in the same loop.
+A model whose cache rows cannot be gathered (a transformers cache with sliding-window layers) decodes each sequence
+as its own batch of one, in the same loop.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ import torch
 from fullband.config import DECODING_MODES
 from fullband.generation.decoding import left_pad, prefill
 from fullband.generation.sampling import sample_next
-from fullband.model import FeedbackLM, KVCache
+from fullband.model import FeedbackLM
+from fullband.model.kv_cache import CacheSlots
+from fullband.serve.batching import gather_rows, regroupable
 
 log = logging.getLogger("fullband.serve")
 
@@ -127,7 +130,7 @@ class _Batch:
     """Sequences decoded in lockstep: one cache row, one carried state row and one logits row each."""
 
     sequences: list[_Sequence]
-    cache: object  # KVCache (native) or the model's own cache (a batch of one)
+    cache: CacheSlots  # one row per sequence
     carried: torch.Tensor | None  # (B, D); rows of plain sequences are unused
     logits: torch.Tensor = field(default=None)  # type: ignore[assignment]  # (B, V) next-token logits
 
@@ -143,8 +146,9 @@ class Engine:
         self.max_queue = max_queue
         self.exact_chunk_size = exact_chunk_size
         self.interleave_prefill = interleave_prefill
-        # Only a native KVCache is regrouped (its rows copied into a fresh batch cache); other caches decode alone.
-        self.native = isinstance(model.new_cache(1, 1), KVCache)
+        # Whether rows of this model's cache can be gathered into one batch cache (serve.batching); if not, each
+        # sequence decodes as its own batch of one.
+        self.regroups = regroupable(model.new_cache(1, 1))
         self.device = model.embed.weight.device
         self.vocab_size = int(model.config.vocab_size)
         self.context = int(model.config.max_seq_len)
@@ -301,7 +305,7 @@ class Engine:
                 self._finish(seq, "cancelled")
             else:
                 live.append(seq)
-        if not self.native:  # a cache that is not regrouped: each sequence its own batch of one
+        if not self.regroups:  # a cache that is not regrouped: each sequence its own batch of one
             groups = [[seq] for seq in live]
         else:
             by_kind: dict[tuple[str, int], list[_Sequence]] = {}
@@ -324,7 +328,7 @@ class Engine:
         """Does this exact-mode prompt feed its tokens after the first inside decoding steps? Sequential exact
         prefill (chunks of one) is fused decoding with the prompt's tokens in place of sampled ones, so it runs
         as one more row of the batch and a long prompt never stalls the running streams."""
-        return (self.interleave_prefill and self.native and seq.request.mode == "exact" and self.exact_chunk_size == 1
+        return (self.interleave_prefill and self.regroups and seq.request.mode == "exact" and self.exact_chunk_size == 1
                 and self.model.fuse is not None)
 
     def _prefill(self, group: list[_Sequence]) -> _Batch | None:
@@ -336,8 +340,10 @@ class Engine:
                 del prompt[1:]
         ids, mask = left_pad(prompts)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        # A native cache is repacked at once, so it needs the prompt alone; another keeps growing as it decodes.
-        room = ids.shape[1] if self.native else len(group[0].request.prompt_ids) + group[0].request.sampling.max_tokens
+        # A regrouped cache is gathered into the batch cache at once, so it needs room for the prompt alone; a batch
+        # of one decodes on in its prefill cache.
+        first = group[0].request
+        room = ids.shape[1] if self.regroups else len(first.prompt_ids) + first.sampling.max_tokens
         mode = {"plain": "soft" if any(s.request.mode != "standard" for s in group) else "standard"}.get(kind, kind)
         try:
             state = prefill(self.model, ids, mask, mode, room, passes, self.exact_chunk_size)
@@ -432,31 +438,25 @@ class Engine:
     # ------------------------------------------------------------------ batch membership
 
     def _regroup(self, joined: list[_Batch]) -> None:
-        """Drop finished rows and merge newly prefilled sequences into the running batch."""
+        """Drop finished rows and merge newly prefilled sequences into the running batch (a cache whose rows cannot
+        be gathered keeps each sequence as its own batch)."""
         batches = [*self._batches, *joined]
         changed = bool(joined) or any(s.done for b in batches for s in b.sequences)
         if not changed:
             return
-        native = [b for b in batches if isinstance(b.cache, KVCache)]
-        others = [b for b in batches if not isinstance(b.cache, KVCache) and not b.sequences[0].done]
-        rows = [(b, i) for b in native for i, s in enumerate(b.sequences) if not s.done]
-        self._batches = ([self._repack(rows)] if rows else []) + others
+        if not self.regroups:
+            self._batches = [b for b in batches if not b.sequences[0].done]
+            return
+        rows = [(b, i) for b in batches for i, s in enumerate(b.sequences) if not s.done]
+        self._batches = [self._repack(rows)] if rows else []
 
     def _repack(self, rows: list[tuple[_Batch, int]]) -> _Batch:
         """One batch of ``rows`` (source batch, row): each row's cached tokens right-aligned in a fresh cache."""
-        lengths = [int(b.cache.next_position[i]) for b, i in rows]  # type: ignore[attr-defined]
-        L = max(lengths)
+        L = max(int(b.cache.next_position[i]) for b, i in rows)
         # Rows advance together: the cache needs room for the row with the most feeds still to come.
         remaining = max(len(b.sequences[i].feed) + b.sequences[i].request.sampling.max_tokens - b.sequences[i].generated
                         for b, i in rows)
-        cache: KVCache = self.model.new_cache(len(rows), min(self.context, L + remaining))
-        for new_row, ((b, i), n) in enumerate(zip(rows, lengths, strict=True)):
-            src: KVCache = b.cache  # type: ignore[assignment]
-            cache.keys[:, new_row, :, L - n : L] = src.keys[:, i, :, src.length - n : src.length]
-            cache.values[:, new_row, :, L - n : L] = src.values[:, i, :, src.length - n : src.length]
-            cache.valid[new_row, L - n : L] = True
-        cache.next_position[:] = torch.tensor(lengths, device=self.device)
-        cache.length = L
+        cache = gather_rows(self.model, [(b.cache, i) for b, i in rows], min(self.context, L + remaining))
         sequences = [b.sequences[i] for b, i in rows]
         logits = torch.stack([b.logits[i] for b, i in rows])
         carried = None
