@@ -3,12 +3,16 @@ the engine batches: the native :class:`~fullband.model.KVCache` and a retrofitte
 DynamicCache with full-attention layers, behind the same :class:`~fullband.model.kv_cache.CacheSlots` bookkeeping).
 
 Each row's cached tokens are copied right-aligned (left padding, as batched decoding does), so rows of any length
-decode side by side; ``valid`` marks the real slots and ``next_position`` keeps each row's RoPE position.
+decode side by side; ``valid`` marks the real slots and ``next_position`` keeps each row's RoPE position. When the
+engine goes idle, :func:`release_free_memory` hands the freed batch caches' memory back to the OS.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import ctypes
+import functools
+import sys
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -53,3 +57,21 @@ def gather_rows(model: FeedbackLM, rows: Sequence[Row], capacity: int) -> CacheS
     cache.next_position[:] = torch.tensor(lengths, device=cache.next_position.device)
     cache.length = L
     return cache
+
+
+def release_free_memory() -> None:
+    """glibc keeps freed heap memory (the per-step caches of a busy batch) for reuse; return it when idle, so a
+    server's resident size falls back after a burst. A no-op where glibc's malloc_trim is not available."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    if sys.platform != "linux":
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None

@@ -26,90 +26,41 @@ as its own batch of one, in the same loop.
 from __future__ import annotations
 
 import collections
-import ctypes
-import functools
 import itertools
 import logging
 import secrets
-import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from fullband.config import DECODING_MODES
 from fullband.generation.decoding import left_pad, prefill
 from fullband.generation.sampling import sample_next
 from fullband.model import FeedbackLM
 from fullband.model.kv_cache import CacheSlots
-from fullband.serve.batching import gather_rows, regroupable
+from fullband.serve.batching import gather_rows, regroupable, release_free_memory
+from fullband.serve.requests import (
+    MAX_TOP_LOGPROBS,
+    MIN_TEMPERATURE,
+    Event,
+    FinishEvent,
+    GenerationRequest,
+    Handle,
+    Listener,
+    QueueFull,
+    RequestError,
+    SamplingParams,
+    TokenEvent,
+    useful_passes,
+    validate_request,
+)
 
 log = logging.getLogger("fullband.serve")
 
-MAX_TOP_LOGPROBS = 20
-# Below this a temperature is greedy: logits / 1e-320 overflow to inf, and the limit T -> 0 of sampling is argmax.
-MIN_TEMPERATURE = 1e-5
+__all__ = ["MAX_TOP_LOGPROBS", "Engine", "FinishEvent", "GenerationRequest", "Handle", "QueueFull", "RequestError",
+           "SamplingParams", "TokenEvent"]
 
-
-class RequestError(ValueError):
-    """A request the engine cannot run; ``param`` names the offending field."""
-
-    def __init__(self, param: str | None, message: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class QueueFull(RuntimeError):
-    """Every batch slot and queue place is taken: try again later (HTTP 429)."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    logprobs: int | None = None  # alternatives per token besides the chosen one's log-probability; None = none
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    prompt_ids: tuple[int, ...]
-    mode: str
-    sampling: SamplingParams
-    prefill_passes: int = 1
-
-
-@dataclass
-class TokenEvent:
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
-
-
-@dataclass
-class FinishEvent:
-    reason: str  # "stop" (stop token) | "length" (max_tokens) | "cancelled" | "error"
-    error: str | None = None
-
-
-Event = TokenEvent | FinishEvent
-Listener = Callable[[Event], None]
-
-
-class Handle:
-    """What :meth:`Engine.submit` returns: cancel the request (the client went away, a stop string matched)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        self._engine._wake()
 
 
 @dataclass
@@ -194,41 +145,13 @@ class Engine:
 
     def validate(self, request: GenerationRequest) -> None:
         """Raise :class:`RequestError` naming the field for anything the model cannot run."""
-        s = request.sampling
-        if request.mode not in DECODING_MODES:
-            raise RequestError("mode", f"mode {request.mode!r} is unknown: use one of {', '.join(DECODING_MODES)}")
-        if not _is_int(request.prefill_passes) or request.prefill_passes < 0:
-            raise RequestError("prefill_passes",
-                               f"prefill_passes must be an integer >= 0, got {request.prefill_passes!r}")
-        if not _is_int(s.max_tokens) or s.max_tokens < 1:
-            raise RequestError("max_tokens", f"max_tokens must be an integer >= 1, got {s.max_tokens!r}")
-        if not s.temperature >= 0:
-            raise RequestError("temperature", f"temperature must be >= 0, got {s.temperature!r}")
-        if s.seed is not None and not (_is_int(s.seed) and -(2**63) <= s.seed < 2**64):  # what torch's seeding takes
-            raise RequestError("seed", f"seed must be in -2**63 .. 2**64 - 1, got {s.seed!r}")
-        if not 0 < s.top_p <= 1:
-            raise RequestError("top_p", f"top_p must be in (0, 1], got {s.top_p!r}")
-        if s.logprobs is not None and not 0 <= s.logprobs <= MAX_TOP_LOGPROBS:
-            raise RequestError("logprobs", f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {s.logprobs!r}")
-        prompt = request.prompt_ids
-        if len(prompt) == 0:
-            raise RequestError("prompt", "the prompt is empty: give at least one token")
-        if bad := [t for t in prompt if not (_is_int(t) and 0 <= t < self.vocab_size)]:
-            raise RequestError("prompt", f"token id {bad[0]!r} is out of range: this model's ids are "
-                                         f"0..{self.vocab_size - 1}")
-        if len(prompt) >= self.context:
-            raise RequestError("prompt", f"the prompt has {len(prompt)} tokens but the model's context is "
-                                         f"{self.context}: shorten it to at most {self.context - 1}")
-        if len(prompt) + s.max_tokens > self.context:
-            raise RequestError("max_tokens", f"max_tokens={s.max_tokens} is too many: the prompt has {len(prompt)} "
-                                             f"tokens and the context is {self.context}; use at most "
-                                             f"{self.context - len(prompt)}")
+        validate_request(request, self.vocab_size, self.context)
 
     def submit(self, requests: Sequence[GenerationRequest], listeners: Sequence[Listener]) -> list[Handle]:
         """Queue ``requests`` together (all or none); raises RequestError, or QueueFull when there is no room."""
         for request in requests:
             self.validate(request)
-        handles = [Handle(self) for _ in requests]
+        handles = [Handle(self._wake) for _ in requests]
         with self._cond:
             if self._closing:
                 raise QueueFull("the server is shutting down")
@@ -252,7 +175,7 @@ class Engine:
         torch.set_grad_enabled(False)  # grad mode is per thread
         while True:
             if not self._pending and not self._batches:
-                _release_free_memory()  # idle: hand the batch caches' freed memory back to the OS
+                release_free_memory()  # idle: hand the batch caches' freed memory back to the OS
             with self._cond:
                 while not self._closing and not self._pending and not self._batches:
                     self._cond.wait()
@@ -464,32 +387,3 @@ class Engine:
             zeros = torch.zeros(self.model.config.d_model, dtype=self.model.embed.weight.dtype, device=self.device)
             carried = torch.stack([b.carried[i] if b.carried is not None else zeros for b, i in rows])
         return _Batch(sequences, cache, carried, logits)
-
-
-def useful_passes(prefill_passes: int, prompt_len: int) -> int:
-    """Fused mode's extra prompt passes, capped where they stop changing anything: after 1 + (T - 1) passes a
-    T-token prompt is exact (DESIGN.md §2) and every further pass reproduces it, so a request cannot hold the engine
-    for millions of passes."""
-    return min(prefill_passes, prompt_len - 1)
-
-
-def _release_free_memory() -> None:
-    """glibc keeps freed heap memory (the per-step caches of a busy batch) for reuse; return it when idle, so a
-    server's resident size falls back after a burst. A no-op where glibc's malloc_trim is not available."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    if sys.platform != "linux":
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
