@@ -17,18 +17,21 @@ from fullband.serve.engine import Engine
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
-def test_interleaved_exact_prefill_is_bit_identical_to_the_whole_one():
-    """float32, one request: the same forwards in the same order, so the same logits to the last bit."""
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_interleaved_exact_prefill_is_bit_identical_to_the_whole_one(chunk):
+    """float32, one request: the same forwards in the same order, so the same logits to the last bit. Chunks of
+    one ride in the decoding steps; larger exact Jacobi chunks run one per engine iteration."""
     model = make_model(dtype=torch.float32, max_seq_len=128)
-    prompt = [(7 * i + 3) % 60 for i in range(40)]
+    prompt = [(7 * i + 3) % 60 for i in range(42)]
     runs = {}
     for interleave in (True, False):
-        engine = Engine(model, max_batch=4, interleave_prefill=interleave)
+        engine = Engine(model, max_batch=4, exact_chunk_size=chunk, interleave_prefill=interleave)
         [c] = run_engine(engine, [request(prompt, "exact", 8, logprobs=0)])
         runs[interleave] = (c.tokens, c.logprobs)
-        assert engine.interleaved_prompt_tokens == (len(prompt) - 1 if interleave else 0)
+        assert engine.interleaved_prompt_tokens == (len(prompt) - 1 if interleave and chunk == 1 else 0)
+        assert engine.prefill_chunks == (11 if interleave and chunk == 4 else 0)  # ceil(42 / 4)
     assert runs[True] == runs[False]
-    assert runs[True][0] == model.generate(prompt, 8, "exact")[len(prompt):]
+    assert runs[True][0] == model.generate(prompt, 8, "exact", exact_chunk_size=chunk)[len(prompt):]
 
 
 def test_arrivals_prefill_together_and_each_gets_its_tokens_alone():
@@ -46,10 +49,12 @@ def test_arrivals_prefill_together_and_each_gets_its_tokens_alone():
     assert engine.interleaved_prompt_tokens == 5 + 2
 
 
-def test_a_long_exact_prefill_does_not_stall_a_running_stream():
-    """While a 100-token exact prompt prefills, a running stream gets a token at every step."""
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_a_long_exact_prefill_does_not_stall_a_running_stream(chunk):
+    """While a 100-token exact prompt prefills, a running stream gets a token at every step (chunks of one) or at
+    every exact chunk (chunks of 4: 25 of them)."""
     model = make_model(dtype=torch.float32, max_seq_len=256)
-    engine = Engine(model, max_batch=4).start()
+    engine = Engine(model, max_batch=4, exact_chunk_size=chunk).start()
     try:
         running = Collector()
         engine.submit([request([4, 2], "soft", 150)], [running])
@@ -63,10 +68,11 @@ def test_a_long_exact_prefill_does_not_stall_a_running_stream():
         engine.close()
     prompt_done = long.times[0]  # its first token comes once its whole prompt is in
     during = [t for t in running.times if t < prompt_done]
-    assert len(running.tokens) == 150 and engine.interleaved_prompt_tokens == 99
-    # the running stream got tokens while the prompt was fed (99 steps), not only before and after it
-    assert len(during) >= 5 + 90, (len(during), len(running.tokens))
-    assert long.tokens == model.generate(prompt, 3, "exact")[100:]
+    assert len(running.tokens) == 150
+    assert (engine.interleaved_prompt_tokens, engine.prefill_chunks) == ((99, 0) if chunk == 1 else (0, 25))
+    # the running stream got tokens while the prompt was fed, not only before and after it
+    assert len(during) >= 5 + (90 if chunk == 1 else 22), (len(during), len(running.tokens))
+    assert long.tokens == model.generate(prompt, 3, "exact", exact_chunk_size=chunk)[100:]
 
 
 def test_metrics_count_prefills_and_interleaved_prompt_tokens(server):

@@ -350,3 +350,5 @@ class _EngineCollector:
         yield CounterMetricFamily("fullband_interleaved_prompt_tokens",
                                   "Exact-mode prompt tokens fed inside decoding steps (sequential exact prefill "
                                   "interleaved with the running streams).", value=e.interleaved_prompt_tokens)
+        yield CounterMetricFamily("fullband_prefill_chunks", "Exact Jacobi prompt chunks prefilled one per engine "
+                                  "iteration, between decoding steps (exact_chunk_size > 1).", value=e.prefill_chunks)

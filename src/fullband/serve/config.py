@@ -32,13 +32,16 @@ class ServeConfig:
     mode: str = doc(DEFAULT_MODE, "Default decoding mode: standard | soft | fused | exact (a request's `mode` wins).")
     prefill_passes: int = doc(1, "Default extra fused prompt passes in fused mode (a request's field wins).")
     exact_chunk_size: int = doc(1, "exact mode: prompt chunk per exact Jacobi solve (1 = sequential).")
-    interleave_prefill: bool = doc(True, "Sequential exact-mode prompts (exact_chunk_size 1) feed their tokens one "
-                                   "per decoding step beside the running streams (bit-identical to prefilling the "
-                                   "whole prompt first, which false does: then a long exact prompt stalls them).")
+    interleave_prefill: bool = doc(True, "Exact-mode prompts prefill between decoding steps: one token per step "
+                                   "(exact_chunk_size 1) or one exact chunk per engine iteration, bit-identical to "
+                                   "prefilling the whole prompt first, which false does (a long exact prompt then "
+                                   "stalls the running streams).")
     max_tokens: int = doc(16, "Default max_tokens of a request that gives none (the OpenAI default).")
     temperature: float = doc(1.0, "Default temperature of a request that gives none (the OpenAI default).")
     model_name: str = doc("", "Model id reported by /v1/models and in responses (default: the checkpoint name).")
-    graceful_timeout: float = doc(10.0, "Seconds Ctrl-C / SIGTERM waits for in-flight requests before cancelling.")
+    graceful_timeout: float = doc(10.0, "Shutdown grace: after Ctrl-C / SIGTERM new connections are refused and "
+                                  "in-flight requests get this many seconds to finish; the rest are cut off (never "
+                                  "marked complete); SIGTERM then exits 0.")
     log_level: str = doc("info", "uvicorn log level: critical | error | warning | info | debug.")
     device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
     dtype: str = doc("float32", f"Model and KV-cache dtype: one of {SERVE_DTYPES} (bfloat16 halves the memory; fast on "

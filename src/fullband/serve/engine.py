@@ -31,15 +31,13 @@ import logging
 import secrets
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 
-from fullband.generation.decoding import left_pad, prefill
 from fullband.generation.sampling import sample_next
 from fullband.model import FeedbackLM
-from fullband.model.kv_cache import CacheSlots
 from fullband.serve.batching import gather_rows, regroupable, release_free_memory
+from fullband.serve.prefill import Admission, _Batch, _Chunked, _Sequence
 from fullband.serve.requests import (
     MAX_TOP_LOGPROBS,
     MIN_TEMPERATURE,
@@ -52,7 +50,6 @@ from fullband.serve.requests import (
     RequestError,
     SamplingParams,
     TokenEvent,
-    useful_passes,
     validate_request,
 )
 
@@ -63,30 +60,7 @@ __all__ = ["MAX_TOP_LOGPROBS", "Engine", "FinishEvent", "GenerationRequest", "Ha
 
 
 
-@dataclass
-class _Sequence:
-    request: GenerationRequest
-    listener: Listener
-    handle: Handle
-    generator: torch.Generator
-    generated: int = 0
-    last_token: int = -1
-    fused: bool = False
-    done: bool = False
-    feed: list[int] = field(default_factory=list)  # exact-mode prompt tokens still to feed, one per decoding step
-
-
-@dataclass
-class _Batch:
-    """Sequences decoded in lockstep: one cache row, one carried state row and one logits row each."""
-
-    sequences: list[_Sequence]
-    cache: CacheSlots  # one row per sequence
-    carried: torch.Tensor | None  # (B, D); rows of plain sequences are unused
-    logits: torch.Tensor = field(default=None)  # type: ignore[assignment]  # (B, V) next-token logits
-
-
-class Engine:
+class Engine(Admission):
     """Continuous batching over one model. Thread-safe :meth:`submit`; events go to each request's listener
     (called on the engine thread: keep it short and non-blocking)."""
 
@@ -106,6 +80,7 @@ class Engine:
         self._pending: collections.deque[_Sequence] = collections.deque()
         self._batches: list[_Batch] = []
         self._admitting: list[_Sequence] = []  # taken from the queue, not yet in a batch: they hold slots too
+        self._chunked: list[_Chunked] = []  # exact prompts being prefilled chunk by chunk: they hold slots too
         self._cond = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -118,6 +93,7 @@ class Engine:
         self.prefills = 0  # prefill forwards (one per group of arrivals)
         self.batched_prefills = 0  # ... of which prefilled more than one request at once
         self.interleaved_prompt_tokens = 0  # exact-mode prompt tokens fed inside decoding steps
+        self.prefill_chunks = 0  # exact Jacobi chunks prefilled one per engine iteration
 
     # ------------------------------------------------------------------ public
 
@@ -127,7 +103,8 @@ class Engine:
 
     @property
     def active(self) -> int:
-        running = itertools.chain(self._admitting, *(b.sequences for b in list(self._batches)))
+        running = itertools.chain(self._admitting, (c.seq for c in list(self._chunked)),
+                                  *(b.sequences for b in list(self._batches)))
         return sum(not s.done for s in running)
 
     def start(self) -> Engine:
@@ -174,10 +151,10 @@ class Engine:
     def _loop(self) -> None:
         torch.set_grad_enabled(False)  # grad mode is per thread
         while True:
-            if not self._pending and not self._batches:
+            if not self._pending and not self._batches and not self._chunked:
                 release_free_memory()  # idle: hand the batch caches' freed memory back to the OS
             with self._cond:
-                while not self._closing and not self._pending and not self._batches:
+                while not self._closing and not self._pending and not self._batches and not self._chunked:
                     self._cond.wait()
                 if self._closing:
                     break
@@ -195,94 +172,31 @@ class Engine:
                 self._iteration(arrivals)
             except Exception as err:  # a bug, not a bad request (those are validated): fail what is running
                 log.exception("engine step failed; failing the active sequences")
-                for seq in itertools.chain(arrivals, *(b.sequences for b in self._batches)):
+                for seq in itertools.chain(arrivals, self._running()):
                     if not seq.done:
                         self._finish(seq, "error", f"internal error: {err}")
-                self._batches = []
+                self._batches, self._chunked = [], []
         with self._cond:
             left = list(self._pending)
             self._pending.clear()
-        for seq in itertools.chain(left, *(b.sequences for b in self._batches)):
+        for seq in itertools.chain(left, self._running()):
             if not seq.done:
                 self._finish(seq, "cancelled")
-        self._batches = []
+        self._batches, self._chunked = [], []
+
+    def _running(self) -> list[_Sequence]:
+        return [*(c.seq for c in self._chunked), *(s for b in self._batches for s in b.sequences)]
 
     def _iteration(self, arrivals: list[_Sequence]) -> None:
-        for batch in self._batches:  # a cancelled sequence leaves before the next step, not after it
-            for seq in batch.sequences:
-                if seq.handle.cancelled and not seq.done:
-                    self._finish(seq, "cancelled")
-        joined = self._admit_all(arrivals)
+        for seq in self._running():  # a cancelled sequence leaves before the next step, not after it
+            if seq.handle.cancelled and not seq.done:
+                self._finish(seq, "cancelled")
+        joined = self._admit_all(arrivals) + self._advance_chunked()
         self._regroup(joined)
         self._admitting = []
         for batch in self._batches:
             self._step(batch)
         self._regroup([])
-
-    def _admit_all(self, arrivals: list[_Sequence]) -> list[_Batch]:
-        """Prefill the arrivals, those whose prefills are the same computation together (left-padded, one forward
-        per group); each one's first token comes from its prefill's logits."""
-        live = []
-        for seq in arrivals:
-            if seq.handle.cancelled:
-                self._finish(seq, "cancelled")
-            else:
-                live.append(seq)
-        if not self.regroups:  # a cache that is not regrouped: each sequence its own batch of one
-            groups = [[seq] for seq in live]
-        else:
-            by_kind: dict[tuple[str, int], list[_Sequence]] = {}
-            for seq in live:
-                by_kind.setdefault(self._prefill_kind(seq), []).append(seq)
-            groups = list(by_kind.values())
-        return [batch for group in groups if (batch := self._prefill(group)) is not None]
-
-    def _prefill_kind(self, seq: _Sequence) -> tuple[str, int]:
-        """Which prefill computation a sequence needs: arrivals of one kind share a forward."""
-        request = seq.request
-        if request.mode == "fused":
-            return "fused", useful_passes(request.prefill_passes, len(request.prompt_ids))
-        if request.mode == "exact" and not self._interleaves(seq):
-            return "exact", 0
-        # standard and soft prompts, and an interleaved exact prompt's first token (always plain): one plain pass
-        return "plain", 0
-
-    def _interleaves(self, seq: _Sequence) -> bool:
-        """Does this exact-mode prompt feed its tokens after the first inside decoding steps? Sequential exact
-        prefill (chunks of one) is fused decoding with the prompt's tokens in place of sampled ones, so it runs
-        as one more row of the batch and a long prompt never stalls the running streams."""
-        return (self.interleave_prefill and self.regroups and seq.request.mode == "exact" and self.exact_chunk_size == 1
-                and self.model.fuse is not None)
-
-    def _prefill(self, group: list[_Sequence]) -> _Batch | None:
-        kind, passes = self._prefill_kind(group[0])
-        prompts = [list(s.request.prompt_ids) for s in group]
-        for seq, prompt in zip(group, prompts, strict=True):
-            if kind == "plain" and seq.request.mode == "exact":
-                seq.feed = prompt[1:]
-                del prompt[1:]
-        ids, mask = left_pad(prompts)
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        # A regrouped cache is gathered into the batch cache at once, so it needs room for the prompt alone; a batch
-        # of one decodes on in its prefill cache.
-        first = group[0].request
-        room = ids.shape[1] if self.regroups else len(first.prompt_ids) + first.sampling.max_tokens
-        mode = {"plain": "soft" if any(s.request.mode != "standard" for s in group) else "standard"}.get(kind, kind)
-        try:
-            state = prefill(self.model, ids, mask, mode, room, passes, self.exact_chunk_size)
-        except Exception as err:  # these requests alone fail
-            log.exception("prefill failed")
-            for seq in group:
-                self._finish(seq, "error", f"prefill failed: {err}")
-            return None
-        self.prefills += 1
-        self.batched_prefills += len(group) > 1
-        self.prompt_tokens += sum(len(s.request.prompt_ids) for s in group)
-        for seq in group:
-            seq.fused = state.carried is not None and seq.request.mode != "standard"
-        batch = _Batch(group, state.cache, state.carried, state.next_logits)
-        self._emit_tokens(batch)
-        return batch if any(not s.done for s in group) else None
 
     def _step(self, batch: _Batch) -> None:
         """Feed every row its last token: one forward for the whole batch."""
