@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 import torch
 from conftest import save_strong_retrofit
@@ -47,6 +48,10 @@ def test_retrofitted_checkpoint_serves_every_mode_concurrently(retrofit_server):
                                              stop_token_ids=[tokenizer.eos_id])[len(prompt) :]
         assert text == tokenizer.decode([t for t in ids if t != tokenizer.eos_id]), mode
     assert texts[0] != texts[1]  # standard and soft differ on this model, so the mode reached it
+    metrics = {line.split()[0]: float(line.split()[1]) for line in httpx.get(retrofit_server.url + "/metrics").text
+               .splitlines() if line.startswith("fullband_engine_")}
+    # concurrent requests shared decoding steps: more rows than steps (a batch of one per sequence would be equal)
+    assert metrics["fullband_engine_rows_total"] > metrics["fullband_engine_steps_total"], metrics
 
 
 def test_retrofitted_requests_are_batched_and_each_equals_itself_alone(tmp_path):
