@@ -109,3 +109,33 @@ def test_kill_9_under_load_cuts_no_response_short_as_complete_and_a_restart_serv
     finally:
         restarted.terminate()
         assert restarted.wait(30) == 0
+
+
+def test_a_stream_still_running_when_the_grace_ends_is_cut_off_not_marked_complete(tmp_path):
+    checkpoint = save_checkpoint(tmp_path / "model", with_tokenizer=False, max_seq_len=4096)
+    port = free_port()
+    process = spawn_server(checkpoint, port, "--mode", "standard", "--graceful_timeout", "1")
+    url = f"http://127.0.0.1:{port}"
+    lines: list[str] = []
+    try:
+        wait_up(url, process)
+        body = {"prompt": [1, 2], "max_tokens": 4000, "temperature": 0, "stream": True}
+        try:
+            with httpx.Client(base_url=url, timeout=60) as client, \
+                    client.stream("POST", "/v1/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if line:
+                        lines.append(line)
+                    if len(lines) == 1:
+                        process.send_signal(signal.SIGTERM)
+        except httpx.TransportError:
+            pass  # cut off mid-stream: what a client should see
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert "data: [DONE]" not in lines
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks if c.get("choices")), chunks[-1]
+    assert len(ids_of("".join(c["choices"][0]["text"] for c in chunks if c.get("choices")))) < 4000
