@@ -9,7 +9,7 @@ Phases, in order, each timed by wall clock around the whole phase:
 
 1. warm-up (``--clients`` concurrent clients x 2 requests), then the server's RSS;
 2. ``--sequential`` requests one at a time -> the one-at-a-time tokens/s;
-3. ``--scale_clients`` concurrent clients x ``--requests`` requests -> tokens/s (target: >= 4x phase 2);
+3. ``--scale_clients`` concurrent clients x ``--requests`` requests -> tokens/s (target: >= 6x phase 2);
 4. ``--clients`` concurrent clients x ``--requests`` requests -> errors (target 0), RSS after the run against
    after warm-up (target: within 10%), peak RSS over the whole run;
 5. soft vs standard: ``--scale_clients`` concurrent clients x ``--mode_requests`` requests in each mode, in
@@ -17,9 +17,15 @@ Phases, in order, each timed by wall clock around the whole phase:
    seconds / generated tokens, and the server process's CPU seconds / generated tokens (which other jobs on a
    shared machine disturb far less). Reported: the best of the rounds per mode, the ratio of the medians, and
    the median of the per-round ratios (each round's soft phase follows its standard phase, so the pair shares
-   the machine's load); target: soft <= 1.05x standard.
+   the machine's load); target: soft <= 1.05x standard;
+6. inter-token latency: ``--itl_clients`` streaming clients x ``--itl_requests`` short requests (``--itl_tokens``
+   each), alone and then while one exact-mode request with a ``--long_prompt``-token prompt prefills; the gaps
+   between a stream's tokens are pooled, those of the second run only while the long request is in flight ->
+   p99 with it / p99 without it (target: <= 2x).
 
-    OMP_NUM_THREADS=1 python benchmarks/serve_load.py                # 32 x 20 and 16 x 20, the issue's targets
+    OMP_NUM_THREADS=1 python benchmarks/serve_load.py                # 64 x 20, 16 x 20, 8 streams + 1000 tokens
+    OMP_NUM_THREADS=1 python benchmarks/serve_load.py --clients 4 --requests 2 --scale_clients 2 --sequential 4 \
+        --mode_rounds 1 --mode_requests 1 --itl_clients 2 --itl_requests 2 --long_prompt 100   # a smoke run
     OMP_NUM_THREADS=1 python benchmarks/serve_load.py --json out.json
 """
 
@@ -113,6 +119,62 @@ async def load(url: str, clients: int, requests: int, body: dict) -> dict:
     }
 
 
+async def stream_gaps(client: httpx.AsyncClient, payload: dict) -> tuple[list[tuple[float, float]], bool]:
+    """((time of a token, gap since the previous token) for every token after the first, ok) of one stream."""
+    gaps, last, ok = [], None, False
+    try:
+        async with client.stream("POST", "/v1/completions", json={**payload, "stream": True}) as response:
+            async for line in response.aiter_lines():
+                if line == "data: [DONE]":
+                    ok = response.status_code == 200
+                elif line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                    now = time.perf_counter()
+                    if last is not None:
+                        gaps.append((now, now - last))
+                    last = now
+    except httpx.HTTPError:
+        ok = False
+    return gaps, ok
+
+
+async def latency_phase(url: str, args: argparse.Namespace, body: dict, long_prompt: bool) -> dict:
+    """Inter-token gaps of ``--itl_clients`` short streams, alone or while one long exact-mode prompt prefills
+    (then only the gaps while that request is in flight count)."""
+    limits = httpx.Limits(max_connections=args.itl_clients + 4, max_keepalive_connections=args.itl_clients + 4)
+    window = [0.0, float("inf")]
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        async def streams(w: int) -> tuple[list[tuple[float, float]], int]:
+            gaps, errors, r = [], 0, 0
+            # Beside the long request the streams keep coming until it is done, so every step of its prefill counts.
+            while r < args.itl_requests or (long_prompt and window[1] == float("inf")):
+                r += 1
+                prompt = [(11 * w + 3 * r + k) % body["vocab"] for k in range(body["prompt_len"])]
+                got, ok = await stream_gaps(client, {"prompt": prompt, "max_tokens": args.itl_tokens,
+                                                     "temperature": 0, "mode": body["mode"]})
+                gaps += got
+                errors += not ok
+            return gaps, errors
+
+        async def long_request() -> bool:
+            await asyncio.sleep(0.05 * args.itl_tokens / 64)  # once the streams are flowing
+            prompt = [(5 * k + 1) % body["vocab"] for k in range(args.long_prompt)]
+            window[0] = time.perf_counter()
+            _, _, ok = await one_request(client, {"prompt": prompt, "max_tokens": 1, "temperature": 0,
+                                                  "mode": "exact"})
+            window[1] = time.perf_counter()
+            return ok
+
+        jobs = [streams(w) for w in range(args.itl_clients)] + ([long_request()] if long_prompt else [])
+        done = await asyncio.gather(*jobs)
+    per_stream = done[: args.itl_clients]
+    gaps = sorted(gap * 1e3 for stream, _ in per_stream for at, gap in stream if window[0] <= at <= window[1])
+    result = {"gaps": len(gaps), "p50_ms": percentile(gaps, 50), "p99_ms": percentile(gaps, 99),
+              "errors": sum(e for _, e in per_stream)}
+    if long_prompt:
+        result.update(long_request_s=window[1] - window[0], long_request_ok=bool(done[-1]))
+    return result
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return float("nan")
@@ -157,7 +219,7 @@ def start_server(checkpoint: Path, port: int, max_batch: int, threads: int) -> s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--scale_clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=20, help="requests per client")
     parser.add_argument("--sequential", type=int, default=40, help="requests sent one at a time (the baseline)")
@@ -170,6 +232,10 @@ def main() -> None:
     parser.add_argument("--d_model", type=int, default=256)
     parser.add_argument("--n_layers", type=int, default=4)
     parser.add_argument("--vocab_size", type=int, default=4096)
+    parser.add_argument("--itl_clients", type=int, default=8, help="streaming clients of the latency phase")
+    parser.add_argument("--itl_requests", type=int, default=4, help="short streaming requests per such client")
+    parser.add_argument("--itl_tokens", type=int, default=64, help="max_tokens of each short streaming request")
+    parser.add_argument("--long_prompt", type=int, default=1000, help="prompt tokens of the exact-mode request")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")),
                         help="torch threads of the server")
     parser.add_argument("--json", default=None, help="also write the results here")
@@ -177,7 +243,8 @@ def main() -> None:
     torch.set_num_threads(1)
 
     config = ModelConfig(vocab_size=args.vocab_size, d_model=args.d_model, n_layers=args.n_layers,
-                         n_heads=args.d_model // 64, max_seq_len=256, feedback=True)
+                         n_heads=max(args.d_model // 64, 1), max_seq_len=max(256, args.long_prompt + 64),
+                         feedback=True)
     torch.manual_seed(0)
     model = FullBandwidthLM(config)
     params = model.num_parameters()
@@ -205,6 +272,8 @@ def main() -> None:
                     run = asyncio.run(load(url, args.scale_clients, args.mode_requests, {**body, "mode": mode}))
                     per_token[mode].append(run["seconds"] / run["tokens"])
                     cpu_per_token[mode].append((server_cpu_seconds(monitor.process) - cpu_before) / run["tokens"])
+            itl = {"alone": asyncio.run(latency_phase(url, args, body, long_prompt=False)),
+                   "beside_exact_prefill": asyncio.run(latency_phase(url, args, body, long_prompt=True))}
             time.sleep(0.5)
             rss_end = monitor.now()  # after every phase: a leak would keep growing here
         finally:
@@ -218,7 +287,8 @@ def main() -> None:
                   "max_seq_len": config.max_seq_len},
         "settings": {k: getattr(args, k) for k in ("clients", "scale_clients", "requests", "sequential", "max_tokens",
                                                    "prompt_len", "max_batch", "mode", "threads", "mode_rounds",
-                                                   "mode_requests")},
+                                                   "mode_requests", "itl_clients", "itl_requests", "itl_tokens",
+                                                   "long_prompt")},
         "machine": {"cpus": os.cpu_count(), "torch": torch.__version__},
         "warmup": warmup, "sequential": sequential, "scaled": scaled, "full": full,
         "rss_mb": {"after_warmup": rss_warm / 2**20, "after_run": rss_after / 2**20, "at_end": rss_end / 2**20,
@@ -226,7 +296,9 @@ def main() -> None:
         "per_token_ms": {"wall": {m: [x * 1e3 for x in v] for m, v in per_token.items()},
                          "server_cpu": {m: [x * 1e3 for x in v] for m, v in cpu_per_token.items()}},
         "soft_over_standard": soft_cost,
+        "inter_token_latency": itl,
     }
+    results["itl_p99_ratio"] = itl["beside_exact_prefill"]["p99_ms"] / itl["alone"]["p99_ms"]
     results["speedup_scaled_vs_sequential"] = scaled["tokens_per_s"] / sequential["tokens_per_s"]
     results["rss_growth"] = rss_after / rss_warm - 1
     print_table(results)
@@ -251,7 +323,7 @@ def print_table(r: dict) -> None:
     print()
     rss = r["rss_mb"]
     print(f"tokens/s at {r['scaled']['clients']} clients / one at a time: {r['speedup_scaled_vs_sequential']:.2f}x "
-          "(target >= 4x)")
+          "(target >= 6x)")
     print(f"server RSS: after warm-up {rss['after_warmup']:.0f} MB, after the {r['full']['clients']}-client run "
           f"{rss['after_run']:.0f} MB ({100 * r['rss_growth']:+.1f}%, target within 10%), after every phase "
           f"{rss['at_end']:.0f} MB, peak {rss['peak']:.0f} MB")
@@ -262,6 +334,13 @@ def print_table(r: dict) -> None:
               f"{x['standard_best_ms']:.3f} ms, soft {x['soft_best_ms']:.3f} ms (best) -> soft/standard "
               f"{x['best']:.3f}x; ratio of the medians {x['median']:.3f}x; median per-round ratio "
               f"{x['paired_median']:.3f}x (target <= 1.05x)")
+    alone, beside = r["inter_token_latency"]["alone"], r["inter_token_latency"]["beside_exact_prefill"]
+    print(f"inter-token latency of {s['itl_clients']} streams ({s['itl_tokens']} tokens each): p50/p99 "
+          f"{alone['p50_ms']:.2f}/{alone['p99_ms']:.2f} ms alone ({alone['gaps']} gaps), "
+          f"{beside['p50_ms']:.2f}/{beside['p99_ms']:.2f} ms while a {s['long_prompt']}-token exact prompt prefills "
+          f"({beside['gaps']} gaps, the long request took {beside['long_request_s']:.2f} s) -> p99 ratio "
+          f"{r['itl_p99_ratio']:.2f}x (target <= 2x); stream errors {alone['errors'] + beside['errors']}, long "
+          f"request {'ok' if beside['long_request_ok'] else 'FAILED'}")
 
 if __name__ == "__main__":
     main()

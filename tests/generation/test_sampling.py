@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import make_model
 
-from fullband.generation.sampling import sample_next
+from fullband.generation.sampling import sample_next, token_probs
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
 DRAWS = 200_000  # frequency standard error <= 0.0012; the tolerance below is 5 of those
@@ -64,3 +64,11 @@ def test_generate_passes_top_p_through():
         assert model.generate(prompt, new, mode="soft", temperature=5.0, top_p=1e-9, seed=seed) == greedy
     hot = [model.generate(prompt, new, mode="soft", temperature=5.0, seed=seed) for seed in range(3)]
     assert any(h != greedy for h in hot)  # ... which plain sampling at that temperature is not
+
+
+def test_a_top_p_below_float32_range_keeps_the_top_token():
+    """1e-93 rounds to 0 against float32 probabilities; the top token must still stay (found by fuzzing the server)."""
+    logits = torch.randn(3, 50)
+    probs = token_probs(logits, 1.0, 0, 1e-93)
+    assert not probs.isnan().any()
+    assert torch.equal(probs.argmax(-1), logits.argmax(-1)) and torch.allclose(probs.max(-1).values, torch.ones(3))

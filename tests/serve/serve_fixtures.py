@@ -16,7 +16,7 @@ import uvicorn
 from fullband import FullBandwidthLM, ModelConfig
 from fullband.data import ByteTokenizer
 from fullband.serve.app import Defaults, Limits, create_app
-from fullband.serve.engine import Engine
+from fullband.serve.engine import Engine, FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 
 VOCAB = 257  # the byte tokenizer's 256 bytes + eos
 
@@ -98,3 +98,88 @@ def long_server_fixture(tmp_path_factory, one_thread_per_module) -> Iterator[Liv
     live = LiveServer.native(checkpoint, with_tokenizer=False, max_batch=1, max_queue=1)
     yield live
     live.stop()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_server(checkpoint: Path, port: int, *options: str):
+    """``fullband serve`` as a real subprocess (its own signal handling); :func:`wait_up` waits until it answers."""
+    import os
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "fullband.cli", "serve", "--checkpoint", str(checkpoint), "--port", str(port),
+         "--log_level", "warning", *options],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_up(url: str, process, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.1)
+
+
+def wait_until_idle(server: LiveServer, seconds: float = 5.0) -> dict:
+    """/health once nothing is active or queued (or after ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        health = httpx.get(server.url + "/health").json()
+        if (health["active"] == 0 and health["queued"] == 0) or time.monotonic() > deadline:
+            return health
+        time.sleep(0.02)
+
+
+# ---------------------------------------------------------------- the engine without HTTP
+
+
+class Collector:
+    """Events of one request, with the time each came."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.times: list[float] = []
+        self.finish: str | None = None
+        self.done = threading.Event()
+
+    def __call__(self, event) -> None:
+        if isinstance(event, TokenEvent):
+            self.tokens.append(event.token_id)
+            self.logprobs.append(event.logprob)
+            self.times.append(time.perf_counter())
+        elif isinstance(event, FinishEvent):
+            self.finish = event.reason
+            self.done.set()
+
+
+def run_engine(engine: Engine, requests: list[GenerationRequest]) -> list[Collector]:
+    """Queue every request before the engine starts, so its first iteration admits them together."""
+    collectors = [Collector() for _ in requests]
+    engine.submit(requests, collectors)
+    engine.start()
+    try:
+        for c in collectors:
+            assert c.done.wait(120)
+    finally:
+        engine.close()
+    return collectors
+
+
+def request(prompt: list[int], mode: str, max_tokens: int = 6, passes: int = 1, logprobs: int | None = None):
+    return GenerationRequest(tuple(prompt), mode, SamplingParams(max_tokens, 0.0, logprobs=logprobs), passes)

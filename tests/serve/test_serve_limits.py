@@ -1,15 +1,11 @@
 """Failure behaviour of the real server: 400 naming the field, 429 on a full queue, a client that leaves frees its
-slot, SIGTERM shuts down cleanly; none of it disturbs other requests."""
+slot; none of it disturbs other requests."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +18,7 @@ from serve_fixtures import (  # noqa: F401 (fixtures)
     save_checkpoint,
     server_fixture,
     text_server_fixture,
+    wait_until_idle,
 )
 
 BAD = [
@@ -89,15 +86,6 @@ def test_bad_requests_do_not_disturb_the_others(server):
             assert response.status_code == 400
 
 
-def wait_until_idle(server, seconds: float = 5.0) -> dict:
-    deadline = time.monotonic() + seconds
-    while True:
-        health = httpx.get(server.url + "/health").json()
-        if (health["active"] == 0 and health["queued"] == 0) or time.monotonic() > deadline:
-            return health
-        time.sleep(0.02)
-
-
 def test_full_queue_gets_429_and_the_accepted_requests_finish(long_server):
     """max_batch=1, max_queue=1: of 6 simultaneous long requests at most 2 get in."""
     body = {"prompt": [1, 2, 3], "max_tokens": 400, "temperature": 0, "mode": "standard"}
@@ -140,53 +128,6 @@ def test_non_streaming_client_that_times_out_frees_its_slot(long_server):
 
 def _metric(text: str, name: str) -> float:
     return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_cli_serves_and_sigterm_lets_the_running_request_finish(tmp_path):
-    checkpoint = save_checkpoint(tmp_path / "model", with_tokenizer=False, max_seq_len=512)
-    port = _free_port()
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "fullband.cli", "serve", "--checkpoint", str(checkpoint), "--port", str(port),
-         "--mode", "standard", "--log_level", "warning", "--graceful_timeout", "20"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, process.stderr.read()
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.1)
-        models = httpx.get(url + "/v1/models").json()
-        assert models["data"][0]["id"] == "model"  # the checkpoint directory's name
-        body = {"prompt": [1, 2], "max_tokens": 300, "temperature": 0, "stream": True}
-        with httpx.Client(base_url=url, timeout=30) as client, client.stream("POST", "/v1/completions", json=body) as r:
-            lines = r.iter_lines()
-            first = next(lines)
-            process.send_signal(signal.SIGTERM)
-            rest = [line for line in lines if line]
-        chunks = [json.loads(line[6:]) for line in [first, *rest] if line.startswith("data: {")]
-        assert rest[-1] == "data: [DONE]"
-        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-        assert len(ids_of("".join(c["choices"][0]["text"] for c in chunks))) == 300
-        assert process.wait(30) == 0
-        assert "Traceback" not in process.stderr.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def test_serve_bad_option_is_answered_before_torch_or_fastapi_is_imported():

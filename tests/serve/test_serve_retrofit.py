@@ -1,17 +1,21 @@
-"""A retrofitted transformers checkpoint served through ``fullband serve``'s own loader (load_any): its sequences
-decode as batches of one in the shared loop, and concurrent requests of every mode equal generate() alone."""
+"""A retrofitted transformers checkpoint served through ``fullband serve``'s own loader (load_any): its sequences are
+prefilled and decoded in batches like a native model's, and concurrent requests of every mode equal generate()
+alone."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
+import torch
 from conftest import save_strong_retrofit
-from serve_fixtures import LiveServer
+from serve_fixtures import LiveServer, request, run_engine
 
 from fullband.data import ByteTokenizer
 from fullband.model_io import load_any
 from fullband.serve.config import ServeConfig
+from fullband.serve.engine import Engine
 from fullband.serve.server import build_app
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
@@ -44,3 +48,23 @@ def test_retrofitted_checkpoint_serves_every_mode_concurrently(retrofit_server):
                                              stop_token_ids=[tokenizer.eos_id])[len(prompt) :]
         assert text == tokenizer.decode([t for t in ids if t != tokenizer.eos_id]), mode
     assert texts[0] != texts[1]  # standard and soft differ on this model, so the mode reached it
+    metrics = {line.split()[0]: float(line.split()[1]) for line in httpx.get(retrofit_server.url + "/metrics").text
+               .splitlines() if line.startswith("fullband_engine_")}
+    # concurrent requests shared decoding steps: more rows than steps (a batch of one per sequence would be equal)
+    assert metrics["fullband_engine_rows_total"] > metrics["fullband_engine_steps_total"], metrics
+
+
+def test_retrofitted_requests_are_batched_and_each_equals_itself_alone(tmp_path):
+    """float64, every request queued before the engine starts: one batched prefill per kind, batched steps."""
+    _, retrofitted, _ = save_strong_retrofit(tmp_path)
+    model = load_any(retrofitted, dtype=torch.float64)
+    jobs = [([5, 17, 3], "standard", 1), ([8, 1, 2, 9, 4, 4], "soft", 1), ([3, 1, 4, 1, 5, 9], "exact", 1),
+            ([6, 2], "exact", 1), ([9, 8, 7, 6], "fused", 2), ([1, 2, 3, 4, 5, 6, 7], "fused", 2)]
+    engine = Engine(model, max_batch=len(jobs))
+    assert engine.regroups
+    collectors = run_engine(engine, [request(p, m, 7, k) for p, m, k in jobs])
+    for (prompt, mode, passes), c in zip(jobs, collectors, strict=True):
+        assert c.tokens == model.generate(prompt, 7, mode, prefill_passes=passes)[len(prompt):], mode
+    assert (engine.prefills, engine.batched_prefills) == (2, 2)  # plain (with the exact prompts' first tokens), fused
+    assert engine.rows_stepped >= 3 * engine.steps  # decoded together, not one sequence per step
+    assert engine.interleaved_prompt_tokens == 5 + 1

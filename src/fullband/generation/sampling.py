@@ -31,6 +31,8 @@ def token_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p:
         cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         # Drop a token when the tokens ranked above it already cover top_p (the top token always stays).
         drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p
+        # Said outright: a top_p below float32's range (1e-93) compares as 0 >= 0, which would drop every token.
+        drop_sorted[..., 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(dim=-1)

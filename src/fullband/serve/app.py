@@ -12,7 +12,6 @@ import asyncio
 import hmac
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,11 +22,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from pydantic import BaseModel, ConfigDict, Field
 
 from fullband.data.tokenizer import Tokenizer
-from fullband.serve.engine import Engine, FinishEvent, GenerationRequest, QueueFull, RequestError, SamplingParams
-from fullband.serve.text import TextStream, chat_prompt, token_text
+from fullband.serve.engine import (
+    Engine,
+    FinishEvent,
+    GenerationRequest,
+    QueueFull,
+    RequestError,
+    SamplingParams,
+)
+from fullband.serve.responses import Builder
+from fullband.serve.schema import APIError, ChatBody, CommonBody, CompletionBody, validation_error
+from fullband.serve.text import TextStream, chat_prompt
 
 
 @dataclass
@@ -46,74 +53,7 @@ class Limits:
 
     max_tokens: int = 0  # largest max_tokens a request may ask for; 0 = only the model's context limits it
     max_body_bytes: int = 1 << 20  # largest request body (by its Content-Length)
-
-
-# ---------------------------------------------------------------------------------------------- request bodies
-
-
-class _Common(BaseModel):
-    # strict: "5" is not a number; unknown OpenAI fields (user, presence_penalty, ...) are accepted and ignored.
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float = 1.0
-    top_k: int = Field(0, ge=0)
-    n: int = Field(1, ge=1, le=16)
-    stream: bool = False
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    mode: str | None = None
-    prefill_passes: int | None = None
-    stream_options: dict[str, Any] | None = None
-
-
-class CompletionBody(_Common):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: int | None = None
-    echo: bool = False
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-    role: str
-    content: str
-
-
-class ChatBody(_Common):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
-
-
-# ---------------------------------------------------------------------------------------------- errors
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, type_: str = "invalid_request_error",
-                 code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.type, self.code = status, message, param, type_, code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def _validation_error(err: RequestValidationError) -> APIError:
-    first = err.errors()[0]
-    if first.get("type") == "json_invalid":
-        return APIError(400, f"the request body is not valid JSON: {first.get('msg', '')}", None, code="invalid_json")
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    # A union's failure names the member type last (prompt.str, prompt.list[int].0): keep the field path.
-    param = ".".join(p for p in loc if not any(ch in p for ch in "[]") and p not in ("str", "int", "float", "bool"))
-    if not param:
-        return APIError(400, f"the request body must be a JSON object: {first.get('msg', '')}", None)
-    got = first.get("input")
-    shown = json.dumps(got)[:60] if got is not None and first.get("type") != "missing" else ""
-    message = f"{param}: {first.get('msg', 'invalid value')}" + (f" (got {shown})" if shown else "")
-    return APIError(400, message, param, code="invalid_value")
+    request_timeout: float = 600.0  # seconds from arrival to the last token (queueing included); 0 = no deadline
 
 
 # ---------------------------------------------------------------------------------------------- one request
@@ -123,8 +63,10 @@ class _Run:
     """The engine requests behind one HTTP request (prompts x n choices) and their events on this event loop."""
 
     def __init__(self, engine: Engine, requests: list[GenerationRequest], tokenizer: Tokenizer | None,
-                 stops: list[str]) -> None:
+                 stops: list[str], timeout: float = 0.0) -> None:
         self.queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout if timeout > 0 else None
         loop = asyncio.get_running_loop()
         self.texts = [TextStream(tokenizer, stops) for _ in requests]
         self.finish: list[str | None] = [None] * len(requests)
@@ -141,11 +83,13 @@ class _Run:
 
     async def events(self, request: Request) -> AsyncIterator[tuple[int, str, Any]]:
         """(choice, text piece, token event or None) as they come, then (choice, text, finish reason) at the end
-        of each choice; raises APIError on an engine error. Cancels everything if the client goes away."""
+        of each choice. Raises APIError on an engine error (500), at the deadline (504) and when the engine
+        cancelled the request itself (503, shutting down): a cut-short choice never gets a finish reason. Cancels
+        everything if the client goes away."""
         watcher = asyncio.create_task(self._watch(request))
         try:
             while any(f is None for f in self.finish):
-                index, event = await self.queue.get()
+                index, event = await self._next()
                 if index < 0:
                     return  # the client left
                 if self.finish[index] is not None:
@@ -154,7 +98,10 @@ class _Run:
                 if isinstance(event, FinishEvent):
                     if event.reason == "error":
                         raise APIError(500, event.error or "generation failed", None, "server_error")
-                    self.finish[index] = {"cancelled": "abort"}.get(event.reason, event.reason)
+                    if event.reason == "cancelled":  # not by us (we stop listening first): the engine shut down
+                        raise APIError(503, "the server shut down before this request finished: retry it", None,
+                                       "server_error", "server_shutting_down")
+                    self.finish[index] = event.reason
                     yield index, text.flush(), None
                     yield index, "", self.finish[index]
                     continue
@@ -168,6 +115,18 @@ class _Run:
         finally:
             watcher.cancel()
             self.cancel()  # no-op for finished sequences; frees the slots of a client that left
+
+    async def _next(self) -> tuple[int, Any]:
+        """The next event, or APIError 504 once the deadline has passed (the engine frees the slots)."""
+        if self.deadline is None:
+            return await self.queue.get()
+        try:
+            return await asyncio.wait_for(self.queue.get(), max(self.deadline - time.monotonic(), 0.0))
+        except asyncio.TimeoutError:
+            self.cancel()
+            raise APIError(504, f"the request did not finish within this server's limit of {self.timeout:g} s "
+                                "(fullband serve --request_timeout): ask for fewer tokens or retry later", None,
+                           "timeout", "request_timeout") from None
 
     async def _watch(self, request: Request) -> None:
         """Wait for the client to disconnect (the body is already read, so the next ASGI message says so)."""
@@ -231,7 +190,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, err: RequestValidationError) -> JSONResponse:
-        return _error(request, _validation_error(err))
+        return _error(request, validation_error(err))
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, err: APIError) -> JSONResponse:
@@ -243,7 +202,7 @@ def create_app(
         headers = {"Retry-After": "1"} if err.status == 429 else None
         return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
-    def start(body: _Common, prompts: list[list[int]], stops: list[str], logprobs: int | None,
+    def start(body: CommonBody, prompts: list[list[int]], stops: list[str], logprobs: int | None,
               renamed: dict[str, str] | None = None) -> _Run:
         mode = body.mode if body.mode is not None else defaults.mode
         max_tokens = body.max_tokens if body.max_tokens is not None else defaults.max_tokens
@@ -262,7 +221,7 @@ def create_app(
             for prompt in prompts for choice in range(body.n)
         ]
         try:
-            return _Run(engine, requests, tokenizer, stops)
+            return _Run(engine, requests, tokenizer, stops, limits.request_timeout)
         except RequestError as err:
             param = (renamed or {}).get(err.param or "", err.param)  # the field as this endpoint spells it
             raise APIError(400, str(err).replace(f"{err.param}", f"{param}", 1), param) from None
@@ -283,7 +242,7 @@ def create_app(
             return tokenizer.encode(prompt)
         return list(prompt)
 
-    async def respond(endpoint: str, request: Request, run: _Run, stream: bool, builder: _Builder) -> Any:
+    async def respond(endpoint: str, request: Request, run: _Run, stream: bool, builder: Builder) -> Any:
         began = time.perf_counter()
 
         def done(status: str) -> None:
@@ -300,8 +259,10 @@ def create_app(
                             yield f"data: {json.dumps(chunk)}\n\n"
                     yield f"data: {json.dumps(builder.usage_chunk(run))}\n\n" if builder.include_usage else ""
                 except APIError as err:
+                    # The error event ends the stream: no [DONE], so nothing reads a cut-short stream as complete.
                     status = str(err.status)
                     yield f"data: {json.dumps(err.body())}\n\n"
+                    return
                 finally:
                     done(status)
                 yield "data: [DONE]\n\n"
@@ -311,8 +272,8 @@ def create_app(
         try:
             async for index, piece, item in run.events(request):
                 builder.add(index, piece, item)
-        except APIError:
-            done("500")
+        except APIError as err:
+            done(str(err.status))
             raise
         done("200")
         return builder.full(run)
@@ -325,7 +286,7 @@ def create_app(
         prompts = [raw] if isinstance(raw, str) or not raw or isinstance(raw[0], int) else list(raw)
         prompt_ids = [encode(p) for p in prompts]  # type: ignore[arg-type]
         run = start(body, prompt_ids, stop_strings(body.stop), body.logprobs)
-        builder = _Builder("text_completion", model_name, tokenizer, len(run.handles),
+        builder = Builder("text_completion", model_name, tokenizer, len(run.handles),
                            sum(len(p) for p in prompt_ids), body.logprobs is not None, body)
         return await respond("/v1/completions", request, run, body.stream, builder)
 
@@ -342,7 +303,7 @@ def create_app(
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         run = start(body, [prompt], stop_strings(body.stop) + extra_stops, logprobs,
                     {"logprobs": "top_logprobs", "prompt": "messages"})
-        builder = _Builder("chat.completion", model_name, tokenizer, len(run.handles), len(prompt),
+        builder = Builder("chat.completion", model_name, tokenizer, len(run.handles), len(prompt),
                            body.logprobs, body)
         return await respond("/v1/chat/completions", request, run, body.stream, builder)
 
@@ -382,94 +343,12 @@ class _EngineCollector:
         yield CounterMetricFamily("fullband_generated_tokens", "Tokens generated.", value=e.tokens_generated)
         yield CounterMetricFamily("fullband_prompt_tokens", "Prompt tokens prefilled.", value=e.prompt_tokens)
         yield CounterMetricFamily("fullband_failed_sequences", "Sequences ended by an engine error.", value=e.failed)
-
-
-# ---------------------------------------------------------------------------------------------- responses
-
-
-class _Builder:
-    """OpenAI response objects: whole (non-streaming) or chunk by chunk."""
-
-    def __init__(self, kind: str, model: str, tokenizer: Tokenizer | None, choices: int, prompt_tokens: int,
-                 logprobs: bool, body: _Common) -> None:
-        self.kind, self.model, self.tokenizer = kind, model, tokenizer
-        self.chat = kind == "chat.completion"
-        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
-        self.prompt_tokens = prompt_tokens
-        self.logprobs = logprobs
-        self.include_usage = bool((getattr(body, "stream_options", None) or {}).get("include_usage"))
-        self.text = [""] * choices
-        self.lp: list[list[tuple[str, float, list[tuple[str, float]]]]] = [[] for _ in range(choices)]
-        self.reason: list[str | None] = [None] * choices
-        self.started = [False] * choices
-
-    def _token(self, token_id: int) -> str:
-        return token_text(self.tokenizer, [token_id])
-
-    def _entry(self, item: Any) -> tuple[str, float, list[tuple[str, float]]]:
-        top = [(self._token(t), lp) for t, lp in (item.top_logprobs or [])]
-        return self._token(item.token_id), item.logprob, top
-
-    def add(self, index: int, piece: str, item: Any) -> None:
-        self.text[index] += piece
-        if isinstance(item, str):
-            self.reason[index] = item
-        elif item is not None and self.logprobs:
-            self.lp[index].append(self._entry(item))
-
-    def _logprobs(self, entries: list[tuple[str, float, list[tuple[str, float]]]]) -> dict[str, Any] | None:
-        if not self.logprobs:
-            return None
-        if self.chat:
-            def item(token: str, logprob: float) -> dict[str, Any]:
-                return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
-
-            return {"content": [{**item(t, lp), "top_logprobs": [item(a, b) for a, b in top]}
-                                for t, lp, top in entries]}
-        offsets, at = [], 0
-        for t, _, _ in entries:
-            offsets.append(at)
-            at += len(t)
-        return {"tokens": [t for t, _, _ in entries], "token_logprobs": [lp for _, lp, _ in entries],
-                "top_logprobs": [dict(top) for _, _, top in entries], "text_offset": offsets}
-
-    def _usage(self, run: _Run) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": run.completion_tokens,
-                "total_tokens": self.prompt_tokens + run.completion_tokens}
-
-    def full(self, run: _Run) -> dict[str, Any]:
-        choices = []
-        for i, text in enumerate(self.text):
-            choice: dict[str, Any] = {"index": i, "logprobs": self._logprobs(self.lp[i]),
-                                      "finish_reason": self.reason[i]}
-            if self.chat:
-                choice["message"] = {"role": "assistant", "content": text}
-            else:
-                choice["text"] = text
-            choices.append(choice)
-        return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model, "choices": choices,
-                "usage": self._usage(run)}
-
-    def chunk(self, index: int, piece: str, item: Any) -> dict[str, Any] | None:
-        reason = item if isinstance(item, str) else None
-        entries = [self._entry(item)] if self.logprobs and item is not None and not isinstance(item, str) else []
-        if not piece and not entries and reason is None and (self.started[index] or not self.chat):
-            return None
-        choice: dict[str, Any] = {"index": index, "logprobs": self._logprobs(entries) if entries else None,
-                                  "finish_reason": reason}
-        if self.chat:
-            delta: dict[str, Any] = {} if reason is not None else {"content": piece}
-            if not self.started[index]:
-                delta["role"] = "assistant"
-                self.started[index] = True
-            choice["delta"] = delta
-        else:
-            choice["text"] = piece
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
-
-    def usage_chunk(self, run: _Run) -> dict[str, Any]:
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [],
-                "usage": self._usage(run)}
+        yield CounterMetricFamily("fullband_prefills", "Prefill forwards (one per group of arrivals).",
+                                  value=e.prefills)
+        yield CounterMetricFamily("fullband_batched_prefills", "Prefill forwards that took several requests at once.",
+                                  value=e.batched_prefills)
+        yield CounterMetricFamily("fullband_interleaved_prompt_tokens",
+                                  "Exact-mode prompt tokens fed inside decoding steps (sequential exact prefill "
+                                  "interleaved with the running streams).", value=e.interleaved_prompt_tokens)
+        yield CounterMetricFamily("fullband_prefill_chunks", "Exact Jacobi prompt chunks prefilled one per engine "
+                                  "iteration, between decoding steps (exact_chunk_size > 1).", value=e.prefill_chunks)

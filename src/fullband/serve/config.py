@@ -32,10 +32,16 @@ class ServeConfig:
     mode: str = doc(DEFAULT_MODE, "Default decoding mode: standard | soft | fused | exact (a request's `mode` wins).")
     prefill_passes: int = doc(1, "Default extra fused prompt passes in fused mode (a request's field wins).")
     exact_chunk_size: int = doc(1, "exact mode: prompt chunk per exact Jacobi solve (1 = sequential).")
+    interleave_prefill: bool = doc(True, "Exact-mode prompts prefill between decoding steps: one token per step "
+                                   "(exact_chunk_size 1) or one exact chunk per engine iteration, bit-identical to "
+                                   "prefilling the whole prompt first, which false does (a long exact prompt then "
+                                   "stalls the running streams).")
     max_tokens: int = doc(16, "Default max_tokens of a request that gives none (the OpenAI default).")
     temperature: float = doc(1.0, "Default temperature of a request that gives none (the OpenAI default).")
     model_name: str = doc("", "Model id reported by /v1/models and in responses (default: the checkpoint name).")
-    graceful_timeout: float = doc(10.0, "Seconds Ctrl-C / SIGTERM waits for in-flight requests before cancelling.")
+    graceful_timeout: float = doc(10.0, "Shutdown grace: after Ctrl-C / SIGTERM new connections are refused and "
+                                  "in-flight requests get this many seconds to finish; the rest are cut off (never "
+                                  "marked complete); SIGTERM then exits 0.")
     log_level: str = doc("info", "uvicorn log level: critical | error | warning | info | debug.")
     device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
     dtype: str = doc("float32", f"Model and KV-cache dtype: one of {SERVE_DTYPES} (bfloat16 halves the memory; fast on "
@@ -44,6 +50,9 @@ class ServeConfig:
     max_tokens_limit: int = doc(0, "Largest max_tokens one request may ask for (HTTP 400 beyond it); 0 = only the "
                                 "model's context limits it.")
     max_body_bytes: int = doc(1 << 20, "Largest request body in bytes (HTTP 413 beyond it).")
+    request_timeout: float = doc(600.0, "Seconds a request may take from arrival to its last token, queueing "
+                                 "included; past it the request is cancelled (its slot freed) and answered with HTTP "
+                                 "504 (a stream ends with an error event, never a finish_reason). 0 = no deadline.")
     api_key: str = doc("", f"Require `Authorization: Bearer <key>` on every endpoint but /health (HTTP 401 without "
                        f"it); empty = the {API_KEY_ENV} environment variable, and without that no authentication "
                        "(a warning when listening beyond localhost).")
@@ -64,6 +73,11 @@ class ServeConfig:
                  f"the default must not exceed max_tokens_limit={self.max_tokens_limit}")
         _require(_is_int(self.max_body_bytes) and self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes,
                  "must be >= 1024")
+        _require(isinstance(self.request_timeout, (int, float)) and not isinstance(self.request_timeout, bool)
+                 and self.request_timeout >= 0, "request_timeout", self.request_timeout,
+                 "must be >= 0 seconds (0 = no deadline)")
+        _require(isinstance(self.interleave_prefill, bool), "interleave_prefill", self.interleave_prefill,
+                 "must be true or false")
         _require(isinstance(self.graceful_timeout, (int, float)) and self.graceful_timeout >= 0, "graceful_timeout",
                  self.graceful_timeout, "must be >= 0 seconds")
         _require(self.log_level in LOG_LEVELS, "log_level", self.log_level, f"must be one of {LOG_LEVELS}")

@@ -2,143 +2,85 @@
 
 One background thread owns every active sequence. Each loop iteration it
 
-1. admits queued requests up to ``max_batch`` (prefill each alone in its own mode, sample its first token),
-2. decodes every active sequence together in one forward (one batch for native models),
+1. admits queued requests up to ``max_batch``: arrivals whose prefills are the same computation are prefilled
+   together in one left-padded forward (standard and soft prompts, and the first token of a sequential exact
+   prompt, in one plain pass; fused prompts by their pass count), and each samples its first token;
+2. decodes every active sequence together in one forward; a sequential exact
+   prompt feeds its remaining tokens here, one per step, as fused decoding with the prompt's tokens in place of
+   sampled ones, which is the sequential exact prefill itself (the same forwards: bit-identical alone), so a long
+   exact prompt never stalls the running streams;
 3. hands each sequence its token and retires the finished and the cancelled at once.
 
 A sequence's decoding state is its KV cache rows plus its last carried state ``h`` (DESIGN.md §4). The batch
-keeps the rows right-aligned in one :class:`~fullband.model.KVCache` (left padding, as batched decoding does), so
-a row at any length decodes next to any other; whenever the membership changes the rows are copied into a fresh
-cache whose padded length is the longest row's, which keeps it within the model context. Modes mix in one step:
+keeps the rows right-aligned in one cache (left padding, as batched decoding does), so a row at any length decodes
+next to any other; whenever the membership changes the rows are copied into a fresh cache whose padded length is
+the longest row's, which keeps it within the model context (:mod:`~fullband.serve.batching`: the native KVCache and
+a retrofitted model's transformers cache alike). Modes mix in one step:
 a row is fused (soft, fused, exact) or plain (standard) through a per-row ``plain_prefix``, and its own carried
 state. Greedy tokens are those of the same request decoded alone (``tests/serve`` checks it).
 
-Models whose cache is not a native :class:`KVCache` (retrofitted transformers) decode each sequence as its own
-batch of one, in the same loop.
+A model whose cache rows cannot be gathered (a transformers cache with sliding-window layers) decodes each sequence
+as its own batch of one, in the same loop.
 """
 
 from __future__ import annotations
 
 import collections
-import ctypes
-import functools
 import itertools
 import logging
 import secrets
-import sys
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import torch
 
-from fullband.config import DECODING_MODES
-from fullband.generation.decoding import prefill
 from fullband.generation.sampling import sample_next
-from fullband.model import FeedbackLM, KVCache
+from fullband.model import FeedbackLM
+from fullband.serve.batching import gather_rows, regroupable, release_free_memory
+from fullband.serve.prefill import Admission, _Batch, _Chunked, _Sequence
+from fullband.serve.requests import (
+    MAX_TOP_LOGPROBS,
+    MIN_TEMPERATURE,
+    Event,
+    FinishEvent,
+    GenerationRequest,
+    Handle,
+    Listener,
+    QueueFull,
+    RequestError,
+    SamplingParams,
+    TokenEvent,
+    validate_request,
+)
 
 log = logging.getLogger("fullband.serve")
 
-MAX_TOP_LOGPROBS = 20
+__all__ = ["MAX_TOP_LOGPROBS", "Engine", "FinishEvent", "GenerationRequest", "Handle", "QueueFull", "RequestError",
+           "SamplingParams", "TokenEvent"]
 
 
-class RequestError(ValueError):
-    """A request the engine cannot run; ``param`` names the offending field."""
 
-    def __init__(self, param: str | None, message: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class QueueFull(RuntimeError):
-    """Every batch slot and queue place is taken: try again later (HTTP 429)."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    logprobs: int | None = None  # alternatives per token besides the chosen one's log-probability; None = none
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    prompt_ids: tuple[int, ...]
-    mode: str
-    sampling: SamplingParams
-    prefill_passes: int = 1
-
-
-@dataclass
-class TokenEvent:
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
-
-
-@dataclass
-class FinishEvent:
-    reason: str  # "stop" (stop token) | "length" (max_tokens) | "cancelled" | "error"
-    error: str | None = None
-
-
-Event = TokenEvent | FinishEvent
-Listener = Callable[[Event], None]
-
-
-class Handle:
-    """What :meth:`Engine.submit` returns: cancel the request (the client went away, a stop string matched)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        self._engine._wake()
-
-
-@dataclass
-class _Sequence:
-    request: GenerationRequest
-    listener: Listener
-    handle: Handle
-    generator: torch.Generator
-    generated: int = 0
-    last_token: int = -1
-    fused: bool = False
-    done: bool = False
-
-
-@dataclass
-class _Batch:
-    """Sequences decoded in lockstep: one cache row, one carried state row and one logits row each."""
-
-    sequences: list[_Sequence]
-    cache: object  # KVCache (native) or the model's own cache (a batch of one)
-    carried: torch.Tensor | None  # (B, D); rows of plain sequences are unused
-    logits: torch.Tensor = field(default=None)  # type: ignore[assignment]  # (B, V) next-token logits
-
-
-class Engine:
+class Engine(Admission):
     """Continuous batching over one model. Thread-safe :meth:`submit`; events go to each request's listener
     (called on the engine thread: keep it short and non-blocking)."""
 
-    def __init__(self, model: FeedbackLM, max_batch: int = 16, max_queue: int = 64, exact_chunk_size: int = 1) -> None:
+    def __init__(self, model: FeedbackLM, max_batch: int = 16, max_queue: int = 64, exact_chunk_size: int = 1,
+                 interleave_prefill: bool = True) -> None:
         self.model = model
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.exact_chunk_size = exact_chunk_size
+        self.interleave_prefill = interleave_prefill
+        # Whether rows of this model's cache can be gathered into one batch cache (serve.batching); if not, each
+        # sequence decodes as its own batch of one.
+        self.regroups = regroupable(model.new_cache(1, 1))
         self.device = model.embed.weight.device
         self.vocab_size = int(model.config.vocab_size)
         self.context = int(model.config.max_seq_len)
         self._pending: collections.deque[_Sequence] = collections.deque()
         self._batches: list[_Batch] = []
         self._admitting: list[_Sequence] = []  # taken from the queue, not yet in a batch: they hold slots too
+        self._chunked: list[_Chunked] = []  # exact prompts being prefilled chunk by chunk: they hold slots too
         self._cond = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -148,6 +90,10 @@ class Engine:
         self.tokens_generated = 0
         self.prompt_tokens = 0
         self.failed = 0
+        self.prefills = 0  # prefill forwards (one per group of arrivals)
+        self.batched_prefills = 0  # ... of which prefilled more than one request at once
+        self.interleaved_prompt_tokens = 0  # exact-mode prompt tokens fed inside decoding steps
+        self.prefill_chunks = 0  # exact Jacobi chunks prefilled one per engine iteration
 
     # ------------------------------------------------------------------ public
 
@@ -157,7 +103,8 @@ class Engine:
 
     @property
     def active(self) -> int:
-        running = itertools.chain(self._admitting, *(b.sequences for b in list(self._batches)))
+        running = itertools.chain(self._admitting, (c.seq for c in list(self._chunked)),
+                                  *(b.sequences for b in list(self._batches)))
         return sum(not s.done for s in running)
 
     def start(self) -> Engine:
@@ -175,39 +122,13 @@ class Engine:
 
     def validate(self, request: GenerationRequest) -> None:
         """Raise :class:`RequestError` naming the field for anything the model cannot run."""
-        s = request.sampling
-        if request.mode not in DECODING_MODES:
-            raise RequestError("mode", f"mode {request.mode!r} is unknown: use one of {', '.join(DECODING_MODES)}")
-        if not _is_int(request.prefill_passes) or request.prefill_passes < 0:
-            raise RequestError("prefill_passes",
-                               f"prefill_passes must be an integer >= 0, got {request.prefill_passes!r}")
-        if not _is_int(s.max_tokens) or s.max_tokens < 1:
-            raise RequestError("max_tokens", f"max_tokens must be an integer >= 1, got {s.max_tokens!r}")
-        if not s.temperature >= 0:
-            raise RequestError("temperature", f"temperature must be >= 0, got {s.temperature!r}")
-        if not 0 < s.top_p <= 1:
-            raise RequestError("top_p", f"top_p must be in (0, 1], got {s.top_p!r}")
-        if s.logprobs is not None and not 0 <= s.logprobs <= MAX_TOP_LOGPROBS:
-            raise RequestError("logprobs", f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {s.logprobs!r}")
-        prompt = request.prompt_ids
-        if len(prompt) == 0:
-            raise RequestError("prompt", "the prompt is empty: give at least one token")
-        if bad := [t for t in prompt if not (_is_int(t) and 0 <= t < self.vocab_size)]:
-            raise RequestError("prompt", f"token id {bad[0]!r} is out of range: this model's ids are "
-                                         f"0..{self.vocab_size - 1}")
-        if len(prompt) >= self.context:
-            raise RequestError("prompt", f"the prompt has {len(prompt)} tokens but the model's context is "
-                                         f"{self.context}: shorten it to at most {self.context - 1}")
-        if len(prompt) + s.max_tokens > self.context:
-            raise RequestError("max_tokens", f"max_tokens={s.max_tokens} is too many: the prompt has {len(prompt)} "
-                                             f"tokens and the context is {self.context}; use at most "
-                                             f"{self.context - len(prompt)}")
+        validate_request(request, self.vocab_size, self.context)
 
     def submit(self, requests: Sequence[GenerationRequest], listeners: Sequence[Listener]) -> list[Handle]:
         """Queue ``requests`` together (all or none); raises RequestError, or QueueFull when there is no room."""
         for request in requests:
             self.validate(request)
-        handles = [Handle(self) for _ in requests]
+        handles = [Handle(self._wake) for _ in requests]
         with self._cond:
             if self._closing:
                 raise QueueFull("the server is shutting down")
@@ -230,65 +151,52 @@ class Engine:
     def _loop(self) -> None:
         torch.set_grad_enabled(False)  # grad mode is per thread
         while True:
-            if not self._pending and not self._batches:
-                _release_free_memory()  # idle: hand the batch caches' freed memory back to the OS
+            if not self._pending and not self._batches and not self._chunked:
+                release_free_memory()  # idle: hand the batch caches' freed memory back to the OS
             with self._cond:
-                while not self._closing and not self._pending and not self._batches:
+                while not self._closing and not self._pending and not self._batches and not self._chunked:
                     self._cond.wait()
                 if self._closing:
                     break
+                # A request cancelled while queued (its deadline passed, its client left) gives its place back now.
+                dropped = [s for s in self._pending if s.handle.cancelled]
+                if dropped:
+                    self._pending = collections.deque(s for s in self._pending if not s.handle.cancelled)
                 arrivals = []
                 while self._pending and self.active + len(arrivals) < self.max_batch:
                     arrivals.append(self._pending.popleft())
                 self._admitting = arrivals
+            for seq in dropped:
+                self._finish(seq, "cancelled")
             try:
                 self._iteration(arrivals)
             except Exception as err:  # a bug, not a bad request (those are validated): fail what is running
                 log.exception("engine step failed; failing the active sequences")
-                for seq in itertools.chain(arrivals, *(b.sequences for b in self._batches)):
+                for seq in itertools.chain(arrivals, self._running()):
                     if not seq.done:
                         self._finish(seq, "error", f"internal error: {err}")
-                self._batches = []
+                self._batches, self._chunked = [], []
         with self._cond:
             left = list(self._pending)
             self._pending.clear()
-        for seq in itertools.chain(left, *(b.sequences for b in self._batches)):
+        for seq in itertools.chain(left, self._running()):
             if not seq.done:
                 self._finish(seq, "cancelled")
-        self._batches = []
+        self._batches, self._chunked = [], []
+
+    def _running(self) -> list[_Sequence]:
+        return [*(c.seq for c in self._chunked), *(s for b in self._batches for s in b.sequences)]
 
     def _iteration(self, arrivals: list[_Sequence]) -> None:
-        for batch in self._batches:  # a cancelled sequence leaves before the next step, not after it
-            for seq in batch.sequences:
-                if seq.handle.cancelled and not seq.done:
-                    self._finish(seq, "cancelled")
-        joined = [j for seq in arrivals if (j := self._admit(seq)) is not None]
+        for seq in self._running():  # a cancelled sequence leaves before the next step, not after it
+            if seq.handle.cancelled and not seq.done:
+                self._finish(seq, "cancelled")
+        joined = self._admit_all(arrivals) + self._advance_chunked()
         self._regroup(joined)
         self._admitting = []
         for batch in self._batches:
             self._step(batch)
         self._regroup([])
-
-    def _admit(self, seq: _Sequence) -> _Batch | None:
-        """Prefill one arrival alone in its mode; its first token comes from the prefill's logits."""
-        if seq.handle.cancelled:
-            self._finish(seq, "cancelled")
-            return None
-        request = seq.request
-        ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
-        try:
-            state = prefill(self.model, ids, torch.ones_like(ids), request.mode,
-                            len(request.prompt_ids) + request.sampling.max_tokens, request.prefill_passes,
-                            self.exact_chunk_size)
-        except Exception as err:  # this request alone fails
-            log.exception("prefill failed")
-            self._finish(seq, "error", f"prefill failed: {err}")
-            return None
-        self.prompt_tokens += len(request.prompt_ids)
-        seq.fused = state.carried is not None
-        batch = _Batch([seq], state.cache, state.carried, state.next_logits)
-        self._emit_tokens(batch)
-        return batch if not seq.done else None
 
     def _step(self, batch: _Batch) -> None:
         """Feed every row its last token: one forward for the whole batch."""
@@ -296,7 +204,10 @@ class Engine:
         if not live:
             return
         B = len(batch.sequences)
-        tokens = torch.tensor([[s.last_token if not s.done else 0] for s in batch.sequences], device=self.device)
+        fed = [s.feed.pop(0) if s.feed and not s.done else None for s in batch.sequences]
+        self.interleaved_prompt_tokens += sum(t is not None for t in fed)
+        tokens = torch.tensor([[t if t is not None else s.last_token if not s.done else 0]
+                               for s, t in zip(batch.sequences, fed, strict=True)], device=self.device)
         # Fused rows feed their carried state into every generated position; plain rows never do.
         never = self.context + 1
         plain_prefix = torch.tensor([1 if s.fused else never for s in batch.sequences], device=self.device)
@@ -316,16 +227,20 @@ class Engine:
         greedy = logits.argmax(dim=-1).tolist()
         logprobs = None
         for row, seq in enumerate(batch.sequences):
-            if seq.done:
+            if seq.done or seq.feed:  # a row still feeding its prompt has no token to choose yet
                 continue
             if seq.handle.cancelled:
                 self._finish(seq, "cancelled")
                 continue
             s = seq.request.sampling
-            if s.temperature == 0:
+            if s.temperature < MIN_TEMPERATURE:
                 token = greedy[row]
             else:  # the generation module's sampler, on this row alone, with the request's own generator
-                token = int(sample_next(logits[row : row + 1], s.temperature, s.top_k, s.top_p, seq.generator))
+                try:
+                    token = int(sample_next(logits[row : row + 1], s.temperature, s.top_k, s.top_p, seq.generator))
+                except RuntimeError as err:  # this row's distribution alone is broken: fail it, not the batch
+                    self._finish(seq, "error", f"sampling failed: {err}")
+                    continue
             seq.generated += 1
             seq.last_token = token
             if token in s.stop_token_ids:
@@ -360,32 +275,25 @@ class Engine:
     # ------------------------------------------------------------------ batch membership
 
     def _regroup(self, joined: list[_Batch]) -> None:
-        """Drop finished rows and merge newly prefilled sequences into the running batch."""
+        """Drop finished rows and merge newly prefilled sequences into the running batch (a cache whose rows cannot
+        be gathered keeps each sequence as its own batch)."""
         batches = [*self._batches, *joined]
         changed = bool(joined) or any(s.done for b in batches for s in b.sequences)
         if not changed:
             return
-        # The rows of a KVCache are repacked into one batch; another cache type decodes each sequence alone.
-        batched = issubclass(self.model.cache_type, KVCache)
-        native = batches if batched else []
-        others = [] if batched else [b for b in batches if not b.sequences[0].done]
-        rows = [(b, i) for b in native for i, s in enumerate(b.sequences) if not s.done]
-        self._batches = ([self._repack(rows)] if rows else []) + others
+        if not self.regroups:
+            self._batches = [b for b in batches if not b.sequences[0].done]
+            return
+        rows = [(b, i) for b in batches for i, s in enumerate(b.sequences) if not s.done]
+        self._batches = [self._repack(rows)] if rows else []
 
     def _repack(self, rows: list[tuple[_Batch, int]]) -> _Batch:
         """One batch of ``rows`` (source batch, row): each row's cached tokens right-aligned in a fresh cache."""
-        lengths = [int(b.cache.next_position[i]) for b, i in rows]  # type: ignore[attr-defined]
-        L = max(lengths)
+        L = max(int(b.cache.next_position[i]) for b, i in rows)
         # Rows advance together: the cache needs room for the row with the most feeds still to come.
-        remaining = max(b.sequences[i].request.sampling.max_tokens - b.sequences[i].generated for b, i in rows)
-        cache: KVCache = self.model.new_cache(len(rows), min(self.context, L + remaining))
-        for new_row, ((b, i), n) in enumerate(zip(rows, lengths, strict=True)):
-            src: KVCache = b.cache  # type: ignore[assignment]
-            cache.keys[:, new_row, :, L - n : L] = src.keys[:, i, :, src.length - n : src.length]
-            cache.values[:, new_row, :, L - n : L] = src.values[:, i, :, src.length - n : src.length]
-            cache.valid[new_row, L - n : L] = True
-        cache.next_position[:] = torch.tensor(lengths, device=self.device)
-        cache.length = L
+        remaining = max(len(b.sequences[i].feed) + b.sequences[i].request.sampling.max_tokens - b.sequences[i].generated
+                        for b, i in rows)
+        cache = gather_rows(self.model, [(b.cache, i) for b, i in rows], min(self.context, L + remaining))
         sequences = [b.sequences[i] for b, i in rows]
         logits = torch.stack([b.logits[i] for b, i in rows])
         carried = None
@@ -393,25 +301,3 @@ class Engine:
             zeros = torch.zeros(self.model.config.d_model, dtype=self.model.embed.weight.dtype, device=self.device)
             carried = torch.stack([b.carried[i] if b.carried is not None else zeros for b, i in rows])
         return _Batch(sequences, cache, carried, logits)
-
-
-def _release_free_memory() -> None:
-    """glibc keeps freed heap memory (the per-step caches of a busy batch) for reuse; return it when idle, so a
-    server's resident size falls back after a burst. A no-op where glibc's malloc_trim is not available."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    if sys.platform != "linux":
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,78 @@
+"""Property-based fuzzing of the server from its own OpenAPI schema (schemathesis; the ``dev`` extra).
+
+Every operation the app documents gets requests that fit its schema (positive) and, where it takes a body, requests
+that do not (negative), sent in process over ASGI. The report counts responses by operation, mode and status; a
+5xx, an exception out of the app, or a stream that ends in a server error is a failure. Used by the test suite's
+short run (``tests/serve/test_serve_fuzz.py``) and the long one (``benchmarks/serve_fuzz.py``).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class FuzzReport:
+    counts: collections.Counter = field(default_factory=collections.Counter)  # (operation, mode, status) -> n
+    failures: list[tuple[str, Any, int, str]] = field(default_factory=list)  # (operation, body, status, text)
+    health_after: int = 0  # /health's status once the run is over
+
+    @property
+    def requests(self) -> int:
+        return sum(self.counts.values())
+
+    def by_status(self) -> dict[int, int]:
+        totals: collections.Counter = collections.Counter()
+        for (_, _, status), n in self.counts.items():
+            totals[status] += n
+        return dict(sorted(totals.items()))
+
+
+def fuzz_app(app: Any, examples: int, seed: int = 0) -> FuzzReport:
+    """Send up to ``examples`` generated requests per operation and mode to ``app`` (its lifespan runs)."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from schemathesis import GenerationMode
+
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    report = FuzzReport()
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        has_body = bool(operation.body)
+        # A negative case needs something to break: an operation without a body or parameters has none.
+        modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if has_body else (GenerationMode.POSITIVE,)
+        for mode in modes:
+            run = given(case=operation.as_strategy(mode))(_sender(operation.label, mode.value, report))
+            run = settings(max_examples=examples if has_body else 1, deadline=None, database=None,
+                           suppress_health_check=list(HealthCheck))(run)
+            hypothesis_seed(seed)(run)()
+    report.health_after = schema["/health"]["GET"].Case().call().status_code
+    return report
+
+
+def _sender(label: str, mode: str, report: FuzzReport) -> Callable[[Any], None]:
+    def send(case: Any) -> None:  # a plain function: hypothesis' @given takes no partials or defaults
+        _send(case, label, mode, report)
+
+    return send
+
+
+def _send(case: Any, label: str, mode: str, report: FuzzReport) -> None:
+    try:
+        response = case.call()
+    except Exception as err:  # an exception out of the app: what a client sees as a 500 or a dropped connection
+        report.counts[(label, mode, 500)] += 1
+        report.failures.append((label, case.body, 500, f"{type(err).__name__}: {err}"))
+        return
+    status = response.status_code
+    text = response.content.decode("utf-8", "replace")
+    # A stream has answered 200 before it runs: a server error shows as its last event instead.
+    if status < 500 and '"type": "server_error"' in text:
+        status = 500
+    report.counts[(label, mode, status)] += 1
+    if status >= 500:
+        report.failures.append((label, case.body, status, text[:500]))

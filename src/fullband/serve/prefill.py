@@ -1,0 +1,179 @@
+"""Admission of new requests into the engine's batch: batched prefill, and exact-mode prompts prefilled between
+decoding steps (fed one token per step, or one exact Jacobi chunk per iteration). A part of
+:class:`~fullband.serve.engine.Engine` (its base class), kept apart to keep each module short."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from fullband.generation.decoding import left_pad, prefill
+from fullband.model import FeedbackLM
+from fullband.model.kv_cache import CacheSlots
+from fullband.serve.requests import GenerationRequest, Handle, Listener, useful_passes
+
+log = logging.getLogger("fullband.serve")
+
+
+@dataclass
+class _Sequence:
+    request: GenerationRequest
+    listener: Listener
+    handle: Handle
+    generator: torch.Generator
+    generated: int = 0
+    last_token: int = -1
+    fused: bool = False
+    done: bool = False
+    feed: list[int] = field(default_factory=list)  # exact-mode prompt tokens still to feed, one per decoding step
+
+
+@dataclass
+class _Chunked:
+    """An exact-mode prompt prefilled one exact Jacobi chunk per engine iteration (``exact_chunk_size`` > 1)."""
+
+    seq: _Sequence
+    ids: torch.Tensor  # (1, T) the prompt
+    cache: CacheSlots
+    carried: torch.Tensor | None = None  # (1, D) the state after the chunks so far
+    done_tokens: int = 0
+
+
+@dataclass
+class _Batch:
+    """Sequences decoded in lockstep: one cache row, one carried state row and one logits row each."""
+
+    sequences: list[_Sequence]
+    cache: CacheSlots  # one row per sequence
+    carried: torch.Tensor | None  # (B, D); rows of plain sequences are unused
+    logits: torch.Tensor = field(default=None)  # type: ignore[assignment]  # (B, V) next-token logits
+
+
+class Admission:
+    """The engine's prefill methods; the engine supplies the model, its settings, counters and ``_finish`` /
+    ``_emit_tokens``."""
+
+    model: FeedbackLM
+    device: torch.device
+    exact_chunk_size: int
+    interleave_prefill: bool
+    regroups: bool
+    prefills: int
+    batched_prefills: int
+    prefill_chunks: int
+    prompt_tokens: int
+    _chunked: list[_Chunked]
+
+    def _finish(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
+        raise NotImplementedError
+
+    def _emit_tokens(self, batch: _Batch) -> None:
+        raise NotImplementedError
+
+    def _admit_all(self, arrivals: list[_Sequence]) -> list[_Batch]:
+        """Prefill the arrivals, those whose prefills are the same computation together (left-padded, one forward
+        per group); each one's first token comes from its prefill's logits."""
+        live = []
+        for seq in arrivals:
+            if seq.handle.cancelled:
+                self._finish(seq, "cancelled")
+            elif self._chunks(seq):
+                ids = torch.tensor([seq.request.prompt_ids], dtype=torch.long, device=self.device)
+                room = ids.shape[1] if self.regroups else ids.shape[1] + seq.request.sampling.max_tokens
+                self._chunked.append(_Chunked(seq, ids, self.model.new_cache(1, room)))
+                self.prompt_tokens += ids.shape[1]
+            else:
+                live.append(seq)
+        if not self.regroups:  # a cache that is not regrouped: each sequence its own batch of one
+            groups = [[seq] for seq in live]
+        else:
+            by_kind: dict[tuple[str, int], list[_Sequence]] = {}
+            for seq in live:
+                by_kind.setdefault(self._prefill_kind(seq), []).append(seq)
+            groups = list(by_kind.values())
+        return [batch for group in groups if (batch := self._prefill(group)) is not None]
+
+    def _prefill_kind(self, seq: _Sequence) -> tuple[str, int]:
+        """Which prefill computation a sequence needs: arrivals of one kind share a forward."""
+        request = seq.request
+        if request.mode == "fused":
+            return "fused", useful_passes(request.prefill_passes, len(request.prompt_ids))
+        if request.mode == "exact" and not self._interleaves(seq):
+            return "exact", 0
+        # standard and soft prompts, and an interleaved exact prompt's first token (always plain): one plain pass
+        return "plain", 0
+
+    def _interleaves(self, seq: _Sequence) -> bool:
+        """Does this exact-mode prompt feed its tokens after the first inside decoding steps? Sequential exact
+        prefill (chunks of one) is fused decoding with the prompt's tokens in place of sampled ones, so it runs
+        as one more row of the batch and a long prompt never stalls the running streams."""
+        return (self.interleave_prefill and self.regroups and seq.request.mode == "exact" and self.exact_chunk_size == 1
+                and self.model.fuse is not None)
+
+    def _chunks(self, seq: _Sequence) -> bool:
+        """Is this exact prompt prefilled one Jacobi chunk per iteration, between decoding steps? The chunks and
+        their order are those of the whole prefill (``FeedbackLM.prefill``), so the logits are the same."""
+        return (self.interleave_prefill and seq.request.mode == "exact" and self.exact_chunk_size > 1
+                and self.model.fuse is not None and len(seq.request.prompt_ids) > self.exact_chunk_size)
+
+    def _advance_chunked(self) -> list[_Batch]:
+        """One exact chunk of every chunked prefill; those whose prompt is in join the batch."""
+        joined, still = [], []
+        for job in self._chunked:
+            if job.seq.done:
+                continue
+            start, end = job.done_tokens, job.done_tokens + self.exact_chunk_size
+            chunk = job.ids[:, start:end]
+            try:
+                out = self.model.prefill(chunk, job.cache, torch.ones(1, dtype=torch.long, device=self.device),
+                                         chunk_size=self.exact_chunk_size, carried_state=job.carried,
+                                         attention_mask=torch.ones_like(chunk))
+            except Exception as err:  # this request alone fails
+                log.exception("prefill failed")
+                self._finish(job.seq, "error", f"prefill failed: {err}")
+                continue
+            self.prefill_chunks += 1
+            job.carried, job.done_tokens = out.hidden[:, -1], start + chunk.shape[1]
+            if job.done_tokens < job.ids.shape[1]:
+                still.append(job)
+                continue
+            self.prefills += 1
+            job.seq.fused = True
+            batch = _Batch([job.seq], job.cache, job.carried, out.logits[:, -1])
+            self._emit_tokens(batch)
+            if not job.seq.done:
+                joined.append(batch)
+        self._chunked = still
+        return joined
+
+    def _prefill(self, group: list[_Sequence]) -> _Batch | None:
+        kind, passes = self._prefill_kind(group[0])
+        prompts = [list(s.request.prompt_ids) for s in group]
+        for seq, prompt in zip(group, prompts, strict=True):
+            if kind == "plain" and seq.request.mode == "exact":
+                seq.feed = prompt[1:]
+                del prompt[1:]
+        ids, mask = left_pad(prompts)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        # A regrouped cache is gathered into the batch cache at once, so it needs room for the prompt alone; a batch
+        # of one decodes on in its prefill cache.
+        first = group[0].request
+        room = ids.shape[1] if self.regroups else len(first.prompt_ids) + first.sampling.max_tokens
+        mode = {"plain": "soft" if any(s.request.mode != "standard" for s in group) else "standard"}.get(kind, kind)
+        try:
+            state = prefill(self.model, ids, mask, mode, room, passes, self.exact_chunk_size)
+        except Exception as err:  # these requests alone fail
+            log.exception("prefill failed")
+            for seq in group:
+                self._finish(seq, "error", f"prefill failed: {err}")
+            return None
+        self.prefills += 1
+        self.batched_prefills += len(group) > 1
+        self.prompt_tokens += sum(len(s.request.prompt_ids) for s in group)
+        for seq in group:
+            seq.fused = state.carried is not None and seq.request.mode != "standard"
+        batch = _Batch(group, state.cache, state.carried, state.next_logits)
+        self._emit_tokens(batch)
+        return batch if any(not s.done for s in group) else None

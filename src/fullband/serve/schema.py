@@ -1,0 +1,89 @@
+"""The request bodies of the OpenAI-compatible API (pydantic; they make the OpenAPI schema) and its error body."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from fullband.config import DECODING_MODES
+from fullband.data.sft import ROLES
+from fullband.serve.engine import MAX_TOP_LOGPROBS
+
+
+def _whole_number(value: Any) -> Any:
+    # JSON Schema's integer includes 4.0 (what some clients send for 4); strict validation alone would refuse it.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_whole_number)]
+
+
+class CommonBody(BaseModel):
+    # strict: "5" is not a number; unknown OpenAI fields (user, presence_penalty, ...) are accepted and ignored.
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str | None = None
+    # json_schema_extra documents the ranges in the OpenAPI schema; the engine checks them with its own messages.
+    max_tokens: Int | None = Field(None, json_schema_extra={"minimum": 1})
+    temperature: float | None = Field(None, json_schema_extra={"minimum": 0})
+    top_p: float = Field(1.0, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
+    top_k: Int = Field(0, ge=0)
+    n: Int = Field(1, ge=1, le=16)
+    stream: bool = False
+    stop: str | list[str] | None = None
+    seed: Int | None = Field(None, json_schema_extra={"minimum": -(2**63), "maximum": 2**63 - 1})
+    mode: str | None = Field(None, json_schema_extra={"enum": list(DECODING_MODES)})
+    prefill_passes: Int | None = Field(None, json_schema_extra={"minimum": 0})
+    stream_options: dict[str, Any] | None = None
+
+
+class CompletionBody(CommonBody):
+    prompt: str | list[Int] | list[str] | list[list[Int]]
+    logprobs: Int | None = Field(None, json_schema_extra={"minimum": 0, "maximum": MAX_TOP_LOGPROBS})
+    echo: bool = False
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    # The plain template's roles, documented in the schema (a model's own chat template may take others).
+    role: str = Field(json_schema_extra={"enum": list(ROLES)})
+    content: str
+
+
+class ChatBody(CommonBody):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Int | None = None
+    logprobs: bool = False
+    top_logprobs: Int | None = Field(None, json_schema_extra={"minimum": 0, "maximum": MAX_TOP_LOGPROBS})
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, type_: str = "invalid_request_error",
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type_, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def validation_error(err: RequestValidationError) -> APIError:
+    first = err.errors()[0]
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {first.get('msg', '')}", None, code="invalid_json")
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # A union's failure names the member type last (prompt.str, prompt.list[int].0): keep the field path.
+    param = ".".join(p for p in loc if not any(ch in p for ch in "[]") and p not in ("str", "int", "float", "bool"))
+    if not param:
+        return APIError(400, f"the request body must be a JSON object: {first.get('msg', '')}", None)
+    got = first.get("input")
+    shown = json.dumps(got)[:60] if got is not None and first.get("type") != "missing" else ""
+    message = f"{param}: {first.get('msg', 'invalid value')}" + (f" (got {shown})" if shown else "")
+    return APIError(400, message, param, code="invalid_value")
+

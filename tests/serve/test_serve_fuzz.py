@@ -1,0 +1,72 @@
+"""Fuzzing from the server's own OpenAPI schema (schemathesis): a short run over an in-process app, and what earlier
+runs found (each was an HTTP 500 or a stalled engine, now a 4xx or a normal answer)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from serve_fixtures import ids_of, server_fixture  # noqa: F401 (fixture)
+
+from fullband import FullBandwidthLM, ModelConfig
+from fullband.data import ByteTokenizer
+from fullband.serve.app import Defaults, create_app
+from fullband.serve.engine import Engine
+
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
+
+
+@pytest.mark.fuzz
+def test_short_fuzz_run_gets_no_5xx_and_the_server_still_answers():
+    pytest.importorskip("schemathesis")
+    from fullband.serve.fuzz import fuzz_app
+
+    torch.manual_seed(0)
+    model = FullBandwidthLM(ModelConfig(vocab_size=257, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                        max_seq_len=64))
+    app = create_app(Engine(model, max_batch=4, max_queue=4), ByteTokenizer(), "tiny", Defaults(max_tokens=4))
+    began = time.monotonic()
+    report = fuzz_app(app, examples=15, seed=0)
+    assert report.failures == [], report.failures[:3]
+    assert report.requests >= 60, report.counts
+    assert report.by_status().get(200, 0) >= 5 and report.by_status().get(400, 0) >= 20, report.by_status()
+    assert report.health_after == 200
+    assert time.monotonic() - began < 30
+
+
+def test_a_tiny_temperature_is_greedy_not_a_500(server):
+    with server.client() as client:
+        tiny = client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 6, "temperature": 1e-320})
+        zero = client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 6, "temperature": 0})
+    assert tiny.status_code == 200, tiny.text
+    assert tiny.json()["choices"][0]["text"] == zero.json()["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1])
+def test_a_seed_beyond_64_bits_gets_400_naming_it(server, seed):
+    with server.client() as client:
+        response = client.post("/v1/completions", json={"prompt": [1], "max_tokens": 2, "seed": seed})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "seed", response.text
+
+
+def test_whole_floats_count_as_integers_as_json_schema_says(server):
+    with server.client() as client:
+        response = client.post("/v1/completions", json={"prompt": [1.0, 2.0], "max_tokens": 3.0, "n": 2.0,
+                                                        "temperature": 0, "seed": 7.0})
+        fraction = client.post("/v1/completions", json={"prompt": [1], "max_tokens": 3.5})
+    assert response.status_code == 200, response.text
+    assert [len(ids_of(c["text"])) for c in response.json()["choices"]] == [3, 3]
+    assert fraction.status_code == 400 and fraction.json()["error"]["param"] == "max_tokens"
+
+
+def test_huge_prefill_passes_are_capped_where_they_stop_changing_anything(server):
+    """A 4-token prompt is exact after 1 + 3 passes: a trillion asked for answers at once, with those tokens."""
+    body = {"prompt": [3, 1, 4, 1], "max_tokens": 6, "temperature": 0, "mode": "fused"}
+    began = time.monotonic()
+    with server.client() as client:
+        huge = client.post("/v1/completions", json={**body, "prefill_passes": 10**12})
+    assert huge.status_code == 200 and time.monotonic() - began < 10
+    expected = server.model.generate(body["prompt"], 6, "fused", prefill_passes=3)[4:]
+    assert ids_of(huge.json()["choices"][0]["text"]) == expected
+    assert server.model.generate(body["prompt"], 6, "fused", prefill_passes=9)[4:] == expected  # more change nothing
