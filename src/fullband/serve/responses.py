@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fullband.data.tokenizer import Tokenizer
 from fullband.serve.schema import CommonBody
 from fullband.serve.text import token_text
 
-if TYPE_CHECKING:
-    from fullband.serve.app import _Run
+
+class _Run(Protocol):
+    """What a response reads of the HTTP layer's run of a request (fullband.serve.app)."""
+
+    completion_tokens: int
+
 
 class Builder:
     """OpenAI response objects: whole (non-streaming) or chunk by chunk."""
