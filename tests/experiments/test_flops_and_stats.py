@@ -67,12 +67,17 @@ def test_equal_flops_depth_solves_the_affine_cost():
 
 def test_training_flops_replays_the_runs_batches(tmp_path):
     from fullband.experiments.study import StudyModel, sft_run_config
+    from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig, TrainModelConfig
     from fullband.tasks.base import write_jsonl
 
     rng = random.Random(0)
     rows = [{"prompt": "x" * rng.randint(2, 9), "completion": "y" * rng.randint(1, 4)} for _ in range(50)]
     data = write_jsonl(tmp_path / "d.jsonl", rows)
-    spec = StudyModel(32, 1, 2, 32, 6, 4, 1e-3, 0.0, (0.0, 1.0), grad_passes=1, prefix_mixin=False)
+    spec = StudyModel(
+        model=TrainModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=32),
+        train=TrainConfig(max_steps=6, batch_size=4, seq_len=32, grad_passes=1, prefix_mixin=False, eval_every=0),
+        optim=OptimConfig(lr=1e-3, warmup_steps=1, weight_decay=0.0, optimizer="adamw"),
+        schedule=ScheduleConfig(feedback_start=0.0, pass_mix=(0.0, 1.0)))
     base, fb = (sft_run_config(spec, data, data, tmp_path / k, feedback) for k, feedback in (("b", False), ("f", True)))
     lengths = batch_lengths(base)
     assert len(lengths) == 6 and all(4 <= T <= 15 for T in lengths)
