@@ -163,11 +163,10 @@ class Trainer:
         inputs = inputs.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
         prefixes, everyone = self._plain_prefixes(rows, seq_len, passes)  # (rows,), or (passes, rows) per pass
-        fixed_point = None
-        if cfg.grad_passes > 0 and passes > 1:
-            # Truncated gradients: the passes and where they start are decided on the step's global batch, so every
-            # micro-batch of every process runs what one process would on all of it.
-            passes, fixed_point = truncation(everyone, seq_len, passes, cfg.grad_passes)
+        # Truncated gradients: the passes and where they start are decided on the step's global batch, so every
+        # micro-batch of every process runs what one process would on all of it.
+        passes, fixed_point = (truncation(everyone, seq_len, passes, cfg.grad_passes)
+                               if cfg.grad_passes > 0 and passes > 1 else (passes, None))
 
         totals: dict[str, Any] = {}
         for micro in range(cfg.grad_accum):
