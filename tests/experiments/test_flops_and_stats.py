@@ -67,8 +67,8 @@ def test_equal_flops_depth_solves_the_affine_cost():
 
 def test_training_flops_replays_the_runs_batches(tmp_path):
     from fullband.experiments.study import StudyModel, sft_run_config
-    from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig, TrainModelConfig
     from fullband.tasks.base import write_jsonl
+    from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig, TrainModelConfig
 
     rng = random.Random(0)
     rows = [{"prompt": "x" * rng.randint(2, 9), "completion": "y" * rng.randint(1, 4)} for _ in range(50)]

@@ -54,7 +54,7 @@ def test_second_pass_inputs_follow_the_formula(tokens, form, training):
               for t in range(T)]
     states, _ = stack_from_inputs(model, torch.stack(inputs, 1))
     torch.testing.assert_close(steps[1].hidden, states, rtol=0, atol=1e-12)
-    # stack_inputs (the truncated-gradient objective's entry) agrees with the loop's pass 2.
+    # stack_inputs (the probes' entry, experiments/probes.py) agrees with the loop's pass 2.
     direct = model.stack_inputs(tokens, first, prefix)
     if form == "all":  # the stack normalises every input itself
         direct = model.input_norm(direct)

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from conftest import make_model
 
+from fullband.model.recurrence import truncation
 from fullband.training import multipass_loss, sample_plain_prefix
 from fullband.training.config import TrainConfig
 from fullband.training.objective import z_loss
@@ -148,3 +149,67 @@ def test_truncated_gradient_from_the_fixed_point_backpropagates_through_the_last
     assert metrics["passes"] == T and set(got) == {n for n, p in model.named_parameters() if p.grad is not None}
     for name, param in model.named_parameters():
         torch.testing.assert_close(got[name], param.grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_truncation_is_decided_from_the_plain_prefixes():
+    # Capped at the exact count; the fixed point only with one prefix for all rows, passes reaching the exact count
+    # and some passes without gradients.
+    assert truncation(torch.ones(B, dtype=torch.long), T, 50, 2) == (T, True)
+    assert truncation(torch.ones(B, dtype=torch.long), T, 6, 2) == (6, False)  # short of the exact count
+    assert truncation(torch.ones(B, dtype=torch.long), T, 50, T - 1) == (T, False)  # every pass has gradients
+    assert truncation(torch.tensor([3, 5, 3, 4]), T, 50, 2) == (T - 2, False)  # rows differ: the loop, to T - 3 + 1
+    assert truncation(torch.full((3, B), 2), T, 50, 2) == (T - 1, False)  # a prefix per pass has no fixed point
+    assert truncation(4, T, 50, 2) == (T - 3, True)
+
+
+def test_truncated_gradient_from_the_passes_when_told_not_to_use_the_fixed_point(batch):
+    # fixed_point=False (what data-parallel training passes when the global batch's rows differ, with the passes
+    # it capped): passes 2..T-2 run without gradients, so the scored passes are the k-pass forwards' own.
+    inputs, labels = batch
+    model = make_model()
+    cfg = TrainConfig(seq_len=T, jitter=0.0, prefix_mixin=False, grad_passes=2)
+    _, metrics = multipass_loss(model, inputs, labels, T, cfg, None, fixed_point=False)
+    assert metrics["passes"] == T
+    manual = [ntp(model(inputs, passes=k).logits, labels) for k in (1, T - 1, T)]
+    torch.testing.assert_close(torch.stack(metrics["pass_losses"]), torch.stack(manual), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="one plain prefix for every row"):
+        model(inputs, passes=50, plain_prefix=torch.tensor([1, 2, 1, 1]), grad_passes=2, fixed_point=True)
+
+
+def test_truncated_gradient_on_a_looped_model_runs_the_passes(batch):
+    # A looped model has no sequential fixed point (forward_exact refuses it): the passes run, capped as usual.
+    inputs, labels = batch
+    looped = make_model(feedback_shift=0)
+    cfg = TrainConfig(seq_len=T, jitter=0.0, prefix_mixin=False, grad_passes=2)
+    loss, metrics = multipass_loss(looped, inputs, labels, 50, cfg, None)
+    manual = [ntp(looped(inputs, passes=k).logits, labels) for k in (1, T - 1, T)]
+    assert metrics["passes"] == T
+    torch.testing.assert_close(torch.stack(metrics["pass_losses"]), torch.stack(manual), rtol=1e-12, atol=1e-12)
+    loss.backward()
+    assert looped.fusion.state_proj.weight.grad.abs().sum() > 0  # through the scored passes' fusion
+
+
+def test_truncated_gradient_ignores_jitter_and_keeps_detach(batch):
+    inputs, labels = batch
+    model = make_model()
+    quiet = TrainConfig(seq_len=T, jitter=0.0, prefix_mixin=False, grad_passes=2)
+    noisy = TrainConfig(seq_len=T, jitter=0.5, prefix_mixin=False, grad_passes=2)
+    a, _ = multipass_loss(model, inputs, labels, 6, quiet, None)
+    b, _ = multipass_loss(model, inputs, labels, 6, noisy, None)
+    assert torch.equal(a, b)  # as the committed recurrent reports were trained
+    # detach_passes cuts the gradient from pass 6 into pass 5's states: pass 5's loss alone then reaches the
+    # network through pass 5, so the gradients differ from the undetached run's.
+    grads = []
+    for detach in (False, True):
+        model.zero_grad()
+        cfg = TrainConfig(seq_len=T, jitter=0.0, prefix_mixin=False, grad_passes=2, detach_passes=detach)
+        multipass_loss(model, inputs, labels, 6, cfg, None)[0].backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert not torch.allclose(grads[0], grads[1])
+
+
+def test_truncated_gradient_refuses_a_cache(batch):
+    inputs, _ = batch
+    model = make_model()
+    with pytest.raises(ValueError, match="whole sequences"):
+        model(inputs, passes=3, grad_passes=1, cache=model.new_cache(B, T))

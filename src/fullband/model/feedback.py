@@ -37,6 +37,7 @@ from fullband.model.recurrence import (
     pass_inputs,
     pass_loop,
     run_passes,
+    truncation,
 )
 
 
@@ -129,12 +130,21 @@ class FeedbackLM(FamilyInterface, nn.Module):
         detach_passes: bool = False,
         feedback_weight: float = 1.0,
         logits_to_keep: int = 0,
+        grad_passes: int = 0,
+        fixed_point: bool | None = None,
     ) -> LMOutput:
         """Multi-pass forward over ``tokens`` (see the module docstring).
 
         ``plain_prefix`` counts absolute positions from the start of the sequence (cached ones included);
         positions before it get plain embeddings. ``tol`` stops early once ``max|h^(k) - h^(k-1)| < tol``.
         ``jitter`` adds Uniform(-jitter, jitter) noise to the states before they are fused (training).
+
+        ``grad_passes`` m > 0 (truncated gradients, training, DESIGN.md §3): only pass 1 and the last m passes run
+        with gradients and are scored. ``fixed_point`` says whether those m passes start from the fixed point
+        (computed sequentially without gradients) instead of the passes between. None: this batch decides, its
+        passes capped at its exact count (:func:`~fullband.model.recurrence.truncation`); True or False: the caller
+        decided on a larger batch (data-parallel training, on the step's global batch), and ``passes`` runs as
+        given. A looped model (``feedback_shift`` 0) has no fixed point and always runs the passes.
         """
         B, T = self._check_tokens(tokens, cache)
         if passes < 1:
@@ -151,15 +161,40 @@ class FeedbackLM(FamilyInterface, nn.Module):
             raise ValueError(
                 f"carried_state must have shape {(B, self.config.d_model)}, got {tuple(carried_state.shape)}"
             )
+        exact_states = None
+        if grad_passes > 0 and passes > 1:
+            passes, exact_states = self._truncation(tokens, plain_prefix, passes, grad_passes, fixed_point, cache,
+                                                    carried_state, attention_mask)
         out = run_passes(
             lambda inputs: self.run_stack(inputs, positions, mask, cache), self.lm_head, fuse,
-            self.embed(tokens), fused, passes, labels=labels, carried_state=carried_state,
-            options=LoopOptions(tol, jitter, detach_passes, feedback_weight, logits_to_keep, self.feedback_shift),
-            plain_input=self.plain_input,
+            lambda: self.embed(tokens), fused, passes, labels=labels, carried_state=carried_state,
+            options=LoopOptions(tol, jitter, detach_passes, feedback_weight, logits_to_keep, self.feedback_shift,
+                                grad_passes),
+            plain_input=self.plain_input, fixed_point=exact_states,
         )
         if cache is not None:
             cache.commit(attention_mask.bool() if attention_mask is not None else torch.ones_like(fused))
         return out
+
+    def _truncation(
+        self, tokens: torch.Tensor, plain_prefix: PlainPrefix, passes: int, grad_passes: int, fixed_point: bool | None,
+        cache: CacheSlots | None, carried_state: torch.Tensor | None, attention_mask: torch.Tensor | None,
+    ) -> tuple[int, Callable[[], torch.Tensor] | None]:
+        """The passes a forward with truncated gradients runs, and what computes its fixed point (None: the passes)."""
+        if cache is not None or carried_state is not None:
+            raise ValueError("grad_passes (truncated gradients) trains on whole sequences: pass no cache or "
+                             "carried_state with it")
+        if fixed_point is None:  # else the caller decided both on a larger batch: the passes run as given
+            passes, fixed_point = truncation(plain_prefix, tokens.shape[1], passes, grad_passes)
+        if not fixed_point or self.feedback_shift == 0:
+            return passes, None
+        prefixes = plain_prefix.unique() if isinstance(plain_prefix, torch.Tensor) else torch.tensor([plain_prefix])
+        if prefixes.numel() != 1 or (isinstance(plain_prefix, torch.Tensor) and plain_prefix.dim() != 1):
+            raise ValueError("fixed_point=True needs one plain prefix for every row (the sequential fixed point "
+                             "takes one); pass fixed_point=None or False")
+        prefix = int(prefixes.item())
+        return passes, lambda: self.forward_exact(tokens, plain_prefix=prefix, method="sequential",
+                                                  attention_mask=attention_mask).hidden
 
     def iterate_passes(
         self,
@@ -184,8 +219,8 @@ class FeedbackLM(FamilyInterface, nn.Module):
         positions, mask = self._positions_and_mask(B, T, attention_mask, cache, tokens.device)
         fused = fused_positions(plain_prefix, B, T, offset, tokens.device)  # (B, T) bool
         fuse = self.fuse
-        yield from pass_loop(lambda inputs: self.run_stack(inputs, positions, mask, cache), fuse, self.embed(tokens),
-                             fused, max_passes if fuse is not None else 1,
+        yield from pass_loop(lambda inputs: self.run_stack(inputs, positions, mask, cache), fuse,
+                             lambda: self.embed(tokens), fused, max_passes if fuse is not None else 1,
                              carried_state=carried_state if fuse is not None else None, plain_input=self.plain_input,
                              shift=self.feedback_shift)
 

@@ -54,12 +54,13 @@ class LoopOptions:
     feedback_weight: float = 1.0  # weight of the mean multi-pass loss against pass 1's
     logits_to_keep: int = 0  # without labels: logits of the last N positions only (0 = all)
     shift: int = 1  # 1: fuse h_{t-1} into t (the recurrence); 0: h_t (the looped control, DESIGN.md §7)
+    grad_passes: int = 0  # m > 0: truncated gradients, pass 1 and the last m passes only (DESIGN.md §3)
 
 
 def pass_loop(
     stack: Stack,
     fusion: Fuse | None,
-    emb: torch.Tensor,  # (B, T, D) token embeddings e_t
+    embed: Callable[[], torch.Tensor],  # () -> (B, T, D) token embeddings e_t
     fused: torch.Tensor,  # (B, T) bool: positions at or past plain_prefix; (K, B, T) for one per pass
     passes: int,
     *,
@@ -68,30 +69,72 @@ def pass_loop(
     detach_passes: bool = False,
     plain_input: PlainInput = None,
     shift: int = 1,
+    grad_passes: int = 0,
+    fixed_point: Callable[[], torch.Tensor] | None = None,
 ) -> Iterator[Pass]:
     """The one multi-pass loop: yield after each of up to ``passes`` passes (the caller may stop early).
 
     ``stack(u)`` runs the network once and returns (carried states, input of the head). ``plain_input`` maps the
     plain positions' embeddings in passes >= 2 (pass 1's stay raw).
+
+    Truncated gradients (``grad_passes`` m > 0, DESIGN.md §3): passes 2 .. passes - m run without gradients, so
+    pass 1 and the last m passes alone carry them. ``fixed_point()``, when given, stands in for those passes: the
+    states (B, T, D) the recurrence converges to, computed without gradients (sequentially, faster on a CPU than
+    whole-sequence passes), from which the last m passes start; each of them then embeds the tokens afresh
+    (``embed()``), as the committed recurrent reports were trained (one shared embedding would sum the passes'
+    gradients in another order and change their last digits).
     """
+    first_grad = first_grad_pass(passes, grad_passes)
+    restart = fixed_point if first_grad > 2 else None  # nothing to stand in for when every pass has gradients
+    emb = embed()
     carried: torch.Tensor | None = None
     plain_later = None
-    for k in range(1, passes + 1):
-        fused_k = fused[min(k, fused.shape[0]) - 1] if fused.dim() == 3 else fused  # (B, T): per-pass prefixes
-        if k == 2 and plain_input is not None:
-            plain_later = plain_input(emb)
-        inputs = pass_inputs(fusion, emb, fused_k, carried, carried_state, jitter, detach_passes, plain_later,
-                             shift)
-        new_carried, head_input = stack(inputs)
+    k = 1
+    while k <= passes:
+        if k == 2 and restart is not None:
+            carried, k = restart(), first_grad
+        # Entered and left within the pass: a context held across the yield would leak into the caller.
+        with torch.set_grad_enabled(torch.is_grad_enabled() and (k == 1 or k >= first_grad)):
+            if restart is not None and k > 1:
+                emb = embed()
+                plain_later = plain_input(emb) if plain_input is not None else None
+            elif k == 2 and plain_input is not None:
+                plain_later = plain_input(emb)
+            fused_k = fused[min(k, fused.shape[0]) - 1] if fused.dim() == 3 else fused  # (B, T): per-pass prefixes
+            inputs = pass_inputs(fusion, emb, fused_k, carried, carried_state, jitter, detach_passes, plain_later,
+                                 shift)
+            new_carried, head_input = stack(inputs)
         yield Pass(k, new_carried, carried, head_input)
         carried = new_carried
+        k += 1
+
+
+def first_grad_pass(passes: int, grad_passes: int) -> int:
+    """The first pass after pass 1 that runs with gradients: ``passes - grad_passes + 1``, or 2 when all do."""
+    return max(2, passes - grad_passes + 1) if grad_passes > 0 else 2
+
+
+def truncation(plain_prefix: PlainPrefix, T: int, passes: int, grad_passes: int) -> tuple[int, bool]:
+    """How a batch of length ``T`` with truncated gradients (``grad_passes`` > 0) runs ``passes`` > 1 passes:
+    (the passes it runs, whether its gradient passes start from the fixed point).
+
+    It runs at most its exact count (later passes cannot change a state), and starts the passes with gradients from
+    the recurrence's fixed point when the passes reach that count, some run without gradients, and every row has
+    the one plain prefix the sequential fixed point takes (a prefix per pass, (K, B), has none). Data-parallel
+    training decides this on a step's global batch, so that every process runs what one process would.
+    """
+    exact = exact_pass_count(plain_prefix, T, 0, False)
+    passes = min(passes, exact)
+    one_prefix = not isinstance(plain_prefix, torch.Tensor) or (
+        plain_prefix.dim() == 1 and plain_prefix.unique().numel() == 1)
+    return passes, passes == exact and first_grad_pass(passes, grad_passes) > 2 and one_prefix
 
 
 def run_passes(
     stack: Stack,
     head: Callable[[torch.Tensor], torch.Tensor],
     fusion: Fuse | None,
-    emb: torch.Tensor,  # (B, T, D) token embeddings e_t
+    embed: Callable[[], torch.Tensor],  # () -> (B, T, D) token embeddings e_t
     fused: torch.Tensor,  # (B, T) bool: positions at or past plain_prefix; (K, B, T) for one per pass
     passes: int,
     *,
@@ -99,24 +142,29 @@ def run_passes(
     carried_state: torch.Tensor | None = None,
     options: LoopOptions = LoopOptions(),
     plain_input: PlainInput = None,
+    fixed_point: Callable[[], torch.Tensor] | None = None,
 ) -> LMOutput:
     """Run :func:`pass_loop` for up to ``passes`` passes; stop early once ``max|h^(k) - h^(k-1)| < options.tol``.
 
-    ``head`` gives logits. With ``labels`` every pass's logits are scored, otherwise only the last pass's.
+    ``head`` gives logits. With ``labels`` every pass with gradients is scored (every pass unless
+    ``options.grad_passes`` > 0), otherwise only the last pass. The loss is the multi-pass objective of DESIGN.md §3
+    over the scored passes: NTP(pass 1) + feedback_weight * mean of the others' NTP.
     """
     tol, logits_to_keep = options.tol, options.logits_to_keep
+    first_grad = first_grad_pass(passes, options.grad_passes)
     pass_losses: list[torch.Tensor] = []
     delta: torch.Tensor | None = None
     logits = None
     step = None
-    for step in pass_loop(stack, fusion, emb, fused, passes, carried_state=carried_state, jitter=options.jitter,
-                          detach_passes=options.detach_passes, plain_input=plain_input, shift=options.shift):
+    for step in pass_loop(stack, fusion, embed, fused, passes, carried_state=carried_state, jitter=options.jitter,
+                          detach_passes=options.detach_passes, plain_input=plain_input, shift=options.shift,
+                          grad_passes=options.grad_passes, fixed_point=fixed_point):
         last = step.k == passes
         if step.previous is not None:
             delta = (step.hidden - step.previous).detach().abs().max()
             # Only a tolerance needs the value on the host; otherwise no sync with the device.
             last = last or (tol is not None and delta.item() < tol)
-        if labels is not None:
+        if labels is not None and (step.k == 1 or step.k >= first_grad):
             logits = head(step.head_input)
             pass_losses.append(ntp_loss(logits, labels))
         elif last:

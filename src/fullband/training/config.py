@@ -180,7 +180,8 @@ class TrainConfig:
         "sharded torch.distributed.checkpoint files plus a full model.safetensors). One process: no effect.",
     )
     feedback_weight: float = doc(1.0, "λ in L = NTP(pass 1) + λ * mean_{k>=2} NTP(pass k); >= 0 (the paper uses 1).")
-    jitter: float = doc(0.02, "σ of the Uniform(-σ, σ) noise on carried states before fusing; >= 0.")
+    jitter: float = doc(0.02, "σ of the Uniform(-σ, σ) noise on carried states before fusing; >= 0. Not applied "
+                              "with grad_passes > 0 (the truncated-gradient reports were trained without it).")
     detach_passes: bool = doc(
         False, "Stop gradients between passes (saves memory; the paper backpropagates through all passes)."
     )
@@ -188,7 +189,9 @@ class TrainConfig:
         0,
         "Truncated gradient (ours): in a multi-pass batch only pass 1 and the last grad_passes passes run with "
         "gradients and are scored, the passes between without (about 3x cheaper each), and the batch runs at most "
-        "the passes that make every position exact; 0 = every pass with gradients (the paper). One process only.",
+        "the passes that make every position exact (reaching them with one plain prefix, the last passes start "
+        "from the fixed point, computed sequentially); no jitter; decided on each step's global batch, so DDP and "
+        "FSDP train as one process; 0 = every pass with gradients (the paper).",
     )
     prefix_mixin: bool = doc(
         True,

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from fullband.config import ConfigError
 from fullband.configio import config_to_dict
 from fullband.model import FeedbackLM
+from fullband.model.recurrence import truncation
 from fullband.training.checkpoint import (
     TrainingState,
     capture_process_rng,
@@ -161,7 +162,11 @@ class Trainer:
             )
         inputs = inputs.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
-        prefixes = self._plain_prefixes(rows, seq_len, passes)  # (rows,), or (passes, rows) per pass
+        prefixes, everyone = self._plain_prefixes(rows, seq_len, passes)  # (rows,), or (passes, rows) per pass
+        # Truncated gradients: the passes and where they start are decided on the step's global batch, so every
+        # micro-batch of every process runs what one process would on all of it.
+        passes, fixed_point = (truncation(everyone, seq_len, passes, cfg.grad_passes)
+                               if cfg.grad_passes > 0 and passes > 1 else (passes, None))
 
         totals: dict[str, Any] = {}
         for micro in range(cfg.grad_accum):
@@ -169,7 +174,8 @@ class Trainer:
             with self._grad_sync(micro == cfg.grad_accum - 1):
                 with self._autocast():
                     loss, metrics = multipass_loss(self.model, inputs[rows_here], labels[rows_here], passes, cfg,
-                                                   None, z_loss_weight=z_weight, plain_prefix=prefixes[..., rows_here])
+                                                   None, z_loss_weight=z_weight, plain_prefix=prefixes[..., rows_here],
+                                                   fixed_point=fixed_point)
                 (loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
             _accumulate(totals, metrics, cfg.grad_accum)
 
@@ -205,17 +211,17 @@ class Trainer:
             record["mfu"] = self._flops_per_token * step_compute / seconds / self._peak_flops
         return record
 
-    def _plain_prefixes(self, rows: int, seq_len: int, passes: int) -> torch.Tensor:
+    def _plain_prefixes(self, rows: int, seq_len: int, passes: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefix lengths of this rank, its slice of one draw for the global batch: (rows,), or with
-        ``prefix_per_pass`` (passes, rows), a fresh draw for every pass."""
+        ``prefix_per_pass`` (passes, rows), a fresh draw for every pass; and the global draw they come from."""
         if not self.cfg.prefix_mixin:
-            return torch.ones(rows, dtype=torch.long)
+            return torch.ones(rows, dtype=torch.long), torch.ones(rows * self.world_size, dtype=torch.long)
         if self.cfg.prefix_per_pass:
-            everyone = sample_plain_prefix(passes * rows * self.world_size, seq_len, self.generator)
-            return everyone.view(passes, -1)[:, self.rank * rows : (self.rank + 1) * rows]
+            everyone = sample_plain_prefix(passes * rows * self.world_size, seq_len, self.generator).view(passes, -1)
+            return everyone[:, self.rank * rows : (self.rank + 1) * rows], everyone
         # Drawn even for single-pass steps, so the prefixes of a step do not depend on the pass schedule.
         everyone = sample_plain_prefix(rows * self.world_size, seq_len, self.generator)
-        return everyone[self.rank * rows : (self.rank + 1) * rows]
+        return everyone[self.rank * rows : (self.rank + 1) * rows], everyone
 
     def _z_loss_weight(self, step: int) -> float:
         when = self.optim_cfg.z_loss_when
