@@ -12,7 +12,8 @@ from fullband import FullBandwidthLM
 
 # AdamW: (Nor)Muon refuses FSDP's shards, and its bf16 orthogonalisation turns the all-reduce's last-bit
 # differences into ~1e-4 ones, more than this comparison of the gradient averaging allows.
-TINY = ["--optim.optimizer", "adamw", "--model.d_model", "32", "--model.n_layers", "2", "--model.n_heads", "2", "--train.seq_len", "32",
+TINY = ["--optim.optimizer", "adamw",
+        "--model.d_model", "32", "--model.n_layers", "2", "--model.n_heads", "2", "--train.seq_len", "32",
         "--train.max_steps", "4", "--train.log_every", "1", "--optim.warmup_steps", "2",
         "--schedule.feedback_start", "0.5", "--train.checkpoint_every", "2", "--train.parallel", "fsdp",
         "--train.eval_every", "4", "--train.eval_batches", "1",  # validation runs on the sharded model
