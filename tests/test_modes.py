@@ -98,3 +98,27 @@ def test_the_names_written_into_results_stay_the_committed_strings():
             assert DecodingMode.from_label(label) == DecodingMode.parse(mode, k)
     # state tracking: its prefills are the prefills of standard, fused(1) and exact
     assert PREFILLS == {"standard": 1, "one-step": 2, "exact": None}
+
+
+def test_every_consumer_takes_fused_k_as_fused_with_k_passes():
+    """generate, lm-eval scoring and transformers' generate read ``fused:2`` as ``fused`` with prefill_passes=2."""
+    import torch
+
+    from fullband import FullBandwidthLM, ModelConfig
+    from fullband.integrations.hf import FullBandwidthForCausalLM
+    from fullband.integrations.lm_eval.continuation import score_continuations
+
+    torch.manual_seed(0)
+    model = FullBandwidthLM(ModelConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, max_seq_len=32,
+                                        feedback=True)).double().eval()
+    with torch.no_grad():
+        model.fusion.state_proj.weight.mul_(30)  # so that the pass count shows in the tokens
+    prompt = [5, 17, 3, 44, 8, 21]
+    two = model.generate(prompt, 8, mode="fused", prefill_passes=2)
+    assert model.generate(prompt, 8, mode="fused:2") == two
+    assert model.generate(prompt, 8, mode=fused(2), prefill_passes=7) == two  # a parsed value carries its count
+    assert model.generate(prompt, 8, mode="fused:0") != two or model.generate(prompt, 8, mode="fused:1") != two
+    pairs = [(prompt, [9, 2, 30]), (prompt[:2], [4])]
+    assert score_continuations(model, pairs, "fused:2") == score_continuations(model, pairs, "fused", prefill_passes=2)
+    hf = FullBandwidthForCausalLM.from_native(model, decoding_mode="fused:2").eval()
+    assert hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0].tolist() == two

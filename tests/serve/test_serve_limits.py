@@ -23,6 +23,7 @@ from serve_fixtures import (  # noqa: F401 (fixtures)
 
 BAD = [
     ({"prompt": [1, 2], "mode": "turbo"}, "mode"),
+    ({"prompt": [1, 2], "mode": "fused:-1"}, "mode"),
     ({"prompt": [1, 2], "max_tokens": -3}, "max_tokens"),
     ({"prompt": [1, 2], "max_tokens": "5"}, "max_tokens"),
     ({"prompt": [1, 2], "temperature": "hot"}, "temperature"),
