@@ -144,10 +144,10 @@ def stream(
         return
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     if is_looped(model):  # no recurrence along the sequence: whole-sequence passes per token (generation.looped)
-        check_looped_options(decoding.name, speculative)
+        check_looped_options(decoding, speculative)
         if decoding.feeds_back:
-            yield from looped_stream(model, ids, mask, max_new_tokens, decoding.name, decoding.passes, temperature,
-                                     top_k, top_p, generator, stop_token_ids, pad_token_id)
+            yield from looped_stream(model, ids, mask, max_new_tokens, decoding, temperature, top_k, top_p, generator,
+                                     stop_token_ids, pad_token_id)
             return
     state = prefill(model, ids, mask, decoding, ids.shape[1] + max_new_tokens, exact_chunk_size=exact_chunk_size,
                     exact_tol=exact_tol)
