@@ -431,8 +431,8 @@ def test_a_bad_option_is_answered_before_torch_is_imported():
             "assert rc == 2 and 'torch' not in sys.modules, sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stderr.strip() == ("fullband generate: error: mode='fast' is invalid: must be one of "
-                                   "('standard', 'soft', 'fused', 'exact')")
+    assert proc.stderr.strip() == ("fullband generate: error: mode='fast' is invalid: must be one of standard, soft, "
+                                   "fused (with prefill_passes), fused:K (K >= 0 extra fused prompt passes), exact")
 
 
 def test_the_console_script_answers_an_unavailable_gpu_in_one_line(world, tmp_path):

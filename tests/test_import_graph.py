@@ -25,7 +25,7 @@ WRITTEN_NOT_IMPORTED = "RemoteCode"  # its string arguments name modules for gen
 # Lowest first; a module imports only from its own layer or below. The longest matching package decides (the
 # top-level package ``fullband``, the public API's lazy facade, matches only itself).
 LAYERS = (
-    ("fullband.version", "fullband.config", "fullband.configio", "fullband.devices"),  # settings, no torch
+    ("fullband.version", "fullband.config", "fullband.configio", "fullband.devices", "fullband.modes"),  # no torch
     ("fullband.model",),  # the network: stands alone
     ("fullband.generation", "fullband.tasks"),  # decoding; synthetic tasks
     ("fullband.integrations",),  # model families, transformers and llama conversion

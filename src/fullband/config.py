@@ -251,24 +251,6 @@ DEFAULT_MODE = "soft"
 DEFAULT_SCORE_MODE = "standard"
 
 
-def validate_decoding_options(
-    mode: str, prefill_passes: int, temperature: float, top_k: int, top_p: float, max_new_tokens: int,
-    exact_chunk_size: int,
-) -> None:
-    """Checks shared by ``generate()`` and ``fullband generate``."""
-    _require(mode in DECODING_MODES, "mode", mode, f"must be one of {DECODING_MODES}")
-    _require(_is_int(prefill_passes) and prefill_passes >= 0, "prefill_passes", prefill_passes,
-             "must be an integer >= 0 (extra fused prompt passes in fused mode)")
-    _require(isinstance(temperature, (int, float)) and temperature >= 0, "temperature", temperature,
-             "must be >= 0 (0 = greedy)")
-    _require(_is_int(top_k) and top_k >= 0, "top_k", top_k, "must be an integer >= 0 (0 = off)")
-    _require(isinstance(top_p, (int, float)) and 0 < top_p <= 1, "top_p", top_p, "must be in (0, 1]")
-    _require(_is_int(max_new_tokens) and max_new_tokens >= 0, "max_new_tokens", max_new_tokens,
-             "must be an integer >= 0")
-    _require(_is_int(exact_chunk_size) and exact_chunk_size >= 1, "exact_chunk_size", exact_chunk_size,
-             "must be an integer >= 1 (1 = sequential)")
-
-
 def validate_speculative_options(drafter: Any, gamma: int, max_gamma: int = 16) -> None:
     """Checks shared by ``generate(..., speculative=...)`` and ``fullband generate --drafter``."""
     _require(_is_int(gamma) and gamma >= 1, "gamma", gamma, "must be an integer >= 1 (tokens drafted per "

@@ -16,7 +16,7 @@ from fullband.data import ByteTokenizer
 from fullband.data.sft import encode_chat
 from fullband.serve.text import CHAT_STOP
 
-MODES = [("standard", 1), ("soft", 1), ("fused", 1), ("fused", 3), ("exact", 1)]
+MODES = [("standard", 1), ("soft", 1), ("fused", 1), ("fused", 3), ("fused:3", 1), ("exact", 1)]
 
 
 def complete(client: httpx.Client, **body) -> dict:
@@ -44,6 +44,8 @@ def test_modes_differ_on_this_model(server):
     """The mode really reaches the model: standard and soft decode differently here (a precondition of the rest)."""
     prompt = [5, 17, 42, 8, 99, 3, 250]
     assert reference(server, prompt, 12, "standard") != reference(server, prompt, 12, "soft")
+    # fused:3 is fused with prefill_passes=3
+    assert reference(server, prompt, 12, "fused:3") == reference(server, prompt, 12, "fused", 3)
 
 
 def test_streaming_sse_matches_non_streaming_and_ends_with_done(server):

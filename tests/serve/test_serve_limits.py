@@ -23,6 +23,7 @@ from serve_fixtures import (  # noqa: F401 (fixtures)
 
 BAD = [
     ({"prompt": [1, 2], "mode": "turbo"}, "mode"),
+    ({"prompt": [1, 2], "mode": "fused:-1"}, "mode"),
     ({"prompt": [1, 2], "max_tokens": -3}, "max_tokens"),
     ({"prompt": [1, 2], "max_tokens": "5"}, "max_tokens"),
     ({"prompt": [1, 2], "temperature": "hot"}, "temperature"),
@@ -136,8 +137,8 @@ def test_serve_bad_option_is_answered_before_torch_or_fastapi_is_imported():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stderr.strip() == ("fullband serve: error: mode='fast' is invalid: must be one of "
-                                   "('standard', 'soft', 'fused', 'exact')")
+    assert proc.stderr.strip() == ("fullband serve: error: mode='fast' is invalid: must be one of standard, soft, "
+                                   "fused (with prefill_passes), fused:K (K >= 0 extra fused prompt passes), exact")
 
 
 def test_serve_missing_checkpoint_is_one_line(tmp_path):

@@ -33,6 +33,7 @@ from fullband.experiments.flops import (
     training_flops,
 )
 from fullband.experiments.study import StudyModel, sft_run_config, train_run
+from fullband.modes import DecodingMode, prefill_of
 from fullband.tasks.reasoning import Problem, prompt, trace
 
 CONTROL_VARIANTS = {"looped": "looped", "equal_flops": "equal-FLOPs baseline"}
@@ -97,11 +98,13 @@ def inference_flops(cell: dict[str, Any], shape: Shape, prompt_len: int, generat
     mode, variant = cell["mode"], cell["variant"]
     if cell["model"] == "looped":
         return decode_flops(shape, prompt_len, generated, mode="looped", passes=looped)
-    if mode == "fused":  # fused(k): 1 + k passes over the prompt
-        return decode_flops(shape, prompt_len, generated, mode="fused", passes=1 + int(variant.split("(")[1][:-1]))
-    if mode == "soft":  # a plain prompt, fused decoding
-        return decode_flops(shape, prompt_len, generated, mode="fused", passes=1)
-    return decode_flops(shape, prompt_len, generated, mode="exact" if mode == "exact" else "standard")
+    # A fused cell's pass count is in its variant ("fullband fused(2)"); soft = one plain pass, then fused decoding.
+    plan = prefill_of(DecodingMode.from_label(variant.split()[-1]) if mode == "fused" else DecodingMode.parse(mode))
+    if plan.exact:
+        return decode_flops(shape, prompt_len, generated, mode="exact")
+    if plan.carries:
+        return decode_flops(shape, prompt_len, generated, mode="fused", passes=plan.passes)
+    return decode_flops(shape, prompt_len, generated, mode="standard")
 
 
 def annotate_flops(cfg: ReasoningConfig, runs: dict[str, dict[str, Any]], cells: list[dict[str, Any]],

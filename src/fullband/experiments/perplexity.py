@@ -25,6 +25,7 @@ from fullband.data import TokenSplit
 from fullband.experiments.config import EXACT_METHODS
 from fullband.experiments.passes import iterate_passes, token_nll_sum
 from fullband.model import FullBandwidthLM, LMOutput
+from fullband.modes import STANDARD, fused
 
 
 @dataclass
@@ -43,7 +44,8 @@ class ModeResult:
 
 
 def mode_name(extra_passes: int) -> str:
-    return "standard" if extra_passes == 0 else f"fused{extra_passes}"
+    """The results key: ``standard`` (one plain pass, what fused(0) scores too) or ``fusedK``."""
+    return (STANDARD if extra_passes == 0 else fused(extra_passes)).result_key
 
 
 @torch.no_grad()

@@ -13,9 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
+from fullband.experiments.synthetic_config import STATE_PREFILL_MODES
 from fullband.model import FeedbackLM
+from fullband.modes import prefill_of
 
-PREFILLS = {"standard": 1, "one-step": 2, "exact": None}  # name -> passes (None = full recurrence)
+# name -> passes: standard 1, one-step 2 (fused(1)), exact None (the full recurrence)
+PREFILLS = {name: prefill_of(mode).passes for name, mode in STATE_PREFILL_MODES.items()}
 
 
 @torch.no_grad()

@@ -19,6 +19,7 @@ from fullband.experiments.results import write_json
 from fullband.experiments.study import summarize
 from fullband.model import FullBandwidthLM
 from fullband.model_io import load_any
+from fullband.modes import DecodingMode
 from fullband.tasks.reasoning import Problem, ReasoningTask, TracedProblem
 
 TOLERANCE = 0.05  # "equal accuracy" = within 5 points of the baseline's best
@@ -28,7 +29,7 @@ METRICS = ("accuracy", "exact_trace", "mean_len", "median_len", "ms_per_problem"
 def variant_name(kind: str, mode: str, fused_passes: int) -> str:
     if kind == "baseline":
         return "baseline"
-    return f"fullband {mode}" + (f"({fused_passes})" if mode == "fused" else "")
+    return f"fullband {DecodingMode.parse(mode, fused_passes).label}"  # e.g. "fullband fused(2)"
 
 
 @torch.no_grad()

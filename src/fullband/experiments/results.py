@@ -12,11 +12,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-MODE_LABELS = {"standard": "standard", "exact": "exact"}
+from fullband.modes import DecodingMode
 
 
 def mode_label(mode: str) -> str:
-    return MODE_LABELS.get(mode) or f"fused({mode.removeprefix('fused')})"
+    """A results key (``standard``, ``fused2``, ``exact``) as the report prints it (``fused(2)``)."""
+    return DecodingMode.from_result_key(mode).label
 
 
 def run_names(results: dict[str, Any]) -> list[str]:

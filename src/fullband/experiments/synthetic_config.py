@@ -19,6 +19,7 @@ from fullband.config import (
     validate_device_name,
     validate_threads,
 )
+from fullband.modes import EXACT, STANDARD, fused
 from fullband.training.config import DataConfig, OptimConfig, ScheduleConfig, TrainConfig, TrainModelConfig
 
 # The training knobs of the two models live in fullband train's sections ([model], [train], [optim], [schedule]),
@@ -260,6 +261,8 @@ class ReasoningConfig(SyntheticStudyConfig):
 
 STATE_TASKS = ("completion", "memory", "registers")
 STATE_PREFILLS = ("standard", "one-step", "exact")
+# The decoding mode whose prefill each probed prefill is (fullband.modes.prefill_of gives its passes).
+STATE_PREFILL_MODES = {"standard": STANDARD, "one-step": fused(1), "exact": EXACT}
 _STATE_PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(seq_len=12, train_per_task=200, probe_train=32, probe_test=32, d_model=32, n_layers=2, n_heads=2,
                   steps=8, batch_size=8, lr=3e-3),

@@ -9,11 +9,11 @@ from fullband.config import (
     _require,
     doc,
     threads_field,
-    validate_decoding_options,
     validate_device_name,
     validate_speculative_options,
     validate_threads,
 )
+from fullband.modes import validate_decoding_options
 
 
 @dataclass
@@ -22,7 +22,8 @@ class GenerateConfig:
 
     checkpoint: str = doc("", "Model directory written by save_pretrained / fullband train (required).")
     prompt: str = doc("", "Prompt text (or space/comma-separated token ids when no tokenizer is saved).")
-    mode: str = doc(DEFAULT_MODE, "Decoding mode: standard | soft | fused | exact (DESIGN.md section 4).")
+    mode: str = doc(DEFAULT_MODE, "Decoding mode: standard | soft | fused | fused:K | exact (DESIGN.md section 4; "
+                    "fused = fused:prefill_passes).")
     max_new_tokens: int = doc(64, "Tokens to generate.")
     prefill_passes: int = doc(1, "fused mode: extra fused (Jacobi) passes over the prompt.")
     exact_chunk_size: int = doc(1, "exact mode: prompt chunk per exact Jacobi solve (1 = sequential).")

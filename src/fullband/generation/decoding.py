@@ -6,8 +6,12 @@ carried state is fed back:
 
 - ``standard``: plain prefill, plain decoding (an ordinary transformer);
 - ``soft``: plain prefill, fused decoding from the first generated token on;
-- ``fused``: the prompt gets ``prefill_passes`` extra fused passes (Jacobi, p = 1), then fused decoding;
+- ``fused:k`` (or ``fused`` with ``prefill_passes=k``): the prompt gets ``k`` extra fused passes (Jacobi, p = 1),
+  then fused decoding;
 - ``exact``: the prompt is fully recurrent (sequential, or exact Jacobi per chunk), then fused decoding.
+
+A mode is parsed once into a :class:`~fullband.modes.DecodingMode`; :func:`~fullband.modes.prefill_of` says what it
+does with the prompt.
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from fullband.config import DECODING_MODES, DEFAULT_MODE, validate_decoding_options
+from fullband.config import DECODING_MODES, DEFAULT_MODE
 from fullband.generation.looped import check_looped_options, is_looped, looped_stream
 from fullband.generation.sampling import sample_next
 from fullband.generation.speculative import SpeculativeConfig, speculative_stream
 from fullband.generation.state import DecodeState
 from fullband.model import FeedbackLM, FullBandwidthLM
+from fullband.modes import DecodingMode, prefill_of, validate_decoding_options
 
 MODES = DECODING_MODES
 
@@ -63,13 +68,15 @@ def prefill(
     model: FullBandwidthLM,
     ids: torch.Tensor,  # (B, T) left-padded prompt
     mask: torch.Tensor,  # (B, T)
-    mode: str,
+    mode: str | DecodingMode,
     max_len: int,
     prefill_passes: int = 1,
     exact_chunk_size: int = 1,
     exact_tol: float | None = None,
 ) -> DecodeState:
-    """Run the prompt through the model in ``mode`` and return the state to decode from."""
+    """Run the prompt through the model in ``mode`` and return the state to decode from. ``prefill_passes`` is the
+    pass count of a bare ``"fused"``."""
+    plan = prefill_of(DecodingMode.parse(mode, prefill_passes))
     B, T = ids.shape
     if max_len > model.config.max_seq_len:
         raise ValueError(f"prompt ({T} tokens, padded) + max_new_tokens = {max_len} exceeds the model context "
@@ -77,15 +84,15 @@ def prefill(
     cache = model.new_cache(B, max_len)
     # With left padding, a row's first real token is the one that must stay plain (p = 1 in that row).
     first_real = (mask.shape[1] - mask.sum(dim=1)).to(ids.device)
-    if mode in ("standard", "soft"):
-        out = model(ids, passes=1, cache=cache, attention_mask=mask, logits_to_keep=1)
-    elif mode == "fused":
-        out = model(ids, passes=1 + prefill_passes, plain_prefix=first_real + 1, cache=cache,
-                    attention_mask=mask, logits_to_keep=1)
-    else:
+    if plan.exact:
         out = model.prefill(ids, cache, first_real + 1, chunk_size=exact_chunk_size, tol=exact_tol,
                             attention_mask=mask)
-    carried = None if mode == "standard" or model.fusion is None else out.hidden[:, -1]
+    elif plan.passes == 1:
+        out = model(ids, passes=1, cache=cache, attention_mask=mask, logits_to_keep=1)
+    else:
+        out = model(ids, passes=plan.passes, plain_prefix=first_real + 1, cache=cache, attention_mask=mask,
+                    logits_to_keep=1)
+    carried = out.hidden[:, -1] if plan.carries and model.fusion is not None else None
     return DecodeState(cache=cache, carried=carried, next_logits=out.logits[:, -1], prompt_len=T)
 
 
@@ -93,7 +100,10 @@ def prefill(
 def decode_step(model: FullBandwidthLM, state: DecodeState, tokens: torch.Tensor) -> None:
     """Feed the chosen tokens (B,) and advance ``state`` by one position."""
     ones = torch.ones(tokens.shape[0], 1, dtype=torch.long, device=tokens.device)
-    out = model(tokens[:, None], plain_prefix=state.prompt_len, cache=state.cache, carried_state=state.carried,
+    plain_prefix: int | torch.Tensor = state.prompt_len
+    if state.plain_rows is not None:  # a plain row's prefix lies past every position the cache can hold
+        plain_prefix = torch.where(state.plain_rows, state.cache.max_len + 1, max(state.prompt_len, 1))
+    out = model(tokens[:, None], plain_prefix=plain_prefix, cache=state.cache, carried_state=state.carried,
                 attention_mask=ones)
     state.next_logits = out.logits[:, -1]
     if state.carried is not None:
@@ -105,7 +115,7 @@ def stream(
     model: FullBandwidthLM,
     prompt_ids: PromptInput,
     max_new_tokens: int = 64,
-    mode: str = DEFAULT_MODE,
+    mode: str | DecodingMode = DEFAULT_MODE,
     *,
     prefill_passes: int = 1,
     temperature: float = 0.0,
@@ -125,7 +135,8 @@ def stream(
     :class:`~fullband.generation.speculative.SpeculativeConfig` or its fields as a dict) drafts and verifies several
     tokens per target call; the tokens are the same (greedy) or follow the same distribution (sampling).
     """
-    validate_decoding_options(mode, prefill_passes, temperature, top_k, top_p, max_new_tokens, exact_chunk_size)
+    decoding = validate_decoding_options(mode, prefill_passes, temperature, top_k, top_p, max_new_tokens,
+                                         exact_chunk_size)
     device = model.embed.weight.device
     ids, mask = _as_batch(prompt_ids, attention_mask)
     ids, mask = ids.to(device), mask.to(device)
@@ -133,13 +144,13 @@ def stream(
         return
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     if is_looped(model):  # no recurrence along the sequence: whole-sequence passes per token (generation.looped)
-        check_looped_options(mode, speculative)
-        if mode != "standard":
-            yield from looped_stream(model, ids, mask, max_new_tokens, mode, prefill_passes, temperature, top_k,
-                                     top_p, generator, stop_token_ids, pad_token_id)
+        check_looped_options(decoding, speculative)
+        if decoding.feeds_back:
+            yield from looped_stream(model, ids, mask, max_new_tokens, decoding, temperature, top_k, top_p, generator,
+                                     stop_token_ids, pad_token_id)
             return
-    state = prefill(model, ids, mask, mode, ids.shape[1] + max_new_tokens, prefill_passes, exact_chunk_size,
-                    exact_tol)
+    state = prefill(model, ids, mask, decoding, ids.shape[1] + max_new_tokens, exact_chunk_size=exact_chunk_size,
+                    exact_tol=exact_tol)
     if speculative is not None:
         yield from speculative_stream(model, state, ids, mask, max_new_tokens, speculative, temperature, top_k, top_p,
                                       generator, stop_token_ids, pad_token_id)
@@ -161,7 +172,7 @@ def generate(
     model: FullBandwidthLM,
     prompt_ids: PromptInput,
     max_new_tokens: int = 64,
-    mode: str = DEFAULT_MODE,
+    mode: str | DecodingMode = DEFAULT_MODE,
     **kwargs,
 ) -> torch.Tensor | list[int] | list[list[int]]:
     """Prompt + generated tokens.

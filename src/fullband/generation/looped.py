@@ -7,7 +7,7 @@ K whole-sequence passes per token, which is fine for the short completions it is
 reasoning: 2-3 tokens).
 
 - ``standard``: one plain pass, the ordinary transformer (the usual cached path, nothing looped about it);
-- ``fused``: ``1 + prefill_passes`` passes;
+- ``fused:k``: ``1 + k`` passes;
 - ``exact``: as many passes as the full-bandwidth model's Jacobi iteration needs for the sequence (T - p + 1), the
   count a looped model trained with ``passes >= T`` ran;
 - ``soft`` and speculative decoding need the carried state, so they are refused.
@@ -21,6 +21,7 @@ import torch
 
 from fullband.generation.sampling import sample_next
 from fullband.model import FeedbackLM, exact_pass_count
+from fullband.modes import DecodingMode, prefill_of
 
 LOOPED_MODES = ("standard", "fused", "exact")
 
@@ -30,20 +31,21 @@ def is_looped(model: FeedbackLM) -> bool:
     return model.fuse is not None and model.feedback_shift == 0
 
 
-def check_looped_options(mode: str, speculative: object | None) -> None:
-    if mode not in LOOPED_MODES:
-        raise ValueError(f"mode={mode!r} is not available for a looped model (feedback_shift=0): it needs the state "
-                         f"carried along the sequence, which a looped model does not have; use one of {LOOPED_MODES}")
+def check_looped_options(mode: DecodingMode, speculative: object | None) -> None:
+    if mode.name not in LOOPED_MODES:
+        raise ValueError(f"mode={mode.name!r} is not available for a looped model (feedback_shift=0): it needs the "
+                         f"state carried along the sequence, which a looped model does not have; use one of "
+                         f"{LOOPED_MODES}")
     if speculative is not None:
         raise ValueError("speculative decoding is not available for a looped model (feedback_shift=0): its "
                          "verification needs the recurrence along the sequence")
 
 
-def looped_passes(mode: str, prefill_passes: int, T: int) -> int:
-    """Passes each forward of a looped model runs in ``mode`` over a sequence of ``T`` tokens (plain prefix 1)."""
-    if mode == "standard":
-        return 1
-    return 1 + prefill_passes if mode == "fused" else exact_pass_count(1, T, 0, False)
+def looped_passes(mode: DecodingMode, T: int) -> int:
+    """Passes each forward of a looped model runs in ``mode`` over a sequence of ``T`` tokens (plain prefix 1): its
+    prefill's, and for exact the count the full-bandwidth model's Jacobi iteration needs."""
+    plan = prefill_of(mode)
+    return exact_pass_count(1, T, 0, False) if plan.exact else plan.passes
 
 
 @torch.no_grad()
@@ -52,8 +54,7 @@ def looped_stream(
     ids: torch.Tensor,  # (B, T) left-padded prompts
     mask: torch.Tensor,  # (B, T)
     max_new_tokens: int,
-    mode: str,
-    prefill_passes: int,
+    mode: DecodingMode,
     temperature: float,
     top_k: int,
     top_p: float,
@@ -72,7 +73,7 @@ def looped_stream(
     first_real = (mask.shape[1] - mask.sum(dim=1)).to(ids.device)
     for _ in range(max_new_tokens):
         # the pass count follows the real tokens of the longest row (the count a sequence of that length needs)
-        passes = looped_passes(mode, prefill_passes, int(mask.sum(dim=1).max()))
+        passes = looped_passes(mode, int(mask.sum(dim=1).max()))
         logits = model(ids, passes=passes, plain_prefix=first_real + 1, attention_mask=mask, logits_to_keep=1).logits
         token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
         token = torch.where(finished, torch.full_like(token, pad), token)

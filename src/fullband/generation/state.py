@@ -17,3 +17,6 @@ class DecodeState:
     carried: torch.Tensor | None  # (B, D); None = plain decoding
     next_logits: torch.Tensor  # (B, V) logits for the next token
     prompt_len: int  # padded prompt length: generated positions start here
+    # (B,) bool: rows decoded plain although the batch carries states (a server batch mixing standard requests with
+    # fused ones); None = every row as ``carried`` says
+    plain_rows: torch.Tensor | None = None

@@ -23,11 +23,12 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from fullband.config import DECODING_MODES, ConfigError, ModelConfig, validate_decoding_options
+from fullband.config import ModelConfig
 from fullband.generation.decoding import DecodeState, decode_step, prefill
 from fullband.integrations._hf_compat import OUTPUT_CACHE_FIELD
 from fullband.model import FullBandwidthLM, hub
 from fullband.model.layers import RMSNorm, rope_inv_freq
+from fullband.modes import DecodingMode, validate_decoding_options
 
 try:  # transformers >= 5: init functions that skip tensors already loaded from a checkpoint
     from transformers import initialization as init
@@ -43,8 +44,9 @@ _MODEL_FIELDS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 class FullBandwidthConfig(PretrainedConfig):
     """Every :class:`~fullband.ModelConfig` field under its own name, plus the default decoding of ``generate``:
-    ``decoding_mode`` (standard | soft | fused | exact), ``prefill_passes`` (fused) and ``exact_chunk_size`` (exact),
-    and ``score_mode``, the mode of a forward without a decoding state (see ``fullband.model.hub.DECODING_DEFAULTS``).
+    ``decoding_mode`` (standard | soft | fused | fused:K | exact), ``prefill_passes`` (a bare fused) and
+    ``exact_chunk_size`` (exact), and ``score_mode``, the mode of a forward without a decoding state (see
+    ``fullband.model.hub.DECODING_DEFAULTS``).
     """
 
     model_type = MODEL_TYPE
@@ -133,17 +135,16 @@ class FeedbackForwardMixin:
             mode = decoding_mode or self.config.decoding_mode
             passes_k = self.config.prefill_passes if prefill_passes is None else prefill_passes
             chunk = exact_chunk_size or self.config.exact_chunk_size
-            _check_decoding(mode, passes_k, chunk)
+            decoding = _check_decoding(mode, passes_k, chunk)
             mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
             max_len = self._prefill_cache_len(input_ids.shape[1])
-            state = prefill(lm, input_ids, mask.long(), mode, max_len, passes_k, chunk)
+            state = prefill(lm, input_ids, mask.long(), decoding, max_len, exact_chunk_size=chunk)
             logits = state.next_logits[:, None]
         else:
             if decoding_mode is not None:
                 raise ValueError("decoding_mode needs a decoding state: generate with use_cache=True (the default)")
-            score_mode = self.config.score_mode
-            if passes is None and score_mode != "standard" and lm.config.feedback:
-                _check_decoding(score_mode, self.config.prefill_passes, self.config.exact_chunk_size, score_mode)
+            score_mode = DecodingMode.parse(self.config.score_mode, name="score_mode")
+            if passes is None and score_mode.feeds_back and lm.config.feedback:
                 chunk = self.config.exact_chunk_size
                 out = lm.forward_exact(input_ids, plain_prefix=plain_prefix, attention_mask=attention_mask,
                                                  method="sequential" if chunk == 1 else "chunked", chunk_size=chunk)
@@ -233,11 +234,11 @@ class FullBandwidthForCausalLM(FeedbackForwardMixin, PreTrainedModel, Generation
         _ensure_room(self._native, state)
 
 
-def _check_decoding(mode: str, prefill_passes: int, exact_chunk_size: int, score_mode: str = "standard") -> None:
+def _check_decoding(mode: str, prefill_passes: int, exact_chunk_size: int, score_mode: str = "standard"
+                    ) -> DecodingMode:
     # The sampling options are generate's own (GenerationConfig); only the mode's options are checked here.
-    validate_decoding_options(mode, prefill_passes, 0.0, 0, 1.0, 0, exact_chunk_size)
-    if score_mode not in DECODING_MODES:
-        raise ConfigError(f"score_mode={score_mode!r} is invalid: must be one of {DECODING_MODES}")
+    DecodingMode.parse(score_mode, name="score_mode")
+    return validate_decoding_options(mode, prefill_passes, 0.0, 0, 1.0, 0, exact_chunk_size)
 
 
 def _next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -42,6 +44,31 @@ class CacheSlots:
         self.valid[:, length : self.length] = False
         self.length = length
 
+    def can_gather_rows(self) -> bool:
+        """Whether :meth:`gather_rows` works for this cache (what continuous batching regroups)."""
+        return False
+
+    def gather_rows(self, rows: Sequence[tuple[CacheSlots, int]]) -> None:
+        """Fill this fresh cache, one row per ``(source cache, row)`` of ``rows`` (caches of this kind), with each
+        source row's cached tokens right-aligned (left padding, as batched decoding does): rows of any length then
+        decode side by side. ``valid`` marks the real slots and ``next_position`` keeps each row's RoPE position."""
+        if self.length or len(rows) != self.batch_size:
+            raise ValueError(f"gather_rows fills a fresh cache of {len(rows)} rows; this one has {self.batch_size} "
+                             f"rows and {self.length} committed slots")
+        lengths = [int(src.next_position[i]) for src, i in rows]
+        L = max(lengths)
+        self.check_room(L)
+        self._copy_rows(rows, lengths, L)
+        for new_row, n in enumerate(lengths):
+            self.valid[new_row, L - n : L] = True
+        self.next_position[:] = torch.tensor(lengths, device=self.next_position.device)
+        self.length = L
+
+    def _copy_rows(self, rows: Sequence[tuple[CacheSlots, int]], lengths: list[int], L: int) -> None:
+        """Copy the last ``lengths[j]`` committed slots of source row ``rows[j]`` into slots ``L - n .. L`` of row
+        ``j`` (each row's real tokens are its last committed slots: every cache is left-padded)."""
+        raise NotImplementedError(f"rows of a {type(self).__name__} cannot be gathered")
+
 
 class KVCache(CacheSlots):
     """Keys/values of every layer, which slots hold real tokens, and each row's next RoPE position.
@@ -71,3 +98,13 @@ class KVCache(CacheSlots):
         self.keys[layer, :, :, self.length : end] = k
         self.values[layer, :, :, self.length : end] = v
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def can_gather_rows(self) -> bool:
+        return True
+
+    def _copy_rows(self, rows: Sequence[tuple[CacheSlots, int]], lengths: list[int], L: int) -> None:
+        for new_row, ((src, i), n) in enumerate(zip(rows, lengths, strict=True)):
+            if not isinstance(src, KVCache):
+                raise TypeError(f"a KVCache gathers rows of KVCaches, not of a {type(src).__name__}")
+            self.keys[:, new_row, :, L - n : L] = src.keys[:, i, :, src.length - n : src.length]
+            self.values[:, new_row, :, L - n : L] = src.values[:, i, :, src.length - n : src.length]

@@ -11,10 +11,10 @@ from fullband.config import (
     _require,
     doc,
     threads_field,
-    validate_decoding_options,
     validate_device_name,
     validate_threads,
 )
+from fullband.modes import validate_decoding_options
 
 API_KEY_ENV = "FULLBAND_API_KEY"
 SERVE_DTYPES = ("float32", "bfloat16")
@@ -29,7 +29,8 @@ class ServeConfig:
     port: int = doc(8000, "TCP port to listen on (0 = any free port).")
     max_batch: int = doc(16, "Most sequences decoded together in one engine step.")
     max_queue: int = doc(64, "Most requests waiting for a batch slot; beyond it requests get HTTP 429.")
-    mode: str = doc(DEFAULT_MODE, "Default decoding mode: standard | soft | fused | exact (a request's `mode` wins).")
+    mode: str = doc(DEFAULT_MODE, "Default decoding mode: standard | soft | fused | fused:K | exact (a request's "
+                    "`mode` wins).")
     prefill_passes: int = doc(1, "Default extra fused prompt passes in fused mode (a request's field wins).")
     exact_chunk_size: int = doc(1, "exact mode: prompt chunk per exact Jacobi solve (1 = sequential).")
     interleave_prefill: bool = doc(True, "Exact-mode prompts prefill between decoding steps: one token per step "

@@ -14,10 +14,10 @@ One background thread owns every active sequence. Each loop iteration it
 A sequence's decoding state is its KV cache rows plus its last carried state ``h`` (DESIGN.md §4). The batch
 keeps the rows right-aligned in one cache (left padding, as batched decoding does), so a row at any length decodes
 next to any other; whenever the membership changes the rows are copied into a fresh cache whose padded length is
-the longest row's, which keeps it within the model context (:mod:`~fullband.serve.batching`: the native KVCache and
-a retrofitted model's transformers cache alike). Modes mix in one step:
-a row is fused (soft, fused, exact) or plain (standard) through a per-row ``plain_prefix``, and its own carried
-state. Greedy tokens are those of the same request decoded alone (``tests/serve`` checks it).
+the longest row's, which keeps it within the model context (the cache's own ``gather_rows``: the native KVCache and
+a retrofitted model's cache alike). Each step is :func:`fullband.generation.decoding.decode_step` over the batch.
+Modes mix in one step: a row is fused (soft, fused, exact) or plain (standard, ``DecodeState.plain_rows``), with
+its own carried state. Greedy tokens are those of the same request decoded alone (``tests/serve`` checks it).
 
 A model whose cache rows cannot be gathered (a transformers cache with sliding-window layers) decodes each sequence
 as its own batch of one, in the same loop.
@@ -34,9 +34,11 @@ from collections.abc import Sequence
 
 import torch
 
+from fullband.generation.decoding import decode_step
 from fullband.generation.sampling import sample_next
+from fullband.generation.state import DecodeState
 from fullband.model import FeedbackLM
-from fullband.serve.batching import gather_rows, regroupable, release_free_memory
+from fullband.serve.batching import gather_rows, release_free_memory
 from fullband.serve.prefill import Admission, _Batch, _Chunked, _Sequence
 from fullband.serve.requests import (
     MAX_TOP_LOGPROBS,
@@ -71,9 +73,9 @@ class Engine(Admission):
         self.max_queue = max_queue
         self.exact_chunk_size = exact_chunk_size
         self.interleave_prefill = interleave_prefill
-        # Whether rows of this model's cache can be gathered into one batch cache (serve.batching); if not, each
-        # sequence decodes as its own batch of one.
-        self.regroups = regroupable(model.new_cache(1, 1))
+        # Whether rows of this model's cache can be gathered into one batch cache (the cache's gather_rows); if not,
+        # each sequence decodes as its own batch of one.
+        self.regroups = model.new_cache(1, 1).can_gather_rows()
         self.device = model.embed.weight.device
         self.vocab_size = int(model.config.vocab_size)
         self.context = int(model.config.max_seq_len)
@@ -206,17 +208,17 @@ class Engine(Admission):
         B = len(batch.sequences)
         fed = [s.feed.pop(0) if s.feed and not s.done else None for s in batch.sequences]
         self.interleaved_prompt_tokens += sum(t is not None for t in fed)
-        tokens = torch.tensor([[t if t is not None else s.last_token if not s.done else 0]
+        tokens = torch.tensor([t if t is not None else s.last_token if not s.done else 0
                                for s, t in zip(batch.sequences, fed, strict=True)], device=self.device)
         # Fused rows feed their carried state into every generated position; plain rows never do.
-        never = self.context + 1
-        plain_prefix = torch.tensor([1 if s.fused else never for s in batch.sequences], device=self.device)
-        carried = batch.carried if any(s.fused for s in batch.sequences) else None
-        out = self.model(tokens, plain_prefix=plain_prefix, cache=batch.cache, carried_state=carried,
-                         attention_mask=torch.ones_like(tokens))
-        batch.logits = out.logits[:, -1]
-        if carried is not None:
-            batch.carried = out.hidden[:, -1]
+        fused = [s.fused for s in batch.sequences]
+        plain_rows = None if all(fused) else torch.tensor([not f for f in fused], device=self.device)
+        state = DecodeState(batch.cache, batch.carried if any(fused) else None, batch.logits, prompt_len=1,
+                            plain_rows=plain_rows)
+        decode_step(self.model, state, tokens)  # the generation module's step, on the whole batch
+        batch.logits = state.next_logits
+        if state.carried is not None:
+            batch.carried = state.carried
         self.steps += 1
         self.rows_stepped += B
         self._emit_tokens(batch)

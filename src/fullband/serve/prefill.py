@@ -12,6 +12,7 @@ import torch
 from fullband.generation.decoding import left_pad, prefill
 from fullband.model import FeedbackLM
 from fullband.model.kv_cache import CacheSlots
+from fullband.modes import EXACT, SOFT, STANDARD, fused, prefill_of
 from fullband.serve.requests import GenerationRequest, Handle, Listener, useful_passes
 
 log = logging.getLogger("fullband.serve")
@@ -97,25 +98,25 @@ class Admission:
 
     def _prefill_kind(self, seq: _Sequence) -> tuple[str, int]:
         """Which prefill computation a sequence needs: arrivals of one kind share a forward."""
-        request = seq.request
-        if request.mode == "fused":
-            return "fused", useful_passes(request.prefill_passes, len(request.prompt_ids))
-        if request.mode == "exact" and not self._interleaves(seq):
-            return "exact", 0
-        # standard and soft prompts, and an interleaved exact prompt's first token (always plain): one plain pass
-        return "plain", 0
+        plan = prefill_of(seq.request.decoding)
+        if plan.exact:
+            # an interleaved exact prompt's first token (always plain) is prefilled by one plain pass
+            return ("plain", 0) if self._interleaves(seq) else ("exact", 0)
+        if plan.passes > 1:
+            return "fused", useful_passes(plan.passes - 1, len(seq.request.prompt_ids))
+        return "plain", 0  # standard and soft prompts: one plain pass
 
     def _interleaves(self, seq: _Sequence) -> bool:
         """Does this exact-mode prompt feed its tokens after the first inside decoding steps? Sequential exact
         prefill (chunks of one) is fused decoding with the prompt's tokens in place of sampled ones, so it runs
         as one more row of the batch and a long prompt never stalls the running streams."""
-        return (self.interleave_prefill and self.regroups and seq.request.mode == "exact" and self.exact_chunk_size == 1
-                and self.model.fuse is not None)
+        return (self.interleave_prefill and self.regroups and prefill_of(seq.request.decoding).exact
+                and self.exact_chunk_size == 1 and self.model.fuse is not None)
 
     def _chunks(self, seq: _Sequence) -> bool:
         """Is this exact prompt prefilled one Jacobi chunk per iteration, between decoding steps? The chunks and
         their order are those of the whole prefill (``FeedbackLM.prefill``), so the logits are the same."""
-        return (self.interleave_prefill and seq.request.mode == "exact" and self.exact_chunk_size > 1
+        return (self.interleave_prefill and prefill_of(seq.request.decoding).exact and self.exact_chunk_size > 1
                 and self.model.fuse is not None and len(seq.request.prompt_ids) > self.exact_chunk_size)
 
     def _advance_chunked(self) -> list[_Batch]:
@@ -152,7 +153,7 @@ class Admission:
         kind, passes = self._prefill_kind(group[0])
         prompts = [list(s.request.prompt_ids) for s in group]
         for seq, prompt in zip(group, prompts, strict=True):
-            if kind == "plain" and seq.request.mode == "exact":
+            if kind == "plain" and prefill_of(seq.request.decoding).exact:
                 seq.feed = prompt[1:]
                 del prompt[1:]
         ids, mask = left_pad(prompts)
@@ -161,9 +162,10 @@ class Admission:
         # of one decodes on in its prefill cache.
         first = group[0].request
         room = ids.shape[1] if self.regroups else len(first.prompt_ids) + first.sampling.max_tokens
-        mode = {"plain": "soft" if any(s.request.mode != "standard" for s in group) else "standard"}.get(kind, kind)
+        carries = any(prefill_of(s.request.decoding).carries for s in group)
+        mode = {"plain": SOFT if carries else STANDARD, "fused": fused(passes), "exact": EXACT}[kind]
         try:
-            state = prefill(self.model, ids, mask, mode, room, passes, self.exact_chunk_size)
+            state = prefill(self.model, ids, mask, mode, room, exact_chunk_size=self.exact_chunk_size)
         except Exception as err:  # these requests alone fail
             log.exception("prefill failed")
             for seq in group:
@@ -173,7 +175,7 @@ class Admission:
         self.batched_prefills += len(group) > 1
         self.prompt_tokens += sum(len(s.request.prompt_ids) for s in group)
         for seq in group:
-            seq.fused = state.carried is not None and seq.request.mode != "standard"
+            seq.fused = state.carried is not None and prefill_of(seq.request.decoding).carries
         batch = _Batch(group, state.cache, state.carried, state.next_logits)
         self._emit_tokens(batch)
         return batch if any(not s.done for s in group) else None

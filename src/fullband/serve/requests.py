@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fullband.config import DECODING_MODES
+from fullband.config import ConfigError
+from fullband.modes import DecodingMode
 
 MAX_TOP_LOGPROBS = 20
 # Below this a temperature is greedy: logits / 1e-320 overflow to inf, and the limit T -> 0 of sampling is argmax.
@@ -39,9 +40,14 @@ class SamplingParams:
 @dataclass(frozen=True)
 class GenerationRequest:
     prompt_ids: tuple[int, ...]
-    mode: str
+    mode: str | DecodingMode  # as the client typed it: standard | soft | fused | fused:K | exact
     sampling: SamplingParams
-    prefill_passes: int = 1
+    prefill_passes: int = 1  # a bare "fused"'s extra prompt passes
+
+    @property
+    def decoding(self) -> DecodingMode:
+        """The parsed mode (:func:`validate_request` has checked that it parses)."""
+        return DecodingMode.parse(self.mode, self.prefill_passes)
 
 
 @dataclass
@@ -77,11 +83,13 @@ def validate_request(request: GenerationRequest, vocab_size: int, context: int) 
     """Raise :class:`RequestError` naming the field for anything a model of ``vocab_size`` ids and ``context``
     positions cannot run."""
     s = request.sampling
-    if request.mode not in DECODING_MODES:
-        raise RequestError("mode", f"mode {request.mode!r} is unknown: use one of {', '.join(DECODING_MODES)}")
     if not _is_int(request.prefill_passes) or request.prefill_passes < 0:
         raise RequestError("prefill_passes",
                            f"prefill_passes must be an integer >= 0, got {request.prefill_passes!r}")
+    try:
+        DecodingMode.parse(request.mode, request.prefill_passes)
+    except ConfigError as err:
+        raise RequestError("mode", str(err)) from None
     if not _is_int(s.max_tokens) or s.max_tokens < 1:
         raise RequestError("max_tokens", f"max_tokens must be an integer >= 1, got {s.max_tokens!r}")
     if not s.temperature >= 0:

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from fullband.config import DECODING_MODES
 from fullband.data.sft import ROLES
+from fullband.modes import MODE_PATTERN
 from fullband.serve.engine import MAX_TOP_LOGPROBS
 
 
@@ -35,7 +35,7 @@ class CommonBody(BaseModel):
     stream: bool = False
     stop: str | list[str] | None = None
     seed: Int | None = Field(None, json_schema_extra={"minimum": -(2**63), "maximum": 2**63 - 1})
-    mode: str | None = Field(None, json_schema_extra={"enum": list(DECODING_MODES)})
+    mode: str | None = Field(None, json_schema_extra={"pattern": MODE_PATTERN})  # standard | soft | fused[:K] | exact
     prefill_passes: Int | None = Field(None, json_schema_extra={"minimum": 0})
     stream_options: dict[str, Any] | None = None
 

@@ -5,7 +5,7 @@ Importing this module registers the model name ``fullband`` with lm-eval. Model 
 - ``pretrained`` (required): a directory written by ``save_pretrained`` / ``fullband train`` (``.../model``),
   native or retrofitted, or ``hf:PATH`` (a transformers model, retrofitted on load); text is tokenized with the
   tokenizer saved there (``tokenizer_config.json``).
-- ``mode``: ``standard | soft | fused | exact`` (default ``standard``); ``prefill_passes=k`` for ``fused``.
+- ``mode``: ``standard | soft | fused | fused:K | exact`` (default ``standard``); ``fused`` takes ``prefill_passes=K``.
 - ``exact_chunk_size`` (1 = sequential) and ``exact_tol``: how the exact parts are computed (see below).
 - ``batch_size`` (default 16; ``auto`` means the default), ``device`` (default cpu), ``dtype``
   (``float32 | float64 | bfloat16``), ``max_gen_toks`` (default 256), ``progress`` (tqdm bars, default true).
@@ -45,10 +45,11 @@ from lm_eval.models.utils import normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
-from fullband.config import DECODING_MODES, DEFAULT_SCORE_MODE, ConfigError
+from fullband.config import DEFAULT_SCORE_MODE, ConfigError
 from fullband.data import Tokenizer, load_tokenizer
 from fullband.integrations.lm_eval.continuation import score_continuations
 from fullband.model_io import checkpoint_dir, load_any
+from fullband.modes import DecodingMode
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 DEFAULT_BATCH_SIZE = 16
@@ -73,12 +74,11 @@ class FullbandLM(LM):
         progress: bool = True,
     ) -> None:
         super().__init__()
-        if mode not in DECODING_MODES:
-            raise ConfigError(f"mode={mode!r} is invalid: must be one of {DECODING_MODES}")
         if dtype not in DTYPES:
             raise ConfigError(f"dtype={dtype!r} is invalid: must be one of {tuple(DTYPES)}")
         if not isinstance(prefill_passes, int) or prefill_passes < 0:
             raise ConfigError(f"prefill_passes={prefill_passes!r} is invalid: must be an integer >= 0")
+        decoding = DecodingMode.parse(mode, prefill_passes)  # fused:K, or fused with prefill_passes=K
         tokenizer = load_tokenizer(checkpoint_dir(pretrained))
         if tokenizer is None:
             raise ConfigError(f"pretrained={pretrained!r} has no saved tokenizer (tokenizer_config.json); "
@@ -86,7 +86,7 @@ class FullbandLM(LM):
         self.tokenizer: Tokenizer = tokenizer
         self._device = torch.device(device or "cpu")
         self.model = load_any(pretrained, device=self._device, dtype=DTYPES[dtype])  # native, retrofitted, hf:PATH
-        self.mode, self.prefill_passes = mode, prefill_passes
+        self.mode = decoding
         self.exact_chunk_size, self.exact_tol = exact_chunk_size, exact_tol
         self.batch_size = _batch_size(batch_size, max_batch_size)
         self.max_gen_toks, self.progress = max_gen_toks, progress
@@ -139,8 +139,8 @@ class FullbandLM(LM):
         results: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
         for batch in self._batches(order, f"{what} ({self.mode})"):
             scored = score_continuations(
-                self.model, [pairs[i] for i in batch], self.mode, prefill_passes=self.prefill_passes,
-                exact_chunk_size=self.exact_chunk_size, exact_tol=self.exact_tol,
+                self.model, [pairs[i] for i in batch], self.mode, exact_chunk_size=self.exact_chunk_size,
+                exact_tol=self.exact_tol,
             )
             for i, result in zip(batch, scored, strict=True):
                 results[i] = result
@@ -187,9 +187,8 @@ class FullbandLM(LM):
         eos = self.tokenizer.eos_id
         generated: list[list[int]] = [[] for _ in prompts]
         done = [False] * len(prompts)
-        steps = self.model.stream(prompts, max_new, self.mode, prefill_passes=self.prefill_passes,
-                                  temperature=temperature, stop_token_ids=[eos], exact_chunk_size=self.exact_chunk_size,
-                                  exact_tol=self.exact_tol)
+        steps = self.model.stream(prompts, max_new, self.mode, temperature=temperature, stop_token_ids=[eos],
+                                  exact_chunk_size=self.exact_chunk_size, exact_tol=self.exact_tol)
         for step in steps:
             for row, token in enumerate(step.tolist()):
                 if done[row]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fullband.config import (
-    DECODING_MODES,
     DEFAULT_SCORE_MODE,
     _is_int,
     _require,
@@ -14,6 +13,7 @@ from fullband.config import (
     validate_device_name,
     validate_threads,
 )
+from fullband.modes import DecodingMode
 
 # ---------------------------------------------------------------------------------------------- fullband eval
 
@@ -33,8 +33,8 @@ class LmEvalConfig:
     include_defaults: bool = doc(
         True, "Also index lm-eval's built-in tasks; false = only include_path (much faster to start)."
     )
-    mode: str = doc(DEFAULT_SCORE_MODE, "Decoding mode: standard | soft | fused | exact (which positions are fused: "
-                    "see fullband.integrations.lm_eval.adapter).")
+    mode: str = doc(DEFAULT_SCORE_MODE, "Decoding mode: standard | soft | fused | fused:K | exact (which positions are "
+                    "fused: see fullband.integrations.lm_eval.adapter).")
     prefill_passes: int = doc(1, "fused mode: extra fused (Jacobi) passes over the context.")
     exact_chunk_size: int = doc(1, "Exact parts (continuations; exact-mode contexts): chunk per exact Jacobi solve "
                                 "(1 = sequential).")
@@ -60,7 +60,7 @@ class LmEvalConfig:
                      "must be an integer >= 0 (or none)")
         if self.limit is not None:
             _require(_is_int(self.limit) and self.limit >= 1, "limit", self.limit, "must be an integer >= 1 (or none)")
-        _require(self.mode in DECODING_MODES, "mode", self.mode, f"must be one of {DECODING_MODES}")
+        DecodingMode.parse(self.mode)
         for name, low in (("prefill_passes", 0), ("exact_chunk_size", 1), ("batch_size", 1), ("max_gen_toks", 1),
                           ("seed", 0)):
             value = getattr(self, name)

@@ -29,9 +29,10 @@ from collections.abc import Sequence
 
 import torch
 
-from fullband.config import DECODING_MODES, DEFAULT_SCORE_MODE
+from fullband.config import DEFAULT_SCORE_MODE
 from fullband.generation.decoding import left_pad, prefill
 from fullband.model import FullBandwidthLM
+from fullband.modes import DecodingMode
 
 TokenPair = tuple[Sequence[int], Sequence[int]]  # (context ids, continuation ids)
 
@@ -40,7 +41,7 @@ TokenPair = tuple[Sequence[int], Sequence[int]]  # (context ids, continuation id
 def score_continuations(
     model: FullBandwidthLM,
     pairs: Sequence[TokenPair],
-    mode: str = DEFAULT_SCORE_MODE,
+    mode: str | DecodingMode = DEFAULT_SCORE_MODE,
     *,
     prefill_passes: int = 1,
     exact_chunk_size: int = 1,
@@ -51,8 +52,7 @@ def score_continuations(
     Contexts are left-padded and continuations right-padded, so every row's real tokens sit next to each
     other and its numbers equal those of the row scored alone.
     """
-    if mode not in DECODING_MODES:
-        raise ValueError(f"mode={mode!r} is invalid: must be one of {DECODING_MODES}")
+    mode = DecodingMode.parse(mode, prefill_passes)  # the prefill below is the decoder's own
     if not pairs:
         return []
     if any(len(context) == 0 or len(continuation) == 0 for context, continuation in pairs):
@@ -65,13 +65,13 @@ def score_continuations(
         # Padding the longest context and the longest continuation of different rows together can overflow
         # the context although each row fits: score the halves separately.
         half = len(pairs) // 2
-        options = dict(prefill_passes=prefill_passes, exact_chunk_size=exact_chunk_size, exact_tol=exact_tol)
+        options = dict(exact_chunk_size=exact_chunk_size, exact_tol=exact_tol)
         return (score_continuations(model, pairs[:half], mode, **options)
                 + score_continuations(model, pairs[half:], mode, **options))
     device = model.embed.weight.device
     ctx_ids, ctx_mask = left_pad([list(c) for c, _ in pairs])  # (B, N)
-    state = prefill(model, ctx_ids.to(device), ctx_mask.to(device), mode, N + M - 1, prefill_passes,
-                    exact_chunk_size, exact_tol)
+    state = prefill(model, ctx_ids.to(device), ctx_mask.to(device), mode, N + M - 1,
+                    exact_chunk_size=exact_chunk_size, exact_tol=exact_tol)
     logits = state.next_logits[:, None]  # (B, 1, V): predicts x_1
     if M > 1:
         cont_ids, cont_mask = _right_pad([list(x[:-1]) for _, x in pairs], M - 1)  # (B, M-1)

@@ -13,6 +13,8 @@ possible, which "run the passes without a cache, then one more pass to fill it" 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import DynamicCache, PretrainedConfig
 
@@ -31,3 +33,26 @@ class RetrofitCache(CacheSlots):
     def rewind(self) -> None:
         """Drop what an earlier pass over the pending chunk appended, so this pass takes its place."""
         crop_cache(self.kv, self.length)
+
+    def can_gather_rows(self) -> bool:
+        """Only when every layer keeps every token: a sliding-window layer keeps a cropped window whose slots do not
+        line up with ``valid``. By class name: a subclass of DynamicLayer (sliding window) does not count."""
+        layers = getattr(self.kv, "layers", None)
+        return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+
+    def _copy_rows(self, rows: Sequence[tuple[CacheSlots, int]], lengths: list[int], L: int) -> None:
+        # Per layer keys/values (B, H, S, hd) holding exactly the committed slots; an empty layer takes them whole.
+        sources = []
+        for src, _ in rows:
+            if not isinstance(src, RetrofitCache):
+                raise TypeError(f"a RetrofitCache gathers rows of RetrofitCaches, not of a {type(src).__name__}")
+            sources.append(src)
+        for layer_index in range(len(self.kv.layers)):
+            first = sources[0].kv.layers[layer_index].keys
+            keys = first.new_zeros(len(rows), first.shape[1], L, first.shape[3])
+            values = torch.zeros_like(keys)
+            for new_row, (src, (_, i), n) in enumerate(zip(sources, rows, lengths, strict=True)):
+                layer = src.kv.layers[layer_index]
+                keys[new_row, :, L - n :] = layer.keys[i, :, src.length - n : src.length]
+                values[new_row, :, L - n :] = layer.values[i, :, src.length - n : src.length]
+            self.kv.update(keys, values, layer_index)
