@@ -85,6 +85,11 @@ class FeedbackLM(FamilyInterface, nn.Module):
         for block in self.blocks:
             block._compiled_call_impl = None  # what nn.Module.compile set
 
+    def checkpoint_activations(self, enabled: bool = True) -> None:
+        """Recompute each block's activations in backward instead of storing them (``train.activation_checkpointing``):
+        torch.utils.checkpoint, non-reentrant, only in forwards with gradients; the numbers do not change."""
+        self.__dict__["_checkpoint_blocks"] = enabled  # outside the module state: checkpoints do not change
+
     def _stack_mask(self, key_valid: torch.Tensor, T: int) -> Any:
         """The attention mask the blocks read, from which keys are real tokens (B, S), S = cached + T."""
         raise NotImplementedError

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from fullband.config import ModelConfig
 from fullband.model.feedback import FeedbackLM
@@ -112,8 +113,13 @@ class FullBandwidthLM(FeedbackLM):
         yield x
         compiled = self.__dict__.get("_compiled_blocks")
         blocks = compiled if compiled and torch.is_grad_enabled() else self.blocks
+        # Recomputing a block that writes the KV cache would write it twice: only cache-free forwards with gradients.
+        recompute = self.__dict__.get("_checkpoint_blocks", False) and cache is None and torch.is_grad_enabled()
         for block in blocks:
-            x = block(x, rope, mask, cache)
+            if recompute:
+                x = checkpoint(block, x, rope, mask, None, use_reentrant=False)
+            else:
+                x = block(x, rope, mask, cache)
             yield x
 
     def compile_blocks(self) -> None:

@@ -169,6 +169,13 @@ class TrainConfig:
         "~18 s there cold, a large share of a shorter run); 'true'; 'false'. If compiling fails the run trains "
         "eagerly and says so.",
     )
+    activation_checkpointing: bool = doc(
+        False,
+        "Recompute each transformer block's activations in the backward pass instead of keeping them "
+        "(torch.utils.checkpoint, non-reentrant): trades one more forward of the blocks per step (about a third "
+        "more compute) for activation memory, since only each block's input is kept; for a longer seq_len, larger "
+        "batch or more passes on one GPU. Same losses and gradients; a no-op in evaluation and decoding.",
+    )
     autocast: str = doc(
         "auto", "Mixed precision: 'auto' = bf16 autocast on CUDA, none elsewhere; 'bf16' = require it; 'off'."
     )
@@ -282,7 +289,7 @@ def validate_train_config(c: TrainConfig) -> None:
         word = c.compile.lower()
         c.compile = str(BOOL_WORDS[word]).lower() if word in BOOL_WORDS else word
     _require(c.compile in COMPILE, "compile", c.compile, f"must be one of {COMPILE}")
-    for name in ("detach_passes", "prefix_mixin", "prefix_per_pass"):
+    for name in ("detach_passes", "prefix_mixin", "prefix_per_pass", "activation_checkpointing"):
         _require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
     _require(c.autocast in AUTOCAST, "autocast", c.autocast, f"must be one of {AUTOCAST}")
     _require(c.parallel in PARALLEL, "parallel", c.parallel, f"must be one of {PARALLEL}")

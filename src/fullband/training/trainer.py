@@ -87,6 +87,8 @@ class Trainer:
         if self.compiled:
             model.compile_blocks()
         self._compile_checked = not self.compiled  # the first compiled step falls back to eager if it fails
+        if train_cfg.activation_checkpointing:
+            model.checkpoint_activations()
         self.raw_model = model
         self.model: torch.nn.Module = model
         self.cfg, self.optim_cfg, self.schedule_cfg = train_cfg, optim_cfg, schedule_cfg

@@ -97,6 +97,13 @@ class RetrofittedLM(FeedbackLM):
                 return layers
         raise AttributeError(f"cannot find the decoder layers of {self.config.base_architecture}")
 
+    def checkpoint_activations(self, enabled: bool = True) -> None:
+        """transformers' own gradient checkpointing of the decoder layers (non-reentrant; training mode only)."""
+        if enabled:
+            self.base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.base.gradient_checkpointing_disable()
+
     def _empty_cache(self, batch_size: int, max_len: int) -> RetrofitCache:
         return RetrofitCache(self.base.config, batch_size, max_len, self.embed.weight.device)
 
