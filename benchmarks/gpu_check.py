@@ -10,9 +10,13 @@ says so in one line and exits with status 2. What it prints:
    when a tolerance is given (``fullband.model.recurrence.auto_exact_method``);
 3. training steps at GPT-2-small size in bf16 autocast: eager vs ``torch.compile`` of each block (the Trainer's
    ``train.compile``), fullband vs LlamaForCausalLM on the same weights, interleaved; and the compiled step's loss
-   against the eager one (they must agree within bf16 tolerance).
+   against the eager one (they must agree within bf16 tolerance);
+4. the shard data path: a small generated corpus (no download) through ``fullband prepare`` into a temporary
+   directory, then a few ``fullband train`` steps on those shards, once as it is and once with
+   ``train.activation_checkpointing``: losses (they must agree, and fall), tokens/s, MFU and peak memory.
 
-    python benchmarks/gpu_check.py --out gpu-check        # writes bench.json and compile.json there
+    python benchmarks/gpu_check.py --out gpu-check        # writes bench.json, compile.json and shards.json there
+    python benchmarks/gpu_check.py --device cpu           # section 4 only, at smoke size: seconds on a CPU
 """
 
 from __future__ import annotations
@@ -21,8 +25,12 @@ import argparse
 import contextlib
 import copy
 import json
+import os
+import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +41,18 @@ from fullband.bench import steps
 from fullband.bench.config import BenchConfig
 from fullband.bench.run import run_bench, table
 from fullband.bench.timing import interleaved, ratio
+from fullband.configio import build_config
+from fullband.training.config import TrainRunConfig
+from fullband.training.run import run_train
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+# Section 4's run: GPT-2-small width on a GPU (bf16 autocast, eager), a tiny model on a CPU.
+SHARD_RUN = {
+    "cuda": {"model.d_model": 768, "model.n_layers": 12, "model.n_heads": 12, "train.batch_size": 16,
+             "train.seq_len": 512, "train.max_steps": 30, "corpus_bytes": 8_000_000},
+    "cpu": {"model.d_model": 64, "model.n_layers": 2, "model.n_heads": 2, "train.batch_size": 4,
+            "train.seq_len": 64, "train.max_steps": 10, "corpus_bytes": 400_000},
+}
 
 
 def bf16(loss_fn):
@@ -71,17 +91,91 @@ def compile_check(device: torch.device, rounds: int) -> dict:
             "seconds": time.perf_counter() - start, "times_s": times}
 
 
+def write_corpus(directory: Path, total_bytes: int, seed: int = 0) -> None:
+    """Two text files of seeded pseudo-sentences (the device machine may have no network, so no download)."""
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 8))) for _ in range(500)]
+    directory.mkdir(parents=True)
+    for part in range(2):
+        lines, size = [], 0
+        while size < total_bytes // 2:
+            line = " ".join(rng.choices(words[: 50 + 450 * part], k=rng.randint(5, 15))).capitalize() + ".\n"
+            lines.append(line)
+            size += len(line)
+        (directory / f"part{part}.txt").write_text("".join(lines))
+
+
+def shard_check(device: torch.device) -> dict:
+    """``fullband prepare`` a generated corpus, then train on the shards with and without activation checkpointing."""
+    sizes = dict(SHARD_RUN[device.type])
+    corpus_bytes = sizes.pop("corpus_bytes")
+    with tempfile.TemporaryDirectory(prefix="fullband-gpu-check-") as tmp:
+        work = Path(tmp)
+        write_corpus(work / "corpus", corpus_bytes)
+        env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "fullband.cli", "prepare", "--input", str(work / "corpus"), "--out_dir",
+                        str(work / "shards"), "--workers", "2", "--progress", "false",
+                        "--shard_tokens", str(corpus_bytes // 4)], check=True, env=env)  # several shards
+        index = json.loads((work / "shards" / "index.json").read_text())
+        result = {"prepare_seconds": time.perf_counter() - start, "device": str(device),
+                  "train_shards": len(index["splits"]["train"]["shards"]), "runs": {}}
+        for name, recompute in (("stored", False), ("checkpointed", True)):
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            cfg = build_config(TrainRunConfig, None, {
+                **sizes, "data.source": str(work / "shards"), "out_dir": str(work / name), "device": str(device),
+                "train.activation_checkpointing": recompute, "train.compile": "false", "train.log_every": 1,
+                "train.checkpoint_every": 0, "train.eval_batches": 2})
+            trained = run_train(cfg, progress=False)
+            records = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
+            steps = [r for r in records if r["kind"] == "train"]
+            result["runs"][name] = {
+                "losses": [r["loss"] for r in steps], "validation": trained.validation,
+                "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in steps[2:] or steps),
+                "median_mfu": statistics.median(r["mfu"] for r in steps[2:] or steps) if "mfu" in steps[-1] else None,
+                "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+            }
+    runs = result["runs"]
+    result["max_loss_difference"] = max(abs(a - b) for a, b in zip(runs["stored"]["losses"],
+                                                                   runs["checkpointed"]["losses"], strict=True))
+    result["learned"] = runs["stored"]["losses"][-1] < runs["stored"]["losses"][0]
+    return result
+
+
+def print_shard_check(check: dict) -> bool:
+    """Print section 4; whether it passed (same losses within bf16 tolerance, and the loss fell)."""
+    print(f"\n# training on prepared shards ({check['train_shards']} train shards, prepared in "
+          f"{check['prepare_seconds']:.1f} s), {check['device']}")
+    for name, run in check["runs"].items():
+        mfu = f"{100 * run['median_mfu']:.1f}%" if run["median_mfu"] is not None else "n/a"
+        memory = f"{run['peak_memory_mib']:.0f} MiB" if run["peak_memory_mib"] is not None else "n/a"
+        print(f"{name:<14} loss {run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}   "
+              f"{run['median_tokens_per_s']:,.0f} tok/s   MFU {mfu}   peak memory {memory}")
+    same = check["max_loss_difference"] < 2e-2
+    print(f"activation checkpointing vs stored: max loss difference {check['max_loss_difference']:.2e} -> "
+          f"{'same' if same else 'DIFFER'}; loss {'fell' if check['learned'] else 'DID NOT FALL'}")
+    return same and check["learned"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu-check", help="directory for bench.json and compile.json")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cpu: only the shard training check, at smoke size (a CPU smoke run of this script)")
     args = parser.parse_args()
+    out = Path(args.out)
+    if args.device == "cpu":
+        out.mkdir(parents=True, exist_ok=True)
+        check = shard_check(torch.device("cpu"))
+        (out / "shards.json").write_text(json.dumps(check, indent=2))
+        return 0 if print_shard_check(check) else 1
     if not torch.cuda.is_available():
         print(f"gpu_check: no CUDA GPU is visible (torch {torch.__version__}, CUDA build "
               f"{torch.version.cuda or 'none'}); run it on a machine with one NVIDIA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda", 0)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"# gpu_check: {torch.cuda.get_device_name(device)}, capability {torch.cuda.get_device_capability(device)}, "
           f"bf16 {torch.cuda.is_bf16_supported()}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
@@ -100,6 +194,10 @@ def main() -> int:
         same = check["loss_difference"] < 2e-2
         print(f"compiled vs eager loss: {check['losses']} -> {'same within bf16 tolerance' if same else 'DIFFER'}")
         if not same:
+            return 1
+        shards = shard_check(device)
+        (out / "shards.json").write_text(json.dumps(shards, indent=2))
+        if not print_shard_check(shards):
             return 1
     return 0
 
