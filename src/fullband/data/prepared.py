@@ -15,7 +15,7 @@ import numpy as np
 
 from fullband.data.config import INDEX_FILE, PROGRESS_FILE, SHARDS_FORMAT, TOKENIZER_DIR
 from fullband.data.errors import DataError
-from fullband.data.shards import bits_per_byte
+from fullband.data.shards import TokenSplit, bits_per_byte, load_tokens
 from fullband.data.splits import normalize_split
 from fullband.data.tokenizer import Tokenizer, load_tokenizer
 
@@ -88,3 +88,24 @@ def load_prepared(directory: str | Path, split: str, tokenizer: Tokenizer | None
                             "data again")
         parts.append(np.memmap(path, dtype=dtype, mode="r", shape=(shard["tokens"],)))
     return ShardSplit(tuple(parts), int(info["tokens"]), int(info["bytes"]), int(info["docs"]))
+
+
+def scored_split(source: str | Path) -> str:
+    """The split a study scores its models on: ``test``, or ``validation`` for prepared shards (they have no test
+    split: the held-out documents of ``fullband prepare`` are its validation split)."""
+    return "validation" if is_prepared(source) else "test"
+
+
+def load_flat_split(source: str | Path, split: str, tokenizer: Tokenizer) -> TokenSplit:
+    """``split`` of any text source (prepared shards too) as one flat token array, for evaluation windows.
+
+    A prepared split of one shard stays a memory map; several are joined in memory, which evaluation splits (the
+    held-out share, ``--val_fraction``) are small enough for."""
+    if not is_prepared(source):
+        return load_tokens(source, split, tokenizer)
+    shards = load_prepared(source, split, tokenizer)
+    if not shards.n_tokens:
+        raise DataError(f"{source} has an empty {normalize_split(split)!r} split (prepared with --val_fraction 0); "
+                        "prepare it again with --val_fraction > 0 to evaluate on it")
+    tokens = shards.tokens[0] if len(shards.tokens) == 1 else np.concatenate(shards.tokens)
+    return TokenSplit(tokens=tokens, n_bytes=shards.n_bytes, n_docs=shards.n_docs)

@@ -28,7 +28,8 @@ import torch
 
 from fullband.config import ConfigError
 from fullband.configio import build_config, config_to_dict, load_config_file, save_resolved_config
-from fullband.data import eval_windows, load_tokenizer, load_tokens
+from fullband.data import eval_windows, load_tokenizer
+from fullband.data.prepared import load_flat_split, scored_split
 from fullband.devices import cpu_name, usable_cores
 from fullband.experiments.config import CompareConfig
 from fullband.experiments.multiplier import tokens_to_match
@@ -275,7 +276,8 @@ def evaluate_run(cfg: CompareConfig, record: dict[str, Any], model_dir: Path, de
     t0 = time.perf_counter()
     model = load_any(model_dir, device=device).eval()
     tokenizer = load_tokenizer(model_dir)
-    test = load_tokens(cfg.data.source, "test", tokenizer)
+    split = scored_split(cfg.data.source)  # prepared shards: their validation split (they have no test split)
+    test = load_flat_split(cfg.data.source, split, tokenizer)
     batches = [w.to(device) for w in eval_windows(test.tokens, cfg.train.seq_len, cfg.eval_windows,
                                                   cfg.eval_batch_size)]
     method = cfg.exact_method
@@ -288,6 +290,7 @@ def evaluate_run(cfg: CompareConfig, record: dict[str, Any], model_dir: Path, de
     record["parameters"] = model.num_parameters()
     record["test"] = {name: dataclasses.asdict(r) for name, r in modes.items()}
     record["test_windows"] = sum(b.shape[0] for b in batches)
+    record["scored_split"] = split
     if model.fusion is not None and method != "sequential" and cfg.exact_check_windows:
         check = torch.cat(batches)[: cfg.exact_check_windows]
         record["exact_check"] = exact_agreement(model, check, exact)
@@ -295,7 +298,7 @@ def evaluate_run(cfg: CompareConfig, record: dict[str, Any], model_dir: Path, de
     if model.fusion is None:
         return
     t0 = time.perf_counter()
-    val = load_tokens(cfg.data.source, "validation", tokenizer)
+    val = test if split == "validation" else load_flat_split(cfg.data.source, "validation", tokenizer)
     seq_len = cfg.stability_seq_len or cfg.train.seq_len
     windows = [w.to(device) for w in eval_windows(val.tokens, seq_len, cfg.stability_windows, cfg.eval_batch_size)]
     curve = stability_curve(model, windows, val, cfg.stability_passes, progress=progress,

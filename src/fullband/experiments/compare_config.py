@@ -60,7 +60,8 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
 @dataclass
 class CompareConfig:
     """``fullband compare``: does latent feedback buy training tokens? Baselines at several token budgets and
-    full-bandwidth models at 1x, evaluated on the test split in every mode, plus the stability diagnostic.
+    full-bandwidth models at 1x, evaluated on the test split in every mode (a prepared shard directory as
+    ``data.source``: its validation split), plus the stability diagnostic.
 
     ``CompareConfig(preset="smoke")``, a config file and the command line apply a preset the same way
     (:func:`apply_preset`); the sections' defaults below are the "default" preset.

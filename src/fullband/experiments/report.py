@@ -83,9 +83,9 @@ def render_markdown(results: dict[str, Any], plots: bool = True) -> str:
         "batches single/two/three... pass).",
         *(["- `feedback-2pass` (stability ablation): the same with pass_mix [1.0], i.e. only 1- and 2-pass "
            "batches."] if cfg["stability_ablation"] else []),
-        f"- Test split: {windows} windows of {t['seq_len']} tokens spread evenly over it; each window's first "
-        "token is context only. Loss = mean next-token cross-entropy (nats/token) over the other positions; "
-        "bits/byte = that x tokens/byte of the split / ln 2.",
+        f"- {runs[0].get('scored_split', 'test').capitalize()} split: {windows} windows of {t['seq_len']} tokens "
+        "spread evenly over it; each window's first token is context only. Loss = mean next-token cross-entropy "
+        "(nats/token) over the other positions; bits/byte = that x tokens/byte of the split / ln 2.",
         "- Modes (the window is the prompt, plain_prefix = 1): **standard** = one plain pass (an ordinary "
         "transformer); **fused(k)** = `model(x, passes=k+1, plain_prefix=1)`: the plain pass plus k extra fused "
         "Jacobi passes, each position scored with its predecessor's state after k passes; **exact** = the fully "
