@@ -191,3 +191,22 @@ def save_strong_retrofit(root, **gpt2_options):
     model.save_pretrained(root / "retrofitted")
     ByteTokenizer().save(root / "retrofitted")
     return root / "gpt2", root / "retrofitted", model
+
+
+class Killed(Exception):
+    """Stands in for kill -9 in the middle of a training run (a study test then resumes the study)."""
+
+
+def kill_training_at(monkeypatch, run_name: str, step: int):
+    """Make the training run in a directory named ``run_name`` die before ``step``; returns the undo."""
+    from fullband.training.trainer import Trainer
+
+    train_step = Trainer.train_step
+
+    def dies(self, at):
+        if self.out_dir.name == run_name and at == step:
+            raise Killed(f"killed before step {at}")
+        return train_step(self, at)
+
+    monkeypatch.setattr(Trainer, "train_step", dies)
+    return lambda: monkeypatch.setattr(Trainer, "train_step", train_step)

@@ -137,11 +137,16 @@ def run_eval_lm(cfg: LmEvalConfig) -> None:
     print(f"results: {cfg.out_dir}/results.json")
 
 
-def run_eval_reasoning(cfg: ReasoningConfig) -> None:
+def _check_resumable(cfg: ReasoningConfig | StateTrackingConfig, command: str) -> None:
+    """--resume true with nothing in out_dir: one line, not a fresh study (CLI conventions)."""
     out_dir = Path(cfg.out_dir)
     if cfg.resume and not (out_dir.is_dir() and any(out_dir.iterdir())):
-        raise ConfigError(f"out_dir={cfg.out_dir!r} holds no eval-reasoning study to resume: run without --resume "
+        raise ConfigError(f"out_dir={cfg.out_dir!r} holds no {command} study to resume: run without --resume "
                           "true to start one there")
+
+
+def run_eval_reasoning(cfg: ReasoningConfig) -> None:
+    _check_resumable(cfg, "eval-reasoning")
     if cfg.families:  # one study per family: their reports sit in out_dir/<family>/
         from fullband.experiments.controls_study import run_families
 
@@ -159,6 +164,7 @@ def run_eval_reasoning(cfg: ReasoningConfig) -> None:
 
 
 def run_eval_state(cfg: StateTrackingConfig) -> None:
+    _check_resumable(cfg, "eval-state")
     from fullband.experiments.state_report import tables
     from fullband.experiments.state_tracking import run_state_tracking
 

@@ -4,10 +4,10 @@ checkpoint of the run it was training, and ends with the numbers of an uninterru
 import json
 
 import pytest
+from conftest import Killed, kill_training_at
 
 from fullband.cli import main
 from fullband.experiments.compare import preset_config, run_compare
-from fullband.training.trainer import Trainer
 
 # 10 steps per 1x run, a checkpoint every 3; the 1x baseline and the feedback run validate at steps 4 and 9.
 SMALL = {"budgets": (1.0, 2.0), "stability_ablation": False, "stability_passes": 3, "train_eval_points": 2,
@@ -16,10 +16,6 @@ ARGV = ["--preset", "smoke", "--budgets", "1,2", "--stability_ablation", "false"
         "--train_eval_points", "2", "--train.checkpoint_every", "3", "--workers", "1", "--eval_windows", "4"]
 NUMBERS = ("name", "seed", "steps", "tokens", "token_equiv_compute", "final_train_loss", "validation",
            "validation_history", "test", "parameters", "exact_check")
-
-
-class Killed(Exception):
-    pass
 
 
 def numbers(results):
@@ -40,19 +36,12 @@ def uninterrupted(tmp_path_factory):
 def test_a_killed_study_resumes_to_the_numbers_of_an_uninterrupted_one(tmp_path, monkeypatch, capsys, uninterrupted,
                                                                        victim, at_step, finished):
     out = tmp_path / "cmp"
-    train_step = Trainer.train_step
-
-    def dies(self, step):
-        if self.out_dir.name == victim and step == at_step:
-            raise Killed(f"killed before step {step}")
-        return train_step(self, step)
-
-    monkeypatch.setattr(Trainer, "train_step", dies)
+    revive = kill_training_at(monkeypatch, victim, at_step)
     with pytest.raises(Killed):
         run_compare(preset_config("smoke", {**SMALL, "out_dir": str(out)}), progress=False)
     assert not (out / "results.json").exists()
     assert (out / "seed0" / "baseline-1x" / "compare_record.json").is_file()  # finished before the kill
-    monkeypatch.setattr(Trainer, "train_step", train_step)
+    revive()
     capsys.readouterr()
     assert main(["compare", *ARGV, "--out_dir", str(out), "--resume", "true"]) == 0
     printed = capsys.readouterr().out

@@ -5,6 +5,7 @@ import json
 import shutil
 
 import pytest
+from conftest import Killed, kill_training_at
 
 from fullband.cli import main
 from fullband.config import ConfigError
@@ -82,29 +83,16 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_numbers(tmp_path):
     assert "--resume" not in (resumed / "report.md").read_text()
 
 
-class Killed(Exception):
-    pass
-
-
 def test_a_run_killed_mid_training_continues_from_its_checkpoint(tmp_path, monkeypatch, capsys):
     """kill -9 while the full-bandwidth model trains: the resumed study continues that run from its latest
     checkpoint (not from scratch) and ends with the uninterrupted study's numbers."""
-    from fullband.training.trainer import Trainer
-
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     args = [*ARGS[:5], *ARGS[7:], "--family", "swaps5", "--steps", "6"]  # no controls: one pair of models
     assert main([*args, "--out_dir", str(whole)]) == 0
-    train_step = Trainer.train_step
-
-    def dies(self, step):
-        if self.out_dir.name == "fullband" and step == 4:
-            raise Killed(f"killed before step {step}")
-        return train_step(self, step)
-
-    monkeypatch.setattr(Trainer, "train_step", dies)
+    revive = kill_training_at(monkeypatch, "fullband", 4)
     with pytest.raises(Killed):
         main([*args, "--out_dir", str(killed)])
-    monkeypatch.setattr(Trainer, "train_step", train_step)
+    revive()
     capsys.readouterr()
     assert main([*args, "--out_dir", str(killed), "--resume", "true", "--progress", "true"]) == 0
     assert "training fullband (6 steps, resumed from step-0000004)" in capsys.readouterr().out

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_model
+from conftest import Killed, kill_training_at, make_model
 
 from fullband.cli import main
 from fullband.experiments.probes import fit_ridge_probe, probe_accuracy, residual_stream
@@ -67,3 +67,35 @@ def test_eval_state_smoke_runs_end_to_end(tmp_path, capsys):
             assert cell["probe_accuracy"][0] == pytest.approx(cell["chance"])
     assert (out / "probe_accuracy_vs_depth.png").stat().st_size > 10_000
     assert "## Probe accuracy at the final token" in (out / "report.md").read_text()
+
+
+def test_a_killed_study_resumes_to_the_numbers_of_an_uninterrupted_one(tmp_path, monkeypatch, capsys):
+    """kill -9 while the full-bandwidth model trains: ``--resume true`` reuses the finished baseline, continues the
+    interrupted run from its latest checkpoint (not from scratch), and ends with the uninterrupted study's numbers;
+    a second resume reads every cell back instead of probing again."""
+    from fullband.experiments import state_tracking
+
+    args = ["eval-state", "--preset", "smoke", "--steps", "6", "--progress", "false"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert main([*args, "--out_dir", str(whole)]) == 0
+    revive = kill_training_at(monkeypatch, "fullband", 4)
+    with pytest.raises(Killed):
+        main([*args, "--out_dir", str(killed)])
+    revive()
+    assert not (killed / "fullband" / "model").exists() and (killed / "baseline" / "model").is_dir()
+    capsys.readouterr()
+    assert main([*args, "--out_dir", str(killed), "--resume", "true", "--progress", "true"]) == 0
+    printed = capsys.readouterr().out
+    assert "training fullband (6 steps, resumed from step-0000004)" in printed
+    assert "training baseline" not in printed  # the finished model is reused
+    before, after = (json.loads((d / "results.json").read_text()) for d in (whole, killed))
+    assert after["cells"] == before["cells"]
+    for kind in ("baseline", "fullband"):
+        assert after["training"][kind]["final_loss"] == before["training"][kind]["final_loss"], kind
+    # Everything finished: resuming again probes nothing (the cached cells come back as they were).
+    monkeypatch.setattr(state_tracking, "probe_model", lambda *a, **k: pytest.fail("probed a cached cell"))
+    assert main([*args, "--out_dir", str(killed), "--resume", "true"]) == 0
+    assert json.loads((killed / "results.json").read_text())["cells"] == before["cells"]
+    # A resume with nothing to resume is one line.
+    assert main([*args, "--out_dir", str(tmp_path / "empty"), "--resume", "true"]) == 2
+    assert "holds no eval-state study to resume" in capsys.readouterr().err

@@ -24,6 +24,7 @@ The report (tables, report.md, the plot) is :mod:`.state_report`'s.
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from tqdm.auto import tqdm
 from fullband.data import ByteTokenizer
 from fullband.experiments.config import StateTrackingConfig
 from fullband.experiments.probes import PREFILLS, final_token_states, fit_ridge_probe
+from fullband.experiments.results import write_json
 from fullband.experiments.state_report import PLOT, plot_probes, render_report
 from fullband.experiments.study import PairStudy
 from fullband.model import FullBandwidthLM
@@ -95,6 +97,7 @@ class StateTrackingStudy(PairStudy):
 
     command = "eval-state"
     title = "state tracking at the input layer"
+    command_skip = ("reuse_models", "resume")
 
 
     def plot(self, results: dict[str, Any]) -> None:
@@ -110,16 +113,28 @@ class StateTrackingStudy(PairStudy):
         return self.cfg.seq_len + 2
 
     def evaluate(self, training: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Every (task, model, prefill) cell. Each model's cells are written to cells-<model>.json in out_dir and,
+        with ``resume``, read back instead of probing again (an interrupted study continues)."""
         cfg = self.cfg
-        models = {k: load_any(v["model_dir"], device=cfg.device) for k, v in training.items()}
         sets = probe_sets(cfg)
         variants = [("baseline", "standard")] + [("fullband", p) for p in cfg.prefills]
-        jobs = [(task, kind, prefill) for task in cfg.tasks for kind, prefill in variants]
-        cells = []
-        for task, kind, prefill in tqdm(jobs, desc="probing", disable=not cfg.progress):
-            result = probe_model(models[kind], prefill, sets[task], task, cfg.ridge)
-            cells.append({"task": task, "model": kind, "prefill": prefill, "variant": variant_name(kind, prefill),
-                          **result})
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        for kind in dict.fromkeys(kind for kind, _ in variants):
+            cache = self.out_dir / f"cells-{kind}.json"
+            if cfg.resume and cache.is_file():
+                by_kind[kind] = json.loads(cache.read_text())
+                continue
+            model = load_any(training[kind]["model_dir"], device=cfg.device)
+            jobs = [(task, prefill) for task in cfg.tasks for k, prefill in variants if k == kind]
+            by_kind[kind] = [{"task": task, "model": kind, "prefill": prefill,
+                              "variant": variant_name(kind, prefill),
+                              **probe_model(model, prefill, sets[task], task, cfg.ridge)}
+                             for task, prefill in tqdm(jobs, desc=f"probing {kind}", disable=not cfg.progress)]
+            write_json(cache, by_kind[kind])
+        # The cells in the order of the study before caching: task, then variant.
+        order = {variant_name(k, p): i for i, (k, p) in enumerate(variants)}
+        cells = sorted((c for kind_cells in by_kind.values() for c in kind_cells),
+                       key=lambda c: (cfg.tasks.index(c["task"]), order[c["variant"]]))
         return {"variants": [variant_name(k, p) for k, p in variants], "cells": cells}
 
 

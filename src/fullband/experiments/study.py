@@ -187,7 +187,7 @@ class PairStudy(Study):
         cfg = self.cfg
         train_path, test_path = self.build_data(self.out_dir / "data")
         training = train_both(self.model_spec(cfg.seed), train_path, test_path, self.out_dir, cfg.progress,
-                              reuse=cfg.reuse_models)
+                              reuse=cfg.reuse_models, resume=getattr(cfg, "resume", False))
         return {"study": self.title, "config": flat_view(cfg), "training": training, **self.evaluate(training)}
 
     def model_spec(self, seed: int) -> StudyModel:

@@ -292,9 +292,14 @@ class StateTrackingConfig(SyntheticStudyConfig):
     probe_test: int | None = doc(None, "Fresh sequences per task to measure each probe on.")
     prefills: tuple[str, ...] = doc(STATE_PREFILLS, "Prefills probed: standard (1 pass), one-step (2 passes), exact.")
     ridge: float = doc(1e-2, "Ridge penalty of the probes (times the number of examples).")
+    resume: bool = doc(
+        False, "Continue an interrupted study in out_dir (same settings): finished models and probed cells are "
+        "reused, and a training run left unfinished continues from its latest checkpoint (the same numbers as an "
+        "uninterrupted study).")
 
     def validate(self) -> None:
         self.tasks, self.prefills = tuple(self.tasks), tuple(self.prefills)
+        _require(isinstance(self.resume, bool), "resume", self.resume, "must be true or false")
         _require_ints(self, {"train_per_task": 1, "probe_train": 2, "probe_test": 1})
         _require(_is_int(self.seq_len) and self.seq_len >= 6 and self.seq_len % 2 == 0, "seq_len", self.seq_len,
                  "must be an even integer >= 6 (an odd one can never end with every bracket closed)")
