@@ -1,5 +1,7 @@
 """train.activation_checkpointing: recomputing the blocks in backward trains to the same numbers as storing them."""
 
+import copy
+
 import pytest
 import torch
 from conftest import make_model
@@ -57,3 +59,32 @@ def test_the_option_takes_boolean_words_and_refuses_others():
     assert TrainConfig(activation_checkpointing=True).activation_checkpointing is True
     with pytest.raises(ConfigError, match="activation_checkpointing"):
         TrainConfig(activation_checkpointing="maybe")
+
+
+def test_a_retrofitted_model_checkpoints_through_transformers_and_keeps_its_gradients(tmp_path):
+    from conftest import save_tiny_gpt2
+
+    from fullband.integrations.retrofit import retrofit
+
+    base = save_tiny_gpt2(tmp_path / "gpt2")
+    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    grads, saved = [], []
+    for recompute in (False, True):
+        torch.manual_seed(1)
+        model = retrofit(copy.deepcopy(base), feedback_source="last_hidden").train()
+        model.checkpoint_activations(recompute)
+        count = [0]
+
+        def pack(tensor, count=count):
+            count[0] += 1
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            loss = model(tokens, labels=tokens, passes=2).loss
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+        saved.append(count[0])
+    assert saved[1] < saved[0]  # transformers recomputed its decoder layers
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)

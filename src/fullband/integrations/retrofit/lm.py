@@ -99,7 +99,12 @@ class RetrofittedLM(FeedbackLM):
 
     def checkpoint_activations(self, enabled: bool = True) -> None:
         """transformers' own gradient checkpointing of the decoder layers (non-reentrant; training mode only)."""
-        if enabled:
+        if hasattr(self.base, "activation_checkpointing_enable"):  # its name from transformers 5.x on
+            if enabled:
+                self.base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.base.activation_checkpointing_disable()
+        elif enabled:
             self.base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         else:
             self.base.gradient_checkpointing_disable()
