@@ -15,6 +15,7 @@ from fullband.experiments.reasoning_data import build_data, context_length
 from fullband.experiments.reasoning_eval import equal_accuracy, over_seeds, pooled
 from fullband.experiments.reasoning_report import chance, verdict
 from fullband.tasks.reasoning import sample_problems
+from fullband.training.config import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
 
@@ -94,6 +95,13 @@ def test_config_rejects_bad_values_by_name():
     # as from the command line (the earlier flat spelling too): the pass mix again
     shallow = build_config(ReasoningConfig, None, {"preset": "serial", "passes": 0, "--grad_passes": "0"})
     assert (shallow.passes, shallow.train.grad_passes) == (0, 0)
+    # Truncated gradients train without jitter in these studies (as the committed reports were trained), unless
+    # train.jitter is given: the presets and --grad_passes say so in the run config.
+    assert serial.train.jitter == 0.0 and shallow.train.jitter == TrainConfig().jitter > 0
+    given = build_config(ReasoningConfig, None, {"preset": "smoke", "grad_passes": 2})
+    assert given.train.jitter == 0.0
+    noisy = build_config(ReasoningConfig, None, {"preset": "smoke", "grad_passes": 2, "train.jitter": 0.05})
+    assert noisy.train.jitter == 0.05
     with pytest.raises(ConfigError, match="passes=1 is invalid"):
         ReasoningConfig(preset="smoke", passes=1)
     with pytest.raises(ConfigError, match="grad_passes=-1 is invalid"):
