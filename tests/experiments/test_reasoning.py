@@ -14,6 +14,7 @@ from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.reasoning_data import build_data, context_length
 from fullband.experiments.reasoning_eval import equal_accuracy, over_seeds, pooled
 from fullband.experiments.reasoning_report import chance, verdict
+from fullband.experiments.records import Cell, ReasoningResults, key_problems
 from fullband.tasks.reasoning import sample_problems
 from fullband.training.config import TrainConfig
 
@@ -148,6 +149,9 @@ def test_eval_reasoning_smoke_runs_end_to_end(tmp_path, capsys):
     assert len(results["cells"]) == 6 * len(strides) * (len(lengths) + 1)  # + pooled over lengths
     for cell in results["cells"]:
         assert 0 <= cell["accuracy"] <= 1 and cell["mean_len"] >= 0 and cell["ms_per_problem"] > 0
+    # what the report reads is the typed record
+    assert key_problems(results, ReasoningResults) == []
+    assert [p for c in results["cells"] + results["seed_cells"] for p in key_problems(c, Cell)] == []
     assert {c["length"] for c in results["cells"]} == {*lengths, "all"}
     assert results["training"]["fullband"]["token_equiv_compute"] > results["training"]["baseline"]["tokens"]
     for plot in ("accuracy_vs_trace_length.png", "accuracy_vs_length.png"):
