@@ -43,7 +43,7 @@ from fullband.experiments.study import Study, _leaves
 from fullband.experiments.trend import gap_trend
 from fullband.model.recurrence import auto_exact_method
 from fullband.model_io import load_any
-from fullband.training.checkpoint import STATE, latest_good_checkpoint
+from fullband.training.checkpoint_layout import latest_good_checkpoint, load_training_state
 from fullband.training.config import TrainRunConfig
 from fullband.training.run import resolve_device, run_train
 from fullband.training.trainer import METRICS_FILE
@@ -240,8 +240,8 @@ def finished_job(job: Job) -> tuple[RunRecord, list[dict[str, Any]]] | None:
 
 
 def load_state_step(checkpoint: Path) -> int:
-    """The optimizer steps a checkpoint holds (its trainer_state.json)."""
-    return int(json.loads((checkpoint / STATE).read_text())["step"])
+    """The optimizer steps a checkpoint holds."""
+    return load_training_state(checkpoint).step
 
 
 def check_resumable(cfg: CompareConfig, out_dir: Path) -> None:

@@ -1,5 +1,5 @@
 """The typed records of the studies' results.json: what the code that builds a study's results writes and what its
-report reads (``fullband compare``'s runs, ``eval-reasoning``'s cells).
+report reads (``fullband compare``'s runs, ``eval-reasoning``'s cells, ``eval-state``'s probe cells).
 
 TypedDicts rather than dataclasses: results.json is these dicts as written (key order included), so committed
 results load back as they are and a re-rendered report stays byte for byte the same; the types name every key the
@@ -87,7 +87,7 @@ class Cell(TypedDict):
     :class:`DecodedCell` with what it is of.
 
     model, mode and median_len: absent from a cell pooled over lengths (length "all"); seed: in ``seed_cells``
-    only; ``<metric>_sd`` and seeds: in ``cells``, the means over the seeds.
+    only; ``<metric>_sd`` and seeds: in ``cells``, the means over the seeds; inference_flops: see below.
     """
 
     variant: str  # "baseline", "fullband fused(2)", ... (reasoning_eval.variant_name)
@@ -108,6 +108,7 @@ class Cell(TypedDict):
     mean_len_sd: NotRequired[float]
     median_len_sd: NotRequired[float]
     ms_per_problem_sd: NotRequired[float]
+    inference_flops: NotRequired[float]  # with controls, answer-only cells: FLOPs per problem (controls.py)
 
 
 class ReasoningResults(TypedDict):
@@ -120,6 +121,46 @@ class ReasoningResults(TypedDict):
     cells: list[Cell]  # means over the seeds
     seed_cells: list[Cell]  # every seed's own
     equal_accuracy: list[dict[str, Any]]  # per length: target_accuracy and each variant's shortest mean trace
+    seconds: NotRequired[float]
+    finished: NotRequired[str]
+
+
+class ControlsResults(TypedDict):
+    """results.json of ``fullband eval-reasoning`` with families: each family's own results, and the verdict."""
+
+    study: str
+    config: dict[str, Any]
+    families: dict[str, ReasoningResults]
+    verdict: NotRequired[list[str]]  # added by the analysis
+    seconds: NotRequired[float]
+    finished: NotRequired[str]
+
+
+class ProbeScore(TypedDict):
+    """``fullband eval-state``: linear probes of one model's states on one task, and its answers."""
+
+    probe_accuracy: list[float]  # per depth 0..n_layers of the final token's states
+    answer_accuracy: float  # the model's own next-token answer
+    chance: float  # a probe on a constant feature: the fit set's majority class on the test set
+
+
+class ProbeCell(ProbeScore):
+    """A cell of ``fullband eval-state`` (``results["cells"]``): a :class:`ProbeScore` with what it is of."""
+
+    task: str
+    model: str  # baseline or fullband
+    prefill: str
+    variant: str
+
+
+class StateTrackingResults(TypedDict):
+    """results.json of ``fullband eval-state``."""
+
+    study: str
+    config: dict[str, Any]
+    training: dict[str, dict[str, Any]]
+    variants: list[str]
+    cells: list[ProbeCell]
     seconds: NotRequired[float]
     finished: NotRequired[str]
 

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from fullband.data import ByteTokenizer
 from fullband.experiments.config import StateTrackingConfig
 from fullband.experiments.probes import PREFILLS, final_token_states, fit_ridge_probe
+from fullband.experiments.records import ProbeCell, ProbeScore, StateTrackingResults
 from fullband.experiments.state_report import PLOT, plot_probes, render_report
 from fullband.experiments.study import PairStudy
 from fullband.model import FullBandwidthLM
@@ -66,7 +67,7 @@ def probe_sets(cfg: StateTrackingConfig) -> dict[str, tuple[list[Example], list[
 
 def probe_model(
     model: FullBandwidthLM, prefill: str, sets: tuple[list[Example], list[Example]], task: str, ridge: float
-) -> dict[str, Any]:
+) -> ProbeScore:
     """Probe accuracy at every depth and the model's answer accuracy, for one task under one prefill."""
     tokenizer = ByteTokenizer()
     device = model.embed.weight.device
@@ -97,10 +98,10 @@ class StateTrackingStudy(PairStudy):
     title = "state tracking at the input layer"
 
 
-    def plot(self, results: dict[str, Any]) -> None:
+    def plot(self, results: StateTrackingResults) -> None:
         plot_probes(results, self.out_dir / PLOT)
 
-    def render(self, results: dict[str, Any], plots: bool) -> str:
+    def render(self, results: StateTrackingResults, plots: bool) -> str:
         return render_report(results, self.command_line(), plots)
 
     def build_data(self, data_dir: Path) -> tuple[Path, Path]:
@@ -115,7 +116,7 @@ class StateTrackingStudy(PairStudy):
         sets = probe_sets(cfg)
         variants = [("baseline", "standard")] + [("fullband", p) for p in cfg.prefills]
         jobs = [(task, kind, prefill) for task in cfg.tasks for kind, prefill in variants]
-        cells = []
+        cells: list[ProbeCell] = []
         for task, kind, prefill in tqdm(jobs, desc="probing", disable=not cfg.progress):
             result = probe_model(models[kind], prefill, sets[task], task, cfg.ridge)
             cells.append({"task": task, "model": kind, "prefill": prefill, "variant": variant_name(kind, prefill),
