@@ -300,6 +300,11 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
 _EXPLICIT: ContextVar[frozenset[str]] = ContextVar("fullband_explicit_keys", default=frozenset())
 
 
+def current_explicit_keys() -> frozenset[str]:
+    """The keys (dotted) a config file or the command line set for the config being built (see explicit_keys)."""
+    return _EXPLICIT.get()
+
+
 @contextmanager
 def explicit_keys(keys: Iterable[str]) -> Iterator[None]:
     """Within this block, configs being built treat ``keys`` as given (configio: the file's and the command line's)."""

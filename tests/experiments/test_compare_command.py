@@ -10,6 +10,7 @@ from fullband.config import ConfigError
 from fullband.configio import build_config
 from fullband.experiments.compare import plan_runs, preset_config, train_config
 from fullband.experiments.config import COMPARE_PRESETS, CompareConfig
+from fullband.experiments.records import CompareResults, ModeScore, RunRecord, key_problems
 from fullband.experiments.report import write_report
 
 
@@ -23,6 +24,10 @@ def test_smoke_preset_writes_report_results_and_plots(tmp_path, capsys, monkeypa
     results = json.loads((out / "results.json").read_text())
     runs = {r["name"]: r for r in results["runs"]}
     assert set(runs) == {"baseline-1x", "baseline-1.5x", "baseline-2x", "feedback", "feedback-2pass"}
+    assert key_problems(results, CompareResults) == []  # what the report reads is the typed record
+    for run in results["runs"]:
+        assert key_problems(run, RunRecord) == []
+        assert all(key_problems(score, ModeScore) == [] for score in run["test"].values())
     assert [runs[f"baseline-{b}x"]["tokens"] for b in ("1", "1.5", "2")] == [1280, 1920, 2560]
     assert runs["feedback"]["tokens"] == 1280 < runs["feedback"]["token_equiv_compute"]
     assert set(runs["baseline-1x"]["test"]) == {"standard"}

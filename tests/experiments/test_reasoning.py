@@ -14,7 +14,9 @@ from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.reasoning_data import build_data, context_length
 from fullband.experiments.reasoning_eval import equal_accuracy, over_seeds, pooled
 from fullband.experiments.reasoning_report import chance, verdict
+from fullband.experiments.records import Cell, ReasoningResults, key_problems
 from fullband.tasks.reasoning import sample_problems
+from fullband.training.config import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
 
@@ -94,6 +96,13 @@ def test_config_rejects_bad_values_by_name():
     # as from the command line (the earlier flat spelling too): the pass mix again
     shallow = build_config(ReasoningConfig, None, {"preset": "serial", "passes": 0, "--grad_passes": "0"})
     assert (shallow.passes, shallow.train.grad_passes) == (0, 0)
+    # Truncated gradients train without jitter in these studies (as the committed reports were trained), unless
+    # train.jitter is given: the presets and --grad_passes say so in the run config.
+    assert serial.train.jitter == 0.0 and shallow.train.jitter == TrainConfig().jitter > 0
+    given = build_config(ReasoningConfig, None, {"preset": "smoke", "grad_passes": 2})
+    assert given.train.jitter == 0.0
+    noisy = build_config(ReasoningConfig, None, {"preset": "smoke", "grad_passes": 2, "train.jitter": 0.05})
+    assert noisy.train.jitter == 0.05
     with pytest.raises(ConfigError, match="passes=1 is invalid"):
         ReasoningConfig(preset="smoke", passes=1)
     with pytest.raises(ConfigError, match="grad_passes=-1 is invalid"):
@@ -140,6 +149,9 @@ def test_eval_reasoning_smoke_runs_end_to_end(tmp_path, capsys):
     assert len(results["cells"]) == 6 * len(strides) * (len(lengths) + 1)  # + pooled over lengths
     for cell in results["cells"]:
         assert 0 <= cell["accuracy"] <= 1 and cell["mean_len"] >= 0 and cell["ms_per_problem"] > 0
+    # what the report reads is the typed record
+    assert key_problems(results, ReasoningResults) == []
+    assert [p for c in results["cells"] + results["seed_cells"] for p in key_problems(c, Cell)] == []
     assert {c["length"] for c in results["cells"]} == {*lengths, "all"}
     assert results["training"]["fullband"]["token_equiv_compute"] > results["training"]["baseline"]["tokens"]
     for plot in ("accuracy_vs_trace_length.png", "accuracy_vs_length.png"):

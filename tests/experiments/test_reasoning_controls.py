@@ -10,6 +10,7 @@ from conftest import Killed, kill_training_at
 from fullband.cli import main
 from fullband.config import ConfigError
 from fullband.experiments.config import ReasoningConfig
+from fullband.experiments.records import Cell, ControlsResults, ReasoningResults, key_problems
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,6 +41,9 @@ def test_controls_train_on_the_same_batches_and_report_flops(tmp_path):
     assert main([*ARGS, "--out_dir", str(out), "--families", "swaps5,sum"]) == 0
     results = json.loads((out / "results.json").read_text())
     five = results["families"]["swaps5"]
+    assert key_problems(results, ControlsResults) == []  # the typed records the report reads
+    assert [p for family in results["families"].values() for p in key_problems(family, ReasoningResults)] == []
+    assert [p for c in five["cells"] + five["seed_cells"] for p in key_problems(c, Cell)] == []
     assert five["variants"] == ["baseline", "fullband standard", "fullband exact", "looped", "equal-FLOPs baseline"]
     training = five["training"]
     assert training["looped"]["shape"] == training["fullband"]["shape"]

@@ -10,6 +10,7 @@ from conftest import Killed, kill_training_at, make_model
 
 from fullband.cli import main
 from fullband.experiments.probes import fit_ridge_probe, probe_accuracy, residual_stream
+from fullband.experiments.records import ProbeCell, StateTrackingResults, key_problems
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
 
@@ -61,6 +62,8 @@ def test_eval_state_smoke_runs_end_to_end(tmp_path, capsys):
     results = json.loads((out / "results.json").read_text())
     assert results["variants"] == ["baseline", "fullband standard", "fullband one-step", "fullband exact"]
     assert len(results["cells"]) == 3 * 4
+    assert key_problems(results, StateTrackingResults) == []  # the typed records the report reads
+    assert [p for cell in results["cells"] for p in key_problems(cell, ProbeCell)] == []
     for cell in results["cells"]:
         assert len(cell["probe_accuracy"]) == 3  # depths 0..n_layers
         if cell["prefill"] == "standard":  # the shared final token's embedding: a constant feature

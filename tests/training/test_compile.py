@@ -9,7 +9,7 @@ from torch._inductor.exc import InductorError
 
 from fullband import FullBandwidthLM
 from fullband.config import ConfigError
-from fullband.training import trainer as trainer_module
+from fullband.training import step_setup
 from fullband.training.config import COMPILE_MIN_CPU_STEPS, TrainConfig
 from fullband.training.trainer import should_compile
 
@@ -80,12 +80,12 @@ def test_errors_that_are_not_the_compilers_are_not_swallowed(tmp_path, monkeypat
 
 def test_auto_compiles_on_cuda_and_for_long_cpu_runs_only(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.setattr(trainer_module, "_cxx_compiler", lambda: "/usr/bin/g++")
+    monkeypatch.setattr(step_setup, "_cxx_compiler", lambda: "/usr/bin/g++")
     assert should_compile("auto", cuda, 10)
     assert not should_compile("auto", cpu, COMPILE_MIN_CPU_STEPS - 1)
     assert should_compile("auto", cpu, COMPILE_MIN_CPU_STEPS)
     assert should_compile("true", cpu, 1) and not should_compile("false", cuda, 10**6)
-    monkeypatch.setattr(trainer_module, "_cxx_compiler", lambda: None)
+    monkeypatch.setattr(step_setup, "_cxx_compiler", lambda: None)
     assert not should_compile("auto", cpu, 10**6)  # no C++ compiler: inductor could not build CPU kernels
 
 

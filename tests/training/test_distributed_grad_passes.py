@@ -41,7 +41,8 @@ def make_trainer(out: Path, rank: int, world_size: int, regime: str, parallel: s
     # 2 processes x 1 row x 2 micro-batches == 1 process x 4 rows: the same global batch.
     batch_size, grad_accum = (4, 1) if world_size == 1 else (1, 2)
     train = TrainConfig(max_steps=STEPS, batch_size=batch_size, grad_accum=grad_accum, seq_len=T, log_every=1,
-                        grad_passes=GRAD_PASSES, prefix_mixin=REGIMES[regime], parallel=parallel)
+                        grad_passes=GRAD_PASSES, prefix_mixin=REGIMES[regime], parallel=parallel,
+                        jitter=0.0)  # jitter noise is drawn per process: off, to compare with one process
     optim = OptimConfig(optimizer="adamw", lr=3e-3, warmup_steps=1)
     # Step 0 single-pass (the fusion unused), then 16 passes, more than any row's exact count (at most T).
     schedule = ScheduleConfig(feedback_start=0.3, pass_mix=(0.0,) * 14 + (1.0,))

@@ -189,14 +189,20 @@ def test_truncated_gradient_on_a_looped_model_runs_the_passes(batch):
     assert looped.fusion.state_proj.weight.grad.abs().sum() > 0  # through the scored passes' fusion
 
 
-def test_truncated_gradient_ignores_jitter_and_keeps_detach(batch):
+@pytest.mark.parametrize("passes", [6, 16])  # 16: capped at the exact count (12), from the fixed point
+def test_truncated_gradient_applies_jitter_and_keeps_detach(batch, passes):
     inputs, labels = batch
     model = make_model()
     quiet = TrainConfig(seq_len=T, jitter=0.0, prefix_mixin=False, grad_passes=2)
     noisy = TrainConfig(seq_len=T, jitter=0.5, prefix_mixin=False, grad_passes=2)
-    a, _ = multipass_loss(model, inputs, labels, 6, quiet, None)
-    b, _ = multipass_loss(model, inputs, labels, 6, noisy, None)
-    assert torch.equal(a, b)  # as the committed recurrent reports were trained
+    a, _ = multipass_loss(model, inputs, labels, passes, quiet, None)
+    again, _ = multipass_loss(model, inputs, labels, passes, quiet, None)
+    torch.manual_seed(3)
+    b, _ = multipass_loss(model, inputs, labels, passes, noisy, None)
+    torch.manual_seed(3)
+    b_again, _ = multipass_loss(model, inputs, labels, passes, noisy, None)
+    assert torch.equal(a, again) and torch.equal(b, b_again)  # jitter draws from the global RNG, reproducibly
+    assert not torch.equal(a, b)  # train.jitter applies with truncated gradients too (it was ignored before)
     # detach_passes cuts the gradient from pass 6 into pass 5's states: pass 5's loss alone then reaches the
     # network through pass 5, so the gradients differ from the undetached run's.
     grads = []

@@ -36,6 +36,7 @@ from fullband.experiments.multiplier import tokens_to_match
 from fullband.experiments.parallel import map_jobs
 from fullband.experiments.perplexity import ExactSpec, evaluate_modes, exact_agreement
 from fullband.experiments.plots import have_matplotlib
+from fullband.experiments.records import CompareResults, RunRecord
 from fullband.experiments.report import plot_compare, print_summary, render_markdown
 from fullband.experiments.results import write_json
 from fullband.experiments.stability import stability_curve
@@ -43,7 +44,7 @@ from fullband.experiments.study import Study, _leaves
 from fullband.experiments.trend import gap_trend
 from fullband.model.recurrence import auto_exact_method
 from fullband.model_io import load_any
-from fullband.training.checkpoint import STATE, latest_good_checkpoint
+from fullband.training.checkpoint_layout import latest_good_checkpoint, load_training_state
 from fullband.training.config import TrainRunConfig
 from fullband.training.run import resolve_device, run_train
 from fullband.training.trainer import METRICS_FILE
@@ -128,25 +129,25 @@ class CompareStudy(Study):
         return {"machine": machine_info(resolve_device(self.cfg.device), self.cfg.workers),
                 "commands": commands(self.cfg, self.out_dir)}
 
-    def collect(self) -> dict[str, Any]:
+    def collect(self) -> CompareResults:
         jobs = self.plan()
-        results: dict[str, Any] = {"config": config_to_dict(self.cfg), **self.header(jobs), "runs": [],
+        results: CompareResults = {"config": config_to_dict(self.cfg), **self.header(jobs), "runs": [],
                                    "stability": []}
         for record, stability in run_jobs(jobs, self.cfg.workers, self.progress, resume=self.cfg.resume):
             results["runs"].append(record)
             results["stability"] += stability
         return results
 
-    def analyse(self, results: dict[str, Any]) -> dict[str, Any]:
+    def analyse(self, results: CompareResults) -> dict[str, Any]:
         return {"multipliers": multipliers(results["runs"]), "gap_trend": gap_trend(results)}
 
-    def plot(self, results: dict[str, Any]) -> None:
+    def plot(self, results: CompareResults) -> None:
         plot_compare(results, self.out_dir)
 
-    def render(self, results: dict[str, Any], plots: bool) -> str:
+    def render(self, results: CompareResults, plots: bool) -> str:
         return render_markdown(results, plots)
 
-    def write(self, results: dict[str, Any], plots: bool | None = None) -> None:
+    def write(self, results: CompareResults, plots: bool | None = None) -> None:
         super().write(results, plots)
         print_summary(results)
 
@@ -160,7 +161,7 @@ Job = tuple[CompareConfig, RunSpec, Path]  # the compare settings of the run, th
 
 
 def run_jobs(jobs: list[Job], workers: int, progress: bool,
-             resume: bool = False) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+             resume: bool = False) -> list[tuple[RunRecord, list[dict[str, Any]]]]:
     """Train and evaluate every job -> (record, stability curves) in the order of ``jobs``.
 
     ``workers > 1`` runs that many jobs at a time in fresh processes, each with the machine's threads shared out
@@ -178,7 +179,7 @@ def run_jobs(jobs: list[Job], workers: int, progress: bool,
 
 
 def _run_fresh(jobs: list[Job], workers: int, progress: bool,
-               resume: bool = False) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+               resume: bool = False) -> list[tuple[RunRecord, list[dict[str, Any]]]]:
     results = []
     for record, stability in map_jobs(train_and_evaluate, [(job, i, len(jobs), progress and workers <= 1, resume)
                                                            for i, job in enumerate(jobs, start=1)], workers):
@@ -190,7 +191,7 @@ def _run_fresh(jobs: list[Job], workers: int, progress: bool,
 
 
 def train_and_evaluate(job: Job, index: int, count: int, progress: bool,
-                       resume: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                       resume: bool = False) -> tuple[RunRecord, list[dict[str, Any]]]:
     """``fullband train`` one run of a study, then score it on the test split (and its stability curve).
 
     ``resume``: a run directory an interrupted study left continues from its latest complete checkpoint (the
@@ -211,10 +212,11 @@ def train_and_evaluate(job: Job, index: int, count: int, progress: bool,
         if resume and Path(run_cfg.out_dir).exists():
             shutil.rmtree(run_cfg.out_dir)
         trained = run_train(run_cfg, progress=progress)
-    record = {"name": spec.name, "kind": spec.kind, "budget": spec.budget, "seed": spec.seed,
-              "out_dir": str(trained.out_dir), "steps": trained.steps, "tokens": trained.tokens,
-              "token_equiv_compute": trained.token_equiv_compute, "train_seconds": trained.seconds,
-              "final_train_loss": trained.final_loss, "validation": trained.validation}
+    record: RunRecord = {
+        "name": spec.name, "kind": spec.kind, "budget": spec.budget, "seed": spec.seed,
+        "out_dir": str(trained.out_dir), "steps": trained.steps, "tokens": trained.tokens,
+        "token_equiv_compute": trained.token_equiv_compute, "train_seconds": trained.seconds,
+        "final_train_loss": trained.final_loss, "validation": trained.validation}
     if checkpoint is not None:  # train_seconds then counts only this invocation's steps
         record["resumed_from_step"] = load_state_step(checkpoint)
     if run_cfg.train.eval_every:
@@ -228,7 +230,7 @@ def train_and_evaluate(job: Job, index: int, count: int, progress: bool,
 JOB_RECORD = "compare_record.json"  # a run's record and stability curves, written once it is evaluated
 
 
-def finished_job(job: Job) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+def finished_job(job: Job) -> tuple[RunRecord, list[dict[str, Any]]] | None:
     """(record, stability) of a run that an earlier, interrupted study finished and evaluated; None otherwise."""
     cfg, spec, out_dir = job
     path = Path(train_config(cfg, spec, out_dir).out_dir) / JOB_RECORD
@@ -239,8 +241,8 @@ def finished_job(job: Job) -> tuple[dict[str, Any], list[dict[str, Any]]] | None
 
 
 def load_state_step(checkpoint: Path) -> int:
-    """The optimizer steps a checkpoint holds (its trainer_state.json)."""
-    return int(json.loads((checkpoint / STATE).read_text())["step"])
+    """The optimizer steps a checkpoint holds."""
+    return load_training_state(checkpoint).step
 
 
 def check_resumable(cfg: CompareConfig, out_dir: Path) -> None:
@@ -270,7 +272,7 @@ def validation_history(run_dir: Path) -> list[dict[str, Any]]:
     return [r for r in map(json.loads, lines) if r.get("kind") == "eval"]
 
 
-def evaluate_run(cfg: CompareConfig, record: dict[str, Any], model_dir: Path, device: torch.device,
+def evaluate_run(cfg: CompareConfig, record: RunRecord, model_dir: Path, device: torch.device,
                  stability: list[dict[str, Any]], progress: bool) -> None:
     """Test-split scores of one trained model in every mode (into ``record``); stability curves of feedback ones."""
     t0 = time.perf_counter()

@@ -32,6 +32,7 @@ from fullband.experiments.flops import (
     step_flops,
     training_flops,
 )
+from fullband.experiments.records import Cell
 from fullband.experiments.study import StudyModel, sft_run_config, train_run
 from fullband.modes import DecodingMode, prefill_of
 from fullband.tasks.reasoning import Problem, prompt, trace
@@ -93,7 +94,7 @@ def train_controls(cfg: ReasoningConfig, spec: StudyModel, train_path: Path, tes
     return runs, controls
 
 
-def inference_flops(cell: dict[str, Any], shape: Shape, prompt_len: int, generated: int, looped: int) -> float:
+def inference_flops(cell: Cell, shape: Shape, prompt_len: int, generated: int, looped: int) -> float:
     """FLOPs of one answer-only decode of a cell's problems (fullband.experiments.flops.decode_flops)."""
     mode, variant = cell["mode"], cell["variant"]
     if cell["model"] == "looped":
@@ -107,7 +108,7 @@ def inference_flops(cell: dict[str, Any], shape: Shape, prompt_len: int, generat
     return decode_flops(shape, prompt_len, generated, mode="standard")
 
 
-def annotate_flops(cfg: ReasoningConfig, runs: dict[str, dict[str, Any]], cells: list[dict[str, Any]],
+def annotate_flops(cfg: ReasoningConfig, runs: dict[str, dict[str, Any]], cells: list[Cell],
                    test: list[Problem]) -> None:
     """Add ``inference_flops`` (per problem, answer-only, the reference answer's length) to every answer-only
     cell."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fullband.experiments.plots import pyplot, save_figure
+from fullband.experiments.records import Cell, ControlsResults, ReasoningResults
 from fullband.experiments.stats import format_interval, pooled_wilson
 from fullband.experiments.study import markdown_table
 from fullband.tasks.reasoning import chance_level
@@ -22,12 +23,12 @@ CONTROLS = ("baseline", "looped", "equal-FLOPs baseline")
 FAMILY_NAMES = {"swaps": "3 cups (swaps)", "swaps5": "5 cups (swaps5)", "sum": "running sums (sum)"}
 
 
-def seed_cells(family: dict[str, Any], variant: str, length: int) -> list[dict[str, Any]]:
+def seed_cells(family: ReasoningResults, variant: str, length: int) -> list[Cell]:
     """Every seed's answer-only cell of ``variant`` at ``length``."""
     return [c for c in family["seed_cells"] if c["variant"] == variant and c["length"] == length and c["stride"] == 0]
 
 
-def accuracy(family: dict[str, Any], variant: str, length: int) -> dict[str, Any]:
+def accuracy(family: ReasoningResults, variant: str, length: int) -> dict[str, Any]:
     """Mean, worst seed, per-seed values and the pooled Wilson interval of an answer-only cell."""
     cells = seed_cells(family, variant, length)
     values = [c["accuracy"] for c in cells]
@@ -35,12 +36,12 @@ def accuracy(family: dict[str, Any], variant: str, length: int) -> dict[str, Any
             "interval": pooled_wilson(values, [c["n"] for c in cells]), "n": cells[0]["n"]}
 
 
-def variants_of(family: dict[str, Any]) -> list[str]:
+def variants_of(family: ReasoningResults) -> list[str]:
     present = set(family["variants"])
     return [v for v in ORDER if v in present]
 
 
-def lengths_of(family: dict[str, Any]) -> tuple[list[int], list[int]]:
+def lengths_of(family: ReasoningResults) -> tuple[list[int], list[int]]:
     """(trained lengths, unseen lengths) of a family's study."""
     cfg = family["config"]
     lengths = sorted({c["length"] for c in family["seed_cells"]})
@@ -48,7 +49,7 @@ def lengths_of(family: dict[str, Any]) -> tuple[list[int], list[int]]:
     return trained, [n for n in lengths if n not in trained]
 
 
-def headline_length(family: dict[str, Any]) -> int:
+def headline_length(family: ReasoningResults) -> int:
     trained, unseen = lengths_of(family)
     return unseen[0] if unseen else trained[-1]
 
@@ -57,7 +58,7 @@ def _acc_text(a: dict[str, Any]) -> str:
     return f"{a['mean']:.2f} (worst seed {a['worst']:.2f}, 95% {format_interval(a['interval'])})"
 
 
-def family_verdict(name: str, family: dict[str, Any]) -> str:
+def family_verdict(name: str, family: ReasoningResults) -> str:
     """One line: full-bandwidth exact prefill against the best control at the first unseen length."""
     n = headline_length(family)
     variants = variants_of(family)
@@ -85,7 +86,7 @@ def family_verdict(name: str, family: dict[str, Any]) -> str:
     return f"- **{name}: target not met**, the full-bandwidth model leads every control by less than that: {detail}"
 
 
-def verdict(results: dict[str, Any]) -> list[str]:
+def verdict(results: ControlsResults) -> list[str]:
     lines = [family_verdict(FAMILY_NAMES.get(f, f), fam) for f, fam in results["families"].items()]
     for f, fam in results["families"].items():
         flops = training_flops(fam)
@@ -100,7 +101,7 @@ def _kind(variant: str) -> str:
     return {"looped": "looped", "equal-FLOPs baseline": "equal_flops"}.get(variant, variant.split()[0])
 
 
-def training_flops(family: dict[str, Any]) -> dict[str, float]:
+def training_flops(family: ReasoningResults) -> dict[str, float]:
     """Mean training FLOPs over the seeds per variant (the full-bandwidth modes share one model)."""
     out = {}
     for variant in variants_of(family):
@@ -111,7 +112,7 @@ def training_flops(family: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def compute_table(family: dict[str, Any]) -> str:
+def compute_table(family: ReasoningResults) -> str:
     n = headline_length(family)
     flops = training_flops(family)
     rows = []
@@ -129,7 +130,7 @@ def compute_table(family: dict[str, Any]) -> str:
                            "x baseline", f"inference FLOPs per problem (n = {n})", "training s (mean)"], rows)
 
 
-def accuracy_table(family: dict[str, Any]) -> str:
+def accuracy_table(family: ReasoningResults) -> str:
     trained, unseen = lengths_of(family)
     lengths = trained + unseen
     rows = []
@@ -141,7 +142,7 @@ def accuracy_table(family: dict[str, Any]) -> str:
     return markdown_table(["model / decoding", *head], rows)
 
 
-def seed_table(family: dict[str, Any]) -> str:
+def seed_table(family: ReasoningResults) -> str:
     trained, unseen = lengths_of(family)
     lengths = trained + unseen
     rows = []
@@ -152,7 +153,7 @@ def seed_table(family: dict[str, Any]) -> str:
     return markdown_table(["model / decoding", "seed", *[f"n={n}" for n in lengths]], rows)
 
 
-def render_controls(results: dict[str, Any], command: str, plots: bool) -> str:
+def render_controls(results: ControlsResults, command: str, plots: bool) -> str:
     cfg = results["config"]
     sections = []
     for f, fam in results["families"].items():
@@ -217,7 +218,7 @@ position, as a per-pass KV cache would run it).
 {chr(10).join(sections)}"""
 
 
-def plot_flops(results: dict[str, Any], path: Path) -> None:
+def plot_flops(results: ControlsResults, path: Path) -> None:
     """Answer-only accuracy at the first unseen length against training FLOPs: one panel per family, a dot per
     seed, a marker per model's mean; chance dotted."""
     plt = pyplot()

@@ -12,6 +12,7 @@ from fullband.config import explicit_keys
 from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.controls_report import FLOPS_PLOT, plot_flops, render_controls, verdict
 from fullband.experiments.reasoning import ReasoningStudy
+from fullband.experiments.records import ControlsResults
 from fullband.experiments.study import Study, set_threads
 from fullband.experiments.synthetic_config import flat_view
 
@@ -52,21 +53,21 @@ class ControlsStudy(Study):
         with explicit_keys(keys):
             return dataclasses.replace(cfg, family=family, families=(), out_dir=str(self.out_dir / family))
 
-    def collect(self) -> dict[str, Any]:
+    def collect(self) -> ControlsResults:
         families = {family: FamilyStudy(self.family_config(family), self.cfg.progress, self.command_line()).run()
                     for family in self.cfg.families}
         return {"study": "reasoning controls", "config": flat_view(self.cfg), "families": families}
 
-    def analyse(self, results: dict[str, Any]) -> dict[str, Any]:
+    def analyse(self, results: ControlsResults) -> dict[str, Any]:
         return {"verdict": verdict(results)}
 
-    def plot(self, results: dict[str, Any]) -> None:
+    def plot(self, results: ControlsResults) -> None:
         plot_flops(results, self.out_dir / FLOPS_PLOT)
 
-    def render(self, results: dict[str, Any], plots: bool) -> str:
+    def render(self, results: ControlsResults, plots: bool) -> str:
         return render_controls(results, self.command_line(), plots)
 
 
-def run_families(cfg: ReasoningConfig) -> dict[str, Any]:
+def run_families(cfg: ReasoningConfig) -> ControlsResults:
     """``fullband eval-reasoning`` with ``families``: one study per family and a report over them."""
     return ControlsStudy(cfg, cfg.progress).run()

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fullband.experiments.multiplier import baseline_loss_at
+from fullband.experiments.records import CompareResults
 from fullband.experiments.results import mean_sd, mode_label, run_names, runs_named
 
 MARKERS = {"standard": "o", "fused1": "s", "fused2": "D", "fused3": "v", "fused4": "^", "exact": "*"}
@@ -49,7 +50,7 @@ def _tokens_text(v: float) -> str:
     return f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k" if v >= 1e3 else f"{v:g}"
 
 
-def plot_loss_vs_tokens(results: dict[str, Any], path: Path) -> None:
+def plot_loss_vs_tokens(results: CompareResults, path: Path) -> None:
     """Baseline test loss against training tokens (points, ± sd over seeds, and the fitted piecewise-linear
     curve), with every mode of each feedback model at the tokens it saw."""
     plt = pyplot()
@@ -96,7 +97,7 @@ def plot_loss_vs_tokens(results: dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
-def plot_stability(results: dict[str, Any], path: Path) -> None:
+def plot_stability(results: CompareResults, path: Path) -> None:
     """Validation loss and state change against the number of fused prefill passes, one line per model."""
     plt = pyplot()
     fig, (ax_loss, ax_delta) = plt.subplots(1, 2, figsize=(11, 4.5))
@@ -133,7 +134,7 @@ def plot_stability(results: dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
-def plot_gaps_vs_tokens(results: dict[str, Any], path: Path) -> None:
+def plot_gaps_vs_tokens(results: CompareResults, path: Path) -> None:
     """The fused-vs-plain gap of each feedback model and the feedback-vs-baseline gap of ``feedback`` against
     training tokens (validation split; thin lines per seed, thick the mean), with the fitted trend of the best
     mode's gap to the baseline (:mod:`fullband.experiments.trend`)."""

@@ -33,6 +33,7 @@ from fullband.experiments.parallel import map_jobs
 from fullband.experiments.reasoning_data import build_data, context_length, pass_mix_of
 from fullband.experiments.reasoning_eval import equal_accuracy, evaluate, over_seeds, pooled
 from fullband.experiments.reasoning_report import PLOT, draw, render_report
+from fullband.experiments.records import Cell, ReasoningResults
 from fullband.experiments.study import PairStudy, StudyModel, train_both
 from fullband.experiments.synthetic_config import flat_view
 from fullband.tasks.reasoning import Problem
@@ -47,10 +48,10 @@ class ReasoningStudy(PairStudy):
     timed = True  # the report states the command's wall time (its cost, with the seeds run side by side or not)
 
 
-    def plot(self, results: dict[str, Any]) -> None:
+    def plot(self, results: ReasoningResults) -> None:
         draw(results, self.out_dir / PLOT)
 
-    def render(self, results: dict[str, Any], plots: bool) -> str:
+    def render(self, results: ReasoningResults, plots: bool) -> str:
         return render_report(results, self.command_line(), plots)
 
     def build_data(self, data_dir: Path) -> tuple[Path, Path]:
@@ -67,7 +68,7 @@ class ReasoningStudy(PairStudy):
                                                                           pass_mix=pass_mix_of(self.cfg.passes)))
         return spec
 
-    def collect(self) -> dict[str, Any]:
+    def collect(self) -> ReasoningResults:
         """Both models per seed (one seed: in out_dir itself; more: out_dir/seed<k>/), every cell per seed, then
         the cells' means and sds over the seeds."""
         cfg = self.cfg
@@ -80,7 +81,7 @@ class ReasoningStudy(PairStudy):
         if side_by_side and cfg.progress:
             print(f"training and evaluating {cfg.seeds} seeds, {min(cfg.workers, cfg.seeds)} at a time", flush=True)
         training: dict[str, dict[str, Any]] = {}
-        seed_cells: list[dict[str, Any]] = []
+        seed_cells: list[Cell] = []
         for seed, (runs, cells) in zip(seeds, map_jobs(train_and_evaluate, jobs, cfg.workers), strict=True):
             training.update({kind if cfg.seeds == 1 else f"{kind} seed{seed}": t for kind, t in runs.items()})
             seed_cells += [c | {"seed": seed} for c in cells]
@@ -91,7 +92,7 @@ class ReasoningStudy(PairStudy):
 
 
 def train_and_evaluate(cfg: ReasoningConfig, spec: StudyModel, train_path: Path, test_path: Path, run_dir: Path,
-                       test: list[Problem], progress: bool) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+                       test: list[Problem], progress: bool) -> tuple[dict[str, dict[str, Any]], list[Cell]]:
     """One seed: both models trained into ``run_dir`` (or reused), then every cell evaluated -> (training
     summaries, cells). Module-level, so that seeds can run in worker processes (``cfg.workers``)."""
     runs = train_both(spec, train_path, test_path, run_dir, progress, reuse=cfg.reuse_models, resume=cfg.resume)

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from fullband.data import ByteTokenizer, Tokenizer
 from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.reasoning_data import EXTRA_TOKENS, task_of
+from fullband.experiments.records import Cell, DecodedCell
 from fullband.experiments.results import write_json
 from fullband.experiments.study import summarize
 from fullband.model import FullBandwidthLM
@@ -36,7 +37,7 @@ def variant_name(kind: str, mode: str, fused_passes: int) -> str:
 def decode_cell(
     model: FullBandwidthLM, tokenizer: Tokenizer, task: ReasoningTask, problems: list[Problem], stride: int,
     mode: str, fused_passes: int
-) -> dict[str, Any]:
+) -> DecodedCell:
     """Greedy solutions of ``problems`` (all of one length) at ``stride`` -> accuracy and trace lengths."""
     examples = [TracedProblem(p, stride) for p in problems]
     prompts = [tokenizer.encode(task.prompt(e)) for e in examples]
@@ -61,7 +62,7 @@ def decode_cell(
 
 def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Problem],
              controls: tuple[tuple[str, str, str, dict[int, int]], ...] = (), cache_dir: Path | None = None,
-             ) -> list[dict[str, Any]]:
+             ) -> list[Cell]:
     """Every (model, mode, stride, length) cell. ``controls``: (kind, mode, variant, extra passes per length) of the
     control models, decoded answer-only. ``cache_dir``: each model's cells are written to cells-<kind>.json there,
     and read back instead of decoding again when ``cfg.resume`` (an interrupted study continues)."""
@@ -76,14 +77,14 @@ def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Proble
             for n in sorted(by_length)]
     jobs += [(kind, mode, name, 0, n, passes.get(n, 0)) for kind, mode, name, passes in controls
              for n in sorted(by_length)]
-    cells = []
+    cells: list[Cell] = []
     for kind in dict.fromkeys(job[0] for job in jobs):
         cache = cache_dir / f"cells-{kind}.json" if cache_dir is not None else None
         if cache is not None and cfg.resume and cache.is_file():
             cells += json.loads(cache.read_text())
             continue
         model = load_any(model_dirs[kind], device=cfg.device)  # any model family
-        mine = []
+        mine: list[Cell] = []
         for _, mode, name, stride, n, k in tqdm([j for j in jobs if j[0] == kind], desc=f"decoding {kind}",
                                                 disable=not cfg.progress):
             cell = decode_cell(model, tokenizer, task, by_length[n], stride, mode, k)
@@ -94,12 +95,12 @@ def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Proble
     return cells
 
 
-def pooled(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def pooled(cells: list[Cell]) -> list[Cell]:
     """Cells of every (variant, stride, seed) pooled over lengths (means weighted by the number of problems)."""
-    groups: dict[tuple[str, int, Any], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, int, Any], list[Cell]] = {}
     for c in cells:
         groups.setdefault((c["variant"], c["stride"], c.get("seed")), []).append(c)
-    out = []
+    out: list[Cell] = []
     for (variant, stride, seed), group in groups.items():
         total = sum(c["n"] for c in group)
         keys = [k for k in ("accuracy", "exact_trace", "mean_len", "ms_per_problem") if k in group[0]]
@@ -109,13 +110,13 @@ def pooled(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def over_seeds(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def over_seeds(cells: list[Cell]) -> list[Cell]:
     """One cell per (variant, stride, length): each metric's mean over the seeds, and its sd as ``<metric>_sd``
     (0 with one seed)."""
-    groups: dict[tuple[str, int, Any], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, int, Any], list[Cell]] = {}
     for c in cells:
         groups.setdefault((c["variant"], c["stride"], c["length"]), []).append(c)
-    out = []
+    out: list[Cell] = []
     for group in groups.values():
         row = {k: v for k, v in group[0].items() if k != "seed"}
         for key in METRICS:
@@ -127,7 +128,7 @@ def over_seeds(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def equal_accuracy(cells: list[dict[str, Any]], variants: list[str]) -> list[dict[str, Any]]:
+def equal_accuracy(cells: list[Cell], variants: list[str]) -> list[dict[str, Any]]:
     """Per length (and pooled): the baseline's best accuracy less TOLERANCE, and the shortest mean trace with
     which each variant reaches it (None: never)."""
     rows = []

@@ -10,6 +10,7 @@ from typing import Any
 
 from fullband.experiments.plots import pyplot, save_figure
 from fullband.experiments.reasoning_eval import TOLERANCE
+from fullband.experiments.records import Cell, ReasoningResults
 from fullband.experiments.report import input_text
 from fullband.experiments.study import line_style, markdown_table, training_table
 from fullband.tasks.reasoning import chance_level, prompt, random_problem, trace
@@ -56,16 +57,16 @@ def objective_text(cfg: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _value(cell: dict[str, Any], key: str, fmt: str) -> str:
+def _value(cell: Cell, key: str, fmt: str) -> str:
     sd = cell.get(f"{key}_sd", 0.0)
     return format(cell[key], fmt) + (f" ± {format(sd, fmt)}" if cell.get("seeds", 1) > 1 else "")
 
 
-def _lengths(cells: list[dict[str, Any]]) -> list[int]:
+def _lengths(cells: list[Cell]) -> list[int]:
     return sorted({c["length"] for c in cells if c["length"] != "all"})
 
 
-def tables(results: dict[str, Any]) -> dict[str, str]:
+def tables(results: ReasoningResults) -> dict[str, str]:
     """The study's markdown tables: training, accuracy, trace length, decoding time, equal accuracy."""
     cells, variants = results["cells"], results["variants"]
     lengths = [*_lengths(cells), "all"]
@@ -100,7 +101,7 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
-def verdict(results: dict[str, Any]) -> list[str]:
+def verdict(results: ReasoningResults) -> list[str]:
     """The report's first lines: does answer-only accuracy with recurrent (exact) prefill beat the baseline, by
     how much, and at what cost (training compute and time, decoding time)."""
     cfg, cells = results["config"], results["cells"]
@@ -179,7 +180,7 @@ def verdict(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_report(results: dict[str, Any], command: str, plots: bool = True) -> str:
+def render_report(results: ReasoningResults, command: str, plots: bool = True) -> str:
     cfg, t = results["config"], tables(results)
     figures = (f"![accuracy vs trace length]({PLOT})\n\n![accuracy vs problem length]({LENGTH_PLOT})" if plots
                else "(No plots: matplotlib is not installed.)")
@@ -249,7 +250,7 @@ prompt fully recurrent, one position at a time).
 """
 
 
-def plot(results: dict[str, Any], path: Path) -> None:
+def plot(results: ReasoningResults, path: Path) -> None:
     """Accuracy vs mean trace length, one panel per length (and all pooled), one line per model/mode."""
     plt = pyplot()
     cells, variants = results["cells"], results["variants"]
@@ -277,7 +278,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     save_figure(fig, path, dpi=110)
 
 
-def plot_lengths(results: dict[str, Any], path: Path) -> None:
+def plot_lengths(results: ReasoningResults, path: Path) -> None:
     """Length generalisation: accuracy vs problem length n, one panel per stride, one line per model/mode (error
     bars: sd over seeds); lengths past the trained range are shaded, chance dotted."""
     plt = pyplot()
@@ -303,6 +304,6 @@ def plot_lengths(results: dict[str, Any], path: Path) -> None:
     save_figure(fig, path, dpi=110)
 
 
-def draw(results: dict[str, Any], path: Path) -> None:
+def draw(results: ReasoningResults, path: Path) -> None:
     plot(results, path)
     plot_lengths(results, path.with_name(LENGTH_PLOT))

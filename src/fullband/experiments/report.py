@@ -13,6 +13,7 @@ from fullband.config import ModelConfig
 from fullband.experiments import plots as plotting
 from fullband.experiments import trend
 from fullband.experiments.multiplier import BETTER_THAN_LARGEST, INTERPOLATED, WORSE_THAN_SMALLEST, against_one
+from fullband.experiments.records import CompareResults, RunRecord
 from fullband.experiments.results import finished_at, mean_sd, mode_label, modes_of, run_names, runs_named
 from fullband.experiments.study import report_head, write_study
 
@@ -21,12 +22,12 @@ STABILITY_PLOT = "stability.png"
 GAP_PLOT = "gaps_vs_tokens.png"
 
 
-def write_report(results: dict[str, Any], out_dir: Path) -> None:
+def write_report(results: CompareResults, out_dir: Path) -> None:
     """results.json, then the plots (skipped, with a warning, without matplotlib), then report.md."""
     write_study(out_dir, results, lambda r: plot_compare(r, out_dir), render_markdown)
 
 
-def plot_compare(results: dict[str, Any], out_dir: Path) -> None:
+def plot_compare(results: CompareResults, out_dir: Path) -> None:
     plotting.plot_loss_vs_tokens(results, out_dir / LOSS_PLOT)
     if has_gap_series(results):
         plotting.plot_gaps_vs_tokens(results, out_dir / GAP_PLOT)
@@ -59,7 +60,7 @@ def checkpoints(n: int) -> list[int]:
 
 # ---------------------------------------------------------------------------------------------- report.md
 
-def render_markdown(results: dict[str, Any], plots: bool = True) -> str:
+def render_markdown(results: CompareResults, plots: bool = True) -> str:
     cfg = results["config"]
     names, modes = run_names(results), modes_of(results)
     t, m = cfg["train"], cfg["model"]
@@ -145,7 +146,7 @@ def input_text(model: dict[str, Any]) -> str:
     return f"input form `fused`: raw embeddings at plain positions, RMS-normalised fused inputs {gain}"
 
 
-def table(results: dict[str, Any], names: Sequence[str], modes: Sequence[str], key: str) -> list[str]:
+def table(results: CompareResults, names: Sequence[str], modes: Sequence[str], key: str) -> list[str]:
     head = ["run", "tokens", "token-equiv. compute", *map(mode_label, modes)]
     rows = [_row(head), _row(["---"] * len(head))]
     for name in names:
@@ -156,7 +157,7 @@ def table(results: dict[str, Any], names: Sequence[str], modes: Sequence[str], k
     return rows
 
 
-def multiplier_table(results: dict[str, Any]) -> list[str]:
+def multiplier_table(results: CompareResults) -> list[str]:
     head = ["model", "mode", "test loss", "baseline tokens to match", "token multiplier", "compute multiplier",
             "inference passes", "fit"]
     rows = [_row(head), _row(["---"] * len(head))]
@@ -175,7 +176,7 @@ def multiplier_table(results: dict[str, Any]) -> list[str]:
     return rows
 
 
-def stability_section(results: dict[str, Any], plots: bool = True) -> list[str]:
+def stability_section(results: CompareResults, plots: bool = True) -> list[str]:
     curves = results["stability"]
     if not curves:
         return []
@@ -203,7 +204,7 @@ def stability_section(results: dict[str, Any], plots: bool = True) -> list[str]:
     return lines
 
 
-def timing_section(results: dict[str, Any]) -> list[str]:
+def timing_section(results: CompareResults) -> list[str]:
     head = ["seed", "run", "steps", "train s", "test eval s", "stability s"]
     rows = ["## Wall times", "", _row(head), _row(["---"] * len(head))]
     for r in results["runs"]:
@@ -219,7 +220,7 @@ def timing_section(results: dict[str, Any]) -> list[str]:
     return rows
 
 
-def verdict(results: dict[str, Any]) -> list[str]:
+def verdict(results: CompareResults) -> list[str]:
     """Plain statements computed from the numbers (no judgement beyond comparing them)."""
     out = []
     for name, by_mode in results["multipliers"].items():
@@ -262,12 +263,12 @@ def verdict(results: dict[str, Any]) -> list[str]:
     return out + _stability_contrast(results) + trend.verdict_lines(results)
 
 
-def has_gap_series(results: dict[str, Any]) -> bool:
+def has_gap_series(results: CompareResults) -> bool:
     """Whether a feedback run validated during training (more than the one validation at the end)."""
     return any(r.get("validation_history") for r in results["runs"] if r["kind"] != "baseline")
 
 
-def _stability_contrast(results: dict[str, Any]) -> list[str]:
+def _stability_contrast(results: CompareResults) -> list[str]:
     """The paper's Figure 3/10 contrast: with only 1-/2-pass batches the iteration diverges, with ~3% 3-pass
     batches it contracts. Says whether this run shows it."""
     pair = ("feedback", "feedback-2pass")
@@ -290,7 +291,7 @@ def _converges(curves: list[dict[str, Any]]) -> bool:
     return start is not None and end is not None and math.isfinite(end) and end < 1e-3 * start
 
 
-def _extrapolation_hint(results: dict[str, Any]) -> list[str]:
+def _extrapolation_hint(results: CompareResults) -> list[str]:
     fits = {s["fit"] for by_mode in results["multipliers"].values() for per in by_mode.values() for s in per}
     budgets = results["config"]["budgets"]
     lines = []
@@ -321,14 +322,14 @@ def _convergence(curves: list[dict[str, Any]]) -> str:
     return f"the mean state change {trend}: it has not converged by pass {n}."
 
 
-def _passes_text(results: dict[str, Any], runs: list[dict[str, Any]], mode: str) -> str:
+def _passes_text(results: CompareResults, runs: list[RunRecord], mode: str) -> str:
     passes = fmt((r["test"][mode]["passes"] for r in runs), 1)
     if mode == "exact" and _exact_method(results["config"], runs) == "sequential":
         return f"{passes} one-token steps (~1 pass of FLOPs, sequential)"
     return passes
 
 
-def _params(results: dict[str, Any]) -> str:
+def _params(results: CompareResults) -> str:
     counts = {r["name"]: r.get("parameters") for r in results["runs"]}
     base = next((v for k, v in counts.items() if k.startswith("baseline") and v), None)
     fb = next((v for k, v in counts.items() if not k.startswith("baseline") and v), None)
@@ -348,12 +349,12 @@ def _split(schedule: dict[str, Any]) -> str:
     return "/".join(f"{100 * s:.0f}%" for s in shares)
 
 
-def _exact_method(cfg: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+def _exact_method(cfg: dict[str, Any], runs: list[RunRecord]) -> str:
     """The exact method the runs used: the configured one, or what ``auto`` chose (recorded per run)."""
     return next((r["exact_method"] for r in runs if "exact_method" in r), cfg["exact_method"])
 
 
-def _exact_text(cfg: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+def _exact_text(cfg: dict[str, Any], runs: list[RunRecord]) -> str:
     method = _exact_method(cfg, runs)
     if method == "sequential":
         return "computed sequentially (one position at a time through the KV cache: the definition)"
@@ -369,7 +370,7 @@ def _row(cells: Sequence[str]) -> str:
 
 # ---------------------------------------------------------------------------------------------- terminal
 
-def print_summary(results: dict[str, Any]) -> None:
+def print_summary(results: CompareResults) -> None:
     names, modes = run_names(results), modes_of(results)
     runs = results["runs"]
     print(f"\nfullband compare: test loss (nats/token) on {runs[0]['test_windows']} windows; "

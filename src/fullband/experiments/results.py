@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from fullband.experiments.records import CompareResults, RunRecord
 from fullband.modes import DecodingMode
 
 
@@ -20,15 +21,15 @@ def mode_label(mode: str) -> str:
     return DecodingMode.from_result_key(mode).label
 
 
-def run_names(results: dict[str, Any]) -> list[str]:
+def run_names(results: CompareResults) -> list[str]:
     return list(dict.fromkeys(r["name"] for r in results["runs"]))
 
 
-def runs_named(results: dict[str, Any], name: str) -> list[dict[str, Any]]:
+def runs_named(results: CompareResults, name: str) -> list[RunRecord]:
     return [r for r in results["runs"] if r["name"] == name]
 
 
-def modes_of(results: dict[str, Any]) -> list[str]:
+def modes_of(results: CompareResults) -> list[str]:
     return list(dict.fromkeys(m for r in results["runs"] for m in r["test"]))
 
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from fullband.experiments.plots import pyplot, save_figure
+from fullband.experiments.records import StateTrackingResults
 from fullband.experiments.study import line_style, markdown_table, training_table
 
 PLOT = "probe_accuracy_vs_depth.png"
 
 
-def tables(results: dict[str, Any]) -> dict[str, str]:
+def tables(results: StateTrackingResults) -> dict[str, str]:
     """Markdown tables: training, probe accuracy per depth (one per task), answer accuracy."""
     cells = results["cells"]
     depths = len(cells[0]["probe_accuracy"])
@@ -27,7 +27,7 @@ def tables(results: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def render_report(results: dict[str, Any], command: str, plots: bool = True) -> str:
+def render_report(results: StateTrackingResults, command: str, plots: bool = True) -> str:
     cfg, t = results["config"], tables(results)
     probe_sections = "\n\n".join(f"### {task}\n\n{t[f'probe_{task}']}" for task in cfg["tasks"])
     figure = f"![probe accuracy vs depth]({PLOT})" if plots else "(No plot: matplotlib is not installed.)"
@@ -64,7 +64,7 @@ accuracy of always answering the fit set's majority class (what a probe on a con
 """
 
 
-def plot_probes(results: dict[str, Any], path: Path) -> None:
+def plot_probes(results: StateTrackingResults, path: Path) -> None:
     """Probe accuracy vs depth, one panel per task, one line per model/prefill, chance dashed."""
     plt = pyplot()
     cells = results["cells"]

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from fullband.data import ByteTokenizer
 from fullband.experiments.config import StateTrackingConfig
 from fullband.experiments.probes import PREFILLS, final_token_states, fit_ridge_probe
+from fullband.experiments.records import ProbeCell, ProbeScore, StateTrackingResults
 from fullband.experiments.results import write_json
 from fullband.experiments.state_report import PLOT, plot_probes, render_report
 from fullband.experiments.study import PairStudy
@@ -68,7 +69,7 @@ def probe_sets(cfg: StateTrackingConfig) -> dict[str, tuple[list[Example], list[
 
 def probe_model(
     model: FullBandwidthLM, prefill: str, sets: tuple[list[Example], list[Example]], task: str, ridge: float
-) -> dict[str, Any]:
+) -> ProbeScore:
     """Probe accuracy at every depth and the model's answer accuracy, for one task under one prefill."""
     tokenizer = ByteTokenizer()
     device = model.embed.weight.device
@@ -100,10 +101,10 @@ class StateTrackingStudy(PairStudy):
     command_skip = ("reuse_models", "resume")
 
 
-    def plot(self, results: dict[str, Any]) -> None:
+    def plot(self, results: StateTrackingResults) -> None:
         plot_probes(results, self.out_dir / PLOT)
 
-    def render(self, results: dict[str, Any], plots: bool) -> str:
+    def render(self, results: StateTrackingResults, plots: bool) -> str:
         return render_report(results, self.command_line(), plots)
 
     def build_data(self, data_dir: Path) -> tuple[Path, Path]:
@@ -118,7 +119,7 @@ class StateTrackingStudy(PairStudy):
         cfg = self.cfg
         sets = probe_sets(cfg)
         variants = [("baseline", "standard")] + [("fullband", p) for p in cfg.prefills]
-        by_kind: dict[str, list[dict[str, Any]]] = {}
+        by_kind: dict[str, list[ProbeCell]] = {}
         for kind in dict.fromkeys(kind for kind, _ in variants):
             cache = self.out_dir / f"cells-{kind}.json"
             if cfg.resume and cache.is_file():

@@ -255,7 +255,7 @@ def train_run(kind: str, run_cfg: TrainRunConfig, progress: bool = True, reuse: 
     while it trained) continues from its latest complete checkpoint with ``resume``, or is trained again from the
     start if it has none (runs are deterministic and resume bit for bit, so either gives the numbers of an
     uninterrupted run), else refused."""
-    from fullband.training.checkpoint import latest_good_checkpoint
+    from fullband.training.checkpoint_layout import latest_good_checkpoint
     from fullband.training.run import run_train
 
     run_dir = Path(run_cfg.out_dir)

@@ -14,6 +14,7 @@ from fullband.config import (
     _require,
     _require_ints,
     apply_preset,
+    current_explicit_keys,
     doc,
     threads_field,
     validate_device_name,
@@ -110,6 +111,11 @@ class SyntheticStudyConfig:
             value = getattr(getattr(self, section), name)
             _require(value == getattr(defaults[section], name), dotted, value,
                      f"the study sets it ({what}); leave it out")
+        if self.train.grad_passes > 0 and "train.jitter" not in current_explicit_keys():
+            # The studies' truncated-gradient runs (the exact-recurrence presets, --grad_passes) trained without
+            # jitter when train.jitter did not apply to them; they keep computing that, and their run configs now
+            # say so (jitter 0). An explicit --train.jitter applies.
+            self.train = dataclasses.replace(self.train, jitter=0.0)
         start = self.schedule.feedback_start
         _require(start < 1, "schedule.feedback_start", start,
                  "must be in [0, 1): the fullband model needs some multi-pass steps")

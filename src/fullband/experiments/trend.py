@@ -20,6 +20,7 @@ import random
 import statistics
 from typing import Any
 
+from fullband.experiments.records import CompareResults, RunRecord
 from fullband.experiments.results import mode_label
 
 FEEDBACK = "feedback"  # the run the verdict is about (compare.FEEDBACK; not imported: compare imports torch)
@@ -30,7 +31,7 @@ POOR_FIT_R2 = 0.5  # below this the verdict says the line does not describe the 
 FAR = 10.0  # a crossing beyond FAR x the last validated tokens is called an extrapolation far out
 
 
-def gap_series(results: dict[str, Any]) -> dict[str, dict[int, list[dict[str, Any]]]]:
+def gap_series(results: CompareResults) -> dict[str, dict[int, list[dict[str, Any]]]]:
     """{feedback run name: {seed: [point]}}, one point per validation, oldest first. A point holds ``tokens``,
     ``vs_plain`` {mode: gap to 1 pass} and ``vs_baseline`` {mode: gap to the 1x baseline at that step} (empty
     when the 1x baseline did not validate at that step)."""
@@ -57,7 +58,7 @@ def gap_series(results: dict[str, Any]) -> dict[str, dict[int, list[dict[str, An
     return out
 
 
-def _points(run: dict[str, Any]) -> list[dict[str, Any]]:
+def _points(run: RunRecord) -> list[dict[str, Any]]:
     """(step, tokens, {passes: loss}) of every validation of a run; the end-of-run one when none was logged."""
     per_step = run["tokens"] / run["steps"]
     history = run.get("validation_history") or [{"step": run["steps"] - 1, **run.get("validation", {})}]
@@ -90,7 +91,7 @@ def crossing(line: dict[str, float]) -> float | None:
     return math.exp(log_t) if log_t < 700 else math.inf
 
 
-def gap_trend(results: dict[str, Any]) -> dict[str, Any]:
+def gap_trend(results: CompareResults) -> dict[str, Any]:
     """The series, and for the ``feedback`` run the best validated mode's fitted gap to the baseline: per seed,
     pooled, and bootstrapped (see the module doc)."""
     series = gap_series(results)
@@ -154,7 +155,7 @@ def tokens_text(t: float | None) -> str:
     return f"{t / 1e9:.3g}B" if t >= 1e9 else f"{t / 1e6:.3g}M" if t >= 1e6 else f"{t / 1e3:.3g}k"
 
 
-def verdict_lines(results: dict[str, Any]) -> list[str]:
+def verdict_lines(results: CompareResults) -> list[str]:
     """The verdict's lines on the gaps against tokens (see the module doc)."""
     trend = results.get("gap_trend") or gap_trend(results)
     if not trend["series"]:  # no feedback run validated
@@ -226,11 +227,11 @@ def _ends(by_seed: dict[str, list[dict[str, Any]]], key: str,
             (statistics.fmean(p[-1]["tokens"] for p in pts), statistics.fmean(p[-1][key][mode] for p in pts)))
 
 
-def _parameters(results: dict[str, Any]) -> int | None:
+def _parameters(results: CompareResults) -> int | None:
     return next((r.get("parameters") for r in results["runs"] if r["name"] == FEEDBACK and r.get("parameters")), None)
 
 
-def section(results: dict[str, Any], plot_file: str | None) -> list[str]:
+def section(results: CompareResults, plot_file: str | None) -> list[str]:
     """The report's section: the per-validation gaps (mean over seeds) and the plot."""
     trend = results.get("gap_trend") or gap_trend(results)
     lines = ["## The gaps against training tokens (validation split)", "",

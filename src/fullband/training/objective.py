@@ -15,8 +15,8 @@ deep iteration that reaches the recurrence's fixed point trains at a fraction of
 Passes past the exact count (the row length less the smallest plain prefix, plus one) cannot change any state,
 so a multi-pass batch runs at most that many; when it reaches that count with one plain prefix for every row, the
 last m passes start from the fixed point, computed sequentially (off for a looped model, which has none). The
-model's pass loop does all of it (:func:`fullband.model.recurrence.pass_loop`); no jitter with it, as the committed
-recurrent reports were trained.
+model's pass loop does all of it (:func:`fullband.model.recurrence.pass_loop`), jitter included (the studies that
+trained the committed recurrent reports set ``jitter=0``, as those were trained).
 """
 
 from __future__ import annotations
@@ -71,8 +71,7 @@ def multipass_loss(
         passes=passes,
         plain_prefix=plain_prefix.to(inputs.device),
         labels=labels,
-        # Truncated gradients run without jitter: the committed recurrent reports were trained so.
-        jitter=cfg.jitter if cfg.grad_passes == 0 else 0.0,
+        jitter=cfg.jitter,
         detach_passes=cfg.detach_passes,
         feedback_weight=cfg.feedback_weight,
         grad_passes=cfg.grad_passes,

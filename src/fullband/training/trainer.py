@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import random
-import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -44,12 +42,13 @@ from fullband.training.checkpoint import (
     save_checkpoint,
     save_sharded_checkpoint,
 )
-from fullband.training.config import COMPILE_MIN_CPU_STEPS, OptimConfig, ScheduleConfig, TrainConfig
+from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training.errors import NonFiniteLossError, TrainingError
 from fullband.training.metrics import MetricsLog, flops_per_token, peak_flops
 from fullband.training.objective import multipass_loss, sample_plain_prefix
 from fullband.training.optim import build_optimizer, in_cooldown, lr_at, optimizer_ns_dtype, set_lr
 from fullband.training.schedule import FeedbackSchedule
+from fullband.training.step_setup import accumulate, autocast_dtype, should_compile
 
 # batch_fn(step, rank, world_size) -> (inputs, labels), each (batch_size * grad_accum, T): this process's
 # rows of optimizer step ``step``, all micro-batches together; must be a pure function of its arguments.
@@ -104,7 +103,7 @@ class Trainer:
         # Prefix lengths come from their own CPU generator, identical on every rank (each takes its slice of
         # the global draw), so they do not depend on the device or on how the batch is split.
         self.generator = torch.Generator()
-        self.autocast_dtype = _autocast_dtype(train_cfg.autocast, self.device)
+        self.autocast_dtype = autocast_dtype(train_cfg.autocast, self.device)
         self.state = TrainingState(schedule=self.schedule.state_dict())
         self.run_config = {
             "model": model.config.to_dict(),
@@ -179,7 +178,7 @@ class Trainer:
                                                    None, z_loss_weight=z_weight, plain_prefix=prefixes[..., rows_here],
                                                    fixed_point=fixed_point)
                 (loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
-            _accumulate(totals, metrics, cfg.grad_accum)
+            accumulate(totals, metrics, cfg.grad_accum)
 
         # One host sync for all scalars; it also makes the timing below honest on CUDA.
         names = [k for k in ("loss", "ntp_loss", "z_loss") if k in totals]
@@ -370,53 +369,3 @@ class Trainer:
             self.log = MetricsLog(self.out_dir / METRICS_FILE, resume_bytes=resume_bytes,
                                   tensorboard_dir=self.out_dir / "tensorboard", start_step=start_step,
                                   wandb_project=self.cfg.wandb_project, wandb_config=self.run_config)
-
-
-def should_compile(setting: str, device: torch.device, total_steps: int) -> bool:
-    """Whether the trainer compiles the blocks (``train.compile``): 'auto' = on CUDA, and on a CPU for runs of at
-    least COMPILE_MIN_CPU_STEPS steps when a C++ compiler is there.
-
-    Blocks, not the whole model (as torchtitan does): the forward around them is Python control flow over
-    passes, prefixes and caches that would break a whole-model graph many times; the blocks are where the FLOPs
-    are, and they see one shape per run whatever the pass count. On 2 CPU cores the compile took ~18 s cold (2-3 s
-    from inductor's disk cache) and made a step 1.04-1.28x faster at nanoGPT's CPU config (``fullband bench``;
-    docs/LOG.md): short runs stay eager.
-    """
-    if setting != "auto":
-        return setting == "true"
-    if device.type == "cuda":
-        return True
-    return device.type == "cpu" and total_steps >= COMPILE_MIN_CPU_STEPS and _cxx_compiler() is not None
-
-
-def _cxx_compiler() -> str | None:
-    return shutil.which(os.environ.get("CXX", "g++")) or shutil.which("clang++")
-
-
-def _accumulate(totals: dict[str, Any], metrics: dict[str, Any], grad_accum: int) -> None:
-    """Average the micro-batches' losses; sum their token counts."""
-    if grad_accum == 1:  # one micro-batch: its metrics as they are (no tensor ops)
-        totals.update(metrics)
-        return
-    for key, value in metrics.items():
-        if key in ("tokens", "token_equiv_compute"):
-            totals[key] = totals.get(key, 0) + value
-        elif key == "passes":
-            totals[key] = value
-        elif key == "pass_losses":
-            previous = totals.get(key) or [0.0] * len(value)
-            totals[key] = [a + b / grad_accum for a, b in zip(previous, value, strict=True)]
-        else:
-            totals[key] = totals.get(key, 0.0) + value / grad_accum
-
-
-def _autocast_dtype(setting: str, device: torch.device) -> torch.dtype | None:
-    """bf16 on a CUDA device that supports it (for 'auto' and 'bf16'), None (full precision) otherwise."""
-    if setting == "off":
-        return None
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    if setting == "bf16":
-        raise ConfigError(f"train.autocast='bf16' is invalid on {device}: bf16 autocast needs a CUDA GPU with bf16 "
-                          "support; use 'auto' or 'off'")
-    return None
