@@ -191,3 +191,18 @@ def save_strong_retrofit(root, **gpt2_options):
     model.save_pretrained(root / "retrofitted")
     ByteTokenizer().save(root / "retrofitted")
     return root / "gpt2", root / "retrofitted", model
+
+
+# lm-eval's own command line (``lm_eval.__main__.cli_evaluate``, what ``python -m lm_eval`` runs) once per argument
+# list in ``sys.argv[1]`` (JSON), all in one process so lm-eval, transformers and torch are imported once. One change:
+# the CLI's task index leaves out lm-eval's thousands of built-in task files (about 50 s of YAML parsing on a loaded
+# 2-core machine, per run) and holds only ``--include_path``'s tasks, the ones these tests evaluate.
+LM_EVAL_CLI = r"""
+import functools, json, sys
+from lm_eval.__main__ import cli_evaluate
+from lm_eval.tasks.manager import TaskManager
+TaskManager.__init__ = functools.partialmethod(TaskManager.__init__, include_defaults=False)
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["lm_eval", *argv]
+    cli_evaluate()
+"""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_model
+from conftest import LM_EVAL_CLI, make_model
 
 from fullband.cli import main
 from fullband.data import ByteTokenizer, load_tokenizer, train_bpe
@@ -123,20 +123,10 @@ def test_bpe_tokenizer_files_give_the_same_ids_in_auto_tokenizer(tmp_path):
     assert theirs.decode(ours.encode(text)) == text
 
 
-# lm-eval's own command line (what ``python -m lm_eval`` calls), run once per argument list in one process, so
-# lm-eval, transformers and torch are imported once for every run rather than once per run.
-LM_EVAL_CLI = r"""
-import json, sys
-from lm_eval.__main__ import cli_evaluate
-for argv in json.loads(sys.argv[1]):
-    sys.argv = ["lm_eval", *argv]
-    cli_evaluate()
-"""
-
-
 @pytest.fixture(scope="module")
 def lm_eval_scores(checkpoint, tmp_path_factory) -> dict[str, dict]:
-    """``lm_eval --model hf`` (remote code) on the checkpoint, per mode: one process, one CLI run per mode."""
+    """``lm_eval --model hf`` (remote code) on the checkpoint, per mode: one process (conftest's ``LM_EVAL_CLI``),
+    one CLI run per mode."""
     path, _ = checkpoint
     tmp = tmp_path_factory.mktemp("lm_eval")
     runs = {mode: ["--model", "hf", "--model_args",
