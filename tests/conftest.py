@@ -200,7 +200,7 @@ def save_strong_retrofit(root, **gpt2_options):
 LM_EVAL_CLI = r"""
 import functools, json, sys
 from lm_eval.__main__ import cli_evaluate
-from lm_eval.tasks.manager import TaskManager
+from lm_eval.tasks import TaskManager  # the class the CLI builds, wherever this version defines it
 TaskManager.__init__ = functools.partialmethod(TaskManager.__init__, include_defaults=False)
 for argv in json.loads(sys.argv[1]):
     sys.argv = ["lm_eval", *argv]
