@@ -210,3 +210,18 @@ def kill_training_at(monkeypatch, run_name: str, step: int):
 
     monkeypatch.setattr(Trainer, "train_step", dies)
     return lambda: monkeypatch.setattr(Trainer, "train_step", train_step)
+
+
+# lm-eval's own command line (``lm_eval.__main__.cli_evaluate``, what ``python -m lm_eval`` runs) once per argument
+# list in ``sys.argv[1]`` (JSON), all in one process so lm-eval, transformers and torch are imported once. One change:
+# the CLI's task index leaves out lm-eval's thousands of built-in task files (about 50 s of YAML parsing on a loaded
+# 2-core machine, per run) and holds only ``--include_path``'s tasks, the ones these tests evaluate.
+LM_EVAL_CLI = r"""
+import functools, json, sys
+from lm_eval.__main__ import cli_evaluate
+from lm_eval.tasks import TaskManager  # the class the CLI builds, wherever this version defines it
+TaskManager.__init__ = functools.partialmethod(TaskManager.__init__, include_defaults=False)
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["lm_eval", *argv]
+    cli_evaluate()
+"""

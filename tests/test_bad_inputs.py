@@ -346,17 +346,29 @@ def world(tmp_path_factory) -> Path:
 
 
 # Runs ``fullband.cli.main(argv)`` in a forked child per job, each with its own cwd and stderr, a few at a time, in
-# one process that imported torch (and transformers) once: each case then costs its own work, not a torch import
-# (about 2 s each on a small CPU). The child is the CLI exactly as the console script runs it; an exception that
-# escapes it prints its traceback to the child's stderr, which the test looks for.
+# one process that imported torch, transformers and fullband's commands once: each case then costs its own work,
+# not an import (about 2 s each on a small CPU). The child is the CLI exactly as the console script runs it; an
+# exception that escapes it prints its traceback to the child's stderr, which the test looks for.
 RUNNER = r"""
 import json, os, sys, traceback
 import torch, safetensors
 try:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    import transformers.modeling_utils, transformers.models.auto.modeling_auto, transformers.models.gpt2.modeling_gpt2
 except ImportError:
     pass
+# ... and every module the commands import lazily (transformers' models alone pull in accelerate, scipy and PIL),
+# once here rather than once in every forked child: this took the fixture from about 75 s to under 30 s
+import fullband.cli, fullband.model_io, fullband.data, fullband.devices, fullband.training.run
+import fullband.generation.speculative, fullband.generation.drafters
+for name in ("fullband.experiments.compare", "fullband.experiments.recipe", "fullband.experiments.reasoning",
+             "fullband.experiments.state_tracking", "fullband.selfcheck", "fullband.bench.run",
+             "fullband.integrations.lm_eval.run", "fullband.data.prepare", "fullband.integrations.retrofit"):
+    try:
+        __import__(name)
+    except ImportError:  # an optional extra not installed: its cases are skipped anyway
+        pass
 jobs, parallel = json.load(open(sys.argv[1])), int(sys.argv[2])
 running, codes = {}, {}
 

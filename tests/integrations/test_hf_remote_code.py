@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_model
+from conftest import LM_EVAL_CLI, make_model
 
+from fullband.cli import main
 from fullband.data import ByteTokenizer, load_tokenizer, train_bpe
 from fullband.model import hub
 
@@ -122,47 +123,51 @@ def test_bpe_tokenizer_files_give_the_same_ids_in_auto_tokenizer(tmp_path):
     assert theirs.decode(ours.encode(text)) == text
 
 
-def _lm_eval_hf(path: Path, mode: str, tmp: Path) -> dict:
-    out_dir = tmp / f"lm_eval_{mode}"
-    args = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-            f"pretrained={path},trust_remote_code=True,decoding_mode={mode},score_mode={mode}",
-            "--tasks", "fb_tiny_ppl", "--include_path", ".", "--device", "cpu", "--batch_size", "4",
-            "--output_path", str(out_dir)]
-    run = subprocess.run(args, capture_output=True, text=True, env=offline_env(tmp), cwd=LM_EVAL_TASKS, timeout=300)
+@pytest.fixture(scope="module")
+def lm_eval_scores(checkpoint, tmp_path_factory) -> dict[str, dict]:
+    """``lm_eval --model hf`` (remote code) on the checkpoint, per mode: one process (conftest's ``LM_EVAL_CLI``),
+    one CLI run per mode."""
+    path, _ = checkpoint
+    tmp = tmp_path_factory.mktemp("lm_eval")
+    runs = {mode: ["--model", "hf", "--model_args",
+                   f"pretrained={path},trust_remote_code=True,decoding_mode={mode},score_mode={mode}",
+                   "--tasks", "fb_tiny_ppl", "--include_path", ".", "--device", "cpu", "--batch_size", "4",
+                   "--output_path", str(tmp / f"lm_eval_{mode}")] for mode in ("standard", "soft")}
+    run = subprocess.run([sys.executable, "-c", LM_EVAL_CLI, json.dumps(list(runs.values()))], capture_output=True,
+                         text=True, env=offline_env(tmp), cwd=LM_EVAL_TASKS, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    (result_file,) = out_dir.rglob("results_*.json")
-    return json.loads(result_file.read_text())["results"]["fb_tiny_ppl"]
-
-
-def _fullband_eval(path: Path, mode: str, tmp: Path) -> dict:
-    out_dir = tmp / f"fullband_eval_{mode}"
-    args = [sys.executable, "-m", "fullband.cli", "eval", "--checkpoint", str(path), "--tasks", "fb_tiny_ppl",
-            "--include_path", ".", "--include_defaults", "false", "--mode", mode, "--out_dir", str(out_dir)]
-    run = subprocess.run(args, capture_output=True, text=True, env=offline_env(tmp), cwd=LM_EVAL_TASKS, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads((out_dir / "results.json").read_text())["results"]["fb_tiny_ppl"]
+    scores = {}
+    for mode in runs:
+        (result_file,) = (tmp / f"lm_eval_{mode}").rglob("results_*.json")
+        scores[mode] = json.loads(result_file.read_text())["results"]["fb_tiny_ppl"]
+    return scores
 
 
 @pytest.fixture(scope="module")
-def fullband_scores(checkpoint, tmp_path_factory):
-    """``fullband eval``'s scores of the checkpoint per mode, each computed once for the module (a subprocess)."""
+def fullband_scores(checkpoint, tmp_path_factory, one_thread_per_module):
+    """``fullband eval``'s scores of the checkpoint per mode, each computed once for the module, in this process
+    (the CLI's ``main``; the subprocess under test is lm-eval's)."""
     path, _ = checkpoint
     scores: dict[str, dict] = {}
 
     def score(mode: str) -> dict:
         if mode not in scores:
-            scores[mode] = _fullband_eval(path, mode, tmp_path_factory.mktemp(f"fullband_eval_{mode}"))
+            out_dir = tmp_path_factory.mktemp(f"fullband_eval_{mode}")
+            with pytest.MonkeyPatch.context() as patch:
+                patch.chdir(LM_EVAL_TASKS)  # the task's data_files path is relative
+                assert main(["eval", "--checkpoint", str(path), "--tasks", "fb_tiny_ppl", "--include_path", ".",
+                             "--include_defaults", "false", "--mode", mode, "--out_dir", str(out_dir)]) == 0
+            scores[mode] = json.loads((out_dir / "results.json").read_text())["results"]["fb_tiny_ppl"]
         return scores[mode]
 
     return score
 
 
 @pytest.mark.parametrize("mode", ["standard", "soft"])
-def test_lm_eval_cli_hf_model_scores_equal_fullband_eval(checkpoint, fullband_scores, tmp_path, mode):
+def test_lm_eval_cli_hf_model_scores_equal_fullband_eval(lm_eval_scores, fullband_scores, mode):
     """``lm_eval --model hf`` on the checkpoint == ``fullband eval``: every document fits one window, so lm-eval's
     rolling context is the end-of-text token alone and soft mode means the same positions in both."""
-    path, _ = checkpoint
-    theirs, ours = _lm_eval_hf(path, mode, tmp_path), fullband_scores(mode)
+    theirs, ours = lm_eval_scores[mode], fullband_scores(mode)
     for metric in ("bits_per_byte,none", "byte_perplexity,none", "word_perplexity,none"):
         assert theirs[metric] == pytest.approx(ours[metric], rel=1e-5), metric
     if mode == "soft":  # and the mode matters: soft is not standard

@@ -18,7 +18,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 import torch
-from conftest import save_strong_retrofit
+from conftest import LM_EVAL_CLI, save_strong_retrofit
 
 from fullband.cli import main
 from fullband.data import ByteTokenizer
@@ -59,16 +59,25 @@ def test_generate_accepts_a_retrofitted_checkpoint_and_hf_paths(dirs, capsys):
     assert isinstance(load_any(f"hf:{gpt2_dir}"), RetrofittedLM)
 
 
-def test_eval_accepts_a_retrofitted_checkpoint(dirs, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def eval_scores(dirs, tmp_path_factory) -> dict[str, dict]:
+    """``fullband eval`` (in this process) on fb_tiny_ppl: the retrofitted checkpoint in standard and soft mode and
+    the plain GPT-2 through ``hf:`` in standard mode; computed once for the tests that compare against them."""
     gpt2_dir, retro_dir, _ = dirs
-    monkeypatch.chdir(LM_EVAL_TASKS)  # the task's data_files path is relative
     scores = {}
-    for name, spec, mode in (("retro", retro_dir, "standard"), ("hf", f"hf:{gpt2_dir}", "standard"),
-                             ("retro-soft", retro_dir, "soft")):
-        out = tmp_path / name
-        assert main(["eval", "--checkpoint", str(spec), "--tasks", "fb_tiny_ppl", "--include_path", ".",
-                     "--include_defaults", "false", "--mode", mode, "--out_dir", str(out)]) == 0
-        scores[name] = json.loads((out / "results.json").read_text())["results"]["fb_tiny_ppl"]["bits_per_byte,none"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(LM_EVAL_TASKS)  # the task's data_files path is relative
+        for name, spec, mode in (("retro", retro_dir, "standard"), ("hf", f"hf:{gpt2_dir}", "standard"),
+                                 ("retro-soft", retro_dir, "soft")):
+            out = tmp_path_factory.mktemp(name)
+            assert main(["eval", "--checkpoint", str(spec), "--tasks", "fb_tiny_ppl", "--include_path", ".",
+                         "--include_defaults", "false", "--mode", mode, "--out_dir", str(out)]) == 0
+            scores[name] = json.loads((out / "results.json").read_text())["results"]["fb_tiny_ppl"]
+    return scores
+
+
+def test_eval_accepts_a_retrofitted_checkpoint(eval_scores):
+    scores = {name: result["bits_per_byte,none"] for name, result in eval_scores.items()}
     assert scores["retro"] == pytest.approx(scores["hf"], rel=1e-6)  # standard = the pretrained network
     assert abs(scores["retro-soft"] - scores["retro"]) > 1e-3
 
@@ -126,25 +135,20 @@ def test_transformers_opens_the_retrofitted_checkpoint_with_remote_code(dirs, tm
     assert got["soft"] == model.generate(ids, max_new_tokens=6, mode="soft").tolist()
 
 
-def test_lm_eval_cli_hf_model_scores_a_retrofitted_checkpoint_as_fullband_eval(dirs, tmp_path):
+def test_lm_eval_cli_hf_model_scores_a_retrofitted_checkpoint_as_fullband_eval(dirs, eval_scores, tmp_path):
     """``lm_eval --model hf`` (remote code) in soft mode == ``fullband eval --mode soft`` on a retrofitted model."""
     _, retro_dir, _ = dirs
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "OMP_NUM_THREADS": "1"}
     lm_eval_out = tmp_path / "lm_eval"
-    run = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-                          f"pretrained={retro_dir},trust_remote_code=True,decoding_mode=soft,score_mode=soft",
-                          "--tasks", "fb_tiny_ppl", "--include_path", ".", "--device", "cpu", "--batch_size", "4",
-                          "--output_path", str(lm_eval_out)], capture_output=True, text=True, env=env,
-                         cwd=LM_EVAL_TASKS, timeout=300)
+    argv = ["--model", "hf", "--model_args",
+            f"pretrained={retro_dir},trust_remote_code=True,decoding_mode=soft,score_mode=soft",
+            "--tasks", "fb_tiny_ppl", "--include_path", ".", "--device", "cpu", "--batch_size", "4",
+            "--output_path", str(lm_eval_out)]
+    run = subprocess.run([sys.executable, "-c", LM_EVAL_CLI, json.dumps([argv])], capture_output=True, text=True,
+                         env=env, cwd=LM_EVAL_TASKS, timeout=300)  # conftest: lm-eval's CLI entry point
     assert run.returncode == 0, run.stderr[-3000:]
     (result_file,) = lm_eval_out.rglob("results_*.json")
     theirs = json.loads(result_file.read_text())["results"]["fb_tiny_ppl"]
-    ours_out = tmp_path / "fullband_eval"
-    run = subprocess.run([sys.executable, "-m", "fullband.cli", "eval", "--checkpoint", str(retro_dir), "--tasks",
-                          "fb_tiny_ppl", "--include_path", ".", "--include_defaults", "false", "--mode", "soft",
-                          "--out_dir", str(ours_out)], capture_output=True, text=True, env=env, cwd=LM_EVAL_TASKS,
-                         timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    ours = json.loads((ours_out / "results.json").read_text())["results"]["fb_tiny_ppl"]
+    ours = eval_scores["retro-soft"]  # fullband eval --mode soft on the same checkpoint
     assert theirs["bits_per_byte,none"] == pytest.approx(ours["bits_per_byte,none"], rel=1e-5)
