@@ -52,6 +52,7 @@ class RunRecord(TypedDict):
     parameters: NotRequired[int]
     test: NotRequired[dict[str, ModeScore]]  # by results key: standard, fused2, exact, ...
     test_windows: NotRequired[int]
+    scored_split: NotRequired[str]  # "test", or "validation" for prepared shards (they have no test split)
     exact_check: NotRequired[dict[str, Any]]
     eval_seconds: NotRequired[float]
     stability_seconds: NotRequired[float]  # a feedback model's: the time its stability curve took
