@@ -69,6 +69,15 @@ def test_a_poor_fit_and_a_widening_gap_are_said_plainly():
     assert "does not shrink with tokens: the trend never reaches 1.0x" in widening
 
 
+def test_a_flat_gap_whose_slope_interval_includes_zero_places_no_crossing():
+    def flat(t, seed):  # ahead by 0.01 on average, one seed gaining and one losing ground with tokens
+        return -0.01 + (0.004 if seed == 0 else -0.004) * math.log2(t / 1000)
+
+    text = " ".join(verdict_lines(results(flat)))
+    assert "interval includes 0" in text and "no crossing of 1.0x can be placed" in text
+    assert "crossed 1.0x" not in text and "ahead of the baseline" in text
+
+
 def test_without_validations_during_training_the_end_point_is_reported_without_a_trend():
     data = results(lambda t, s: 0.03, steps=(15,))
     for run in data["runs"]:  # as a run with train_eval_points 0 records it: the end-of-run validation only

@@ -152,6 +152,8 @@ def tokens_text(t: float | None) -> str:
         return "never"
     if t < 1e3:
         return f"{t:.0f}"
+    if t >= 1e12:  # a line's crossing far beyond any run: scientific, not "1.42e+08B"
+        return f"{t:.2g}"
     return f"{t / 1e9:.3g}B" if t >= 1e9 else f"{t / 1e6:.3g}M" if t >= 1e6 else f"{t / 1e3:.3g}k"
 
 
@@ -200,6 +202,12 @@ def _crossing_text(trend: dict[str, Any], pooled: dict[str, Any], boot: dict[str
     lo, _, hi = boot["crossing_tokens"]
     interval = (f"90% bootstrap interval {tokens_text(lo)} to {tokens_text(hi)}, {boot['never_share']:.0%} of the "
                 f"resamples never; per seed {seeds}")
+    slope_lo, _, slope_hi = boot["slope"]
+    if slope_lo < 0 < slope_hi:  # the resampled seeds disagree on the sign: any crossing is the noise's
+        where = "ahead of" if gap_now <= 0 else "behind"
+        return (f"The slope's 90% bootstrap interval includes 0: over the fitted range the gap neither closes nor "
+                f"opens measurably with tokens, so no crossing of 1.0x can be placed; the fitted line ends "
+                f"{abs(gap_now):.4f} nats {where} the baseline ({interval}).")
     if gap_now > 0 and slope >= 0:
         return f"The gap does not shrink with tokens: the trend never reaches 1.0x ({interval})."
     if gap_now <= 0 and slope < 0:
