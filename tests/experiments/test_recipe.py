@@ -64,6 +64,20 @@ def test_every_variant_is_a_valid_compare_config():
         preset_config("default", dict(overrides))  # raises on a key or value compare does not accept
 
 
+def test_every_run_of_the_study_reads_its_data_section(tmp_path):
+    from fullband.configio import build_config
+    from fullband.experiments.recipe import plan
+
+    cfg = build_config(RecipeConfig, None, {"preset": "smoke", "data.tokenizer": "bpe", "data.bpe_vocab_size": 300,
+                                            "variants": ["best", "adamw"]})
+    jobs = plan(cfg, tmp_path)
+    assert len(jobs) > 4  # baselines, variants (one paired), widths
+    for compare_cfg, _, _ in jobs:
+        assert compare_cfg.data.tokenizer == "bpe" and compare_cfg.data.bpe_vocab_size == 300
+    with pytest.raises(ConfigError, match="tokenizer"):
+        build_config(RecipeConfig, None, {"preset": "smoke", "data.tokenizer": "words"})
+
+
 def test_an_interrupted_study_resumes_with_the_same_numbers(tmp_path):
     import shutil
 

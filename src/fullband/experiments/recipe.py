@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fullband.config import ConfigError
-from fullband.configio import config_to_dict
+from fullband.configio import build_config, config_to_dict
 from fullband.experiments.compare import (
     FEEDBACK,
     CompareStudy,
@@ -33,6 +33,7 @@ from fullband.experiments.compare import (
 )
 from fullband.experiments.config import RECIPE_VARIANTS, CompareConfig, RecipeConfig
 from fullband.experiments.plots import have_matplotlib
+from fullband.experiments.recipe_config import data_overrides
 from fullband.experiments.results import mean_sd
 from fullband.experiments.study import Study
 from fullband.training.run import resolve_device
@@ -42,7 +43,7 @@ BEST = "best"
 
 def variant_config(cfg: RecipeConfig, out_dir: Path, overrides: dict[str, Any]) -> CompareConfig:
     """The compare preset with ``overrides``, evaluated and validated as ``fullband compare`` would."""
-    study = {"seeds": cfg.seeds, "workers": 1, "device": cfg.device, "threads": cfg.threads,
+    study = {**data_overrides(cfg.data), "seeds": cfg.seeds, "workers": 1, "device": cfg.device, "threads": cfg.threads,
              "train_eval_points": cfg.train_eval_points,
              "out_dir": str(out_dir)}
     if cfg.eval_windows is not None:
@@ -130,7 +131,7 @@ def rewrite_report(out_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"out_dir={str(out_dir)!r} holds no results.json: run the study first (without report_only)")
     results = json.loads(path.read_text())
-    cfg = RecipeConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["config"].items()})
+    cfg = build_config(RecipeConfig, results["config"], {})  # as a config file: sections (data) and lists typed
     study = RecipeStudy(cfg)
     study.out_dir = out_dir
     results.update(study.analyse(results))

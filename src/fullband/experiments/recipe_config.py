@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fullband.config import _is_int, _require, _require_ints, apply_preset, doc, threads_field, validate_threads
 from fullband.experiments.compare_config import COMPARE_PRESETS
+from fullband.training.config import DataConfig
 
 # Each ingredient of the recipe, toggled away from the compare default (the best recipe found) one at a time:
 # name -> (overrides of the compare config, whether the baseline changes too, what it tests).
@@ -47,6 +48,7 @@ class RecipeConfig:
                       "64,256 (about an hour on 2 CPU cores); smoke = seconds (tests).")
     compare_preset: str | None = doc(None, "The fullband compare preset every run starts from (none = the preset's).")
     variants: tuple[str, ...] = doc(tuple(RECIPE_VARIANTS), f"Rows of the ablation, from {tuple(RECIPE_VARIANTS)}.")
+    data: DataConfig = field(default_factory=DataConfig)  # every run's corpus and tokenizer (fullband compare's)
     widths: tuple[int, ...] | None = doc(
         None, "d_model of the extra best-recipe runs (baseline and feedback at 1x) next to the preset's own width.")
     seeds: int = doc(2, "Seeds per run: every number is a mean over them.")
@@ -73,3 +75,8 @@ class RecipeConfig:
         if self.eval_windows is not None:
             _require_ints(self, {"eval_windows": 1})
         _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
+
+
+def data_overrides(data: DataConfig) -> dict[str, Any]:
+    """``{"data.key": value}`` for the compare runs of a recipe study: they all read the study's data section."""
+    return {f"data.{key}": value for key, value in asdict(data).items()}
