@@ -15,6 +15,7 @@ The *gap* of a mode is its test loss minus the reference baseline's (negative = 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,6 @@ from fullband.experiments.compare import (
 )
 from fullband.experiments.config import RECIPE_VARIANTS, CompareConfig, RecipeConfig
 from fullband.experiments.plots import have_matplotlib
-from fullband.experiments.recipe_config import data_overrides
 from fullband.experiments.results import mean_sd
 from fullband.experiments.study import Study
 from fullband.training.run import resolve_device
@@ -43,7 +43,8 @@ BEST = "best"
 
 def variant_config(cfg: RecipeConfig, out_dir: Path, overrides: dict[str, Any]) -> CompareConfig:
     """The compare preset with ``overrides``, evaluated and validated as ``fullband compare`` would."""
-    study = {**data_overrides(cfg.data), "seeds": cfg.seeds, "workers": 1, "device": cfg.device, "threads": cfg.threads,
+    data = {f"data.{key}": value for key, value in dataclasses.asdict(cfg.data).items()}  # every run reads it
+    study = {**data, "seeds": cfg.seeds, "workers": 1, "device": cfg.device, "threads": cfg.threads,
              "train_eval_points": cfg.train_eval_points,
              "out_dir": str(out_dir)}
     if cfg.eval_windows is not None:

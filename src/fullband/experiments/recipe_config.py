@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from fullband.config import _is_int, _require, _require_ints, apply_preset, doc, threads_field, validate_threads
@@ -75,8 +75,3 @@ class RecipeConfig:
         if self.eval_windows is not None:
             _require_ints(self, {"eval_windows": 1})
         _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
-
-
-def data_overrides(data: DataConfig) -> dict[str, Any]:
-    """``{"data.key": value}`` for the compare runs of a recipe study: they all read the study's data section."""
-    return {f"data.{key}": value for key, value in asdict(data).items()}
