@@ -75,6 +75,33 @@ def test_a_long_exact_prefill_does_not_stall_a_running_stream(chunk):
     assert long.tokens == model.generate(prompt, 3, "exact", exact_chunk_size=chunk)[100:]
 
 
+def test_a_feeding_exact_prompt_steps_in_its_own_lane_and_never_pads_the_streams(monkeypatch):
+    """While a 60-token exact prompt feeds, the short streams step in a batch of their own whose cache stays short
+    (it is not padded to the long prompt), and every request still gets its tokens alone."""
+    model = make_model(dtype=torch.float64, max_seq_len=128)
+    prompt = [(5 * i + 1) % 60 for i in range(60)]
+    jobs = [([4, 2], "soft", 12), ([7, 7, 1], "standard", 12), (prompt, "exact", 2)]
+    engine = Engine(model, max_batch=4)
+    stepped = []  # (rows, cache capacity, feeding rows) of every step
+    step = Engine._step
+
+    def recording_step(self, batch):
+        stepped.append((len(batch.sequences), batch.cache.max_len, sum(bool(s.feed) for s in batch.sequences)))
+        step(self, batch)
+
+    monkeypatch.setattr(Engine, "_step", recording_step)
+    collectors = run_engine(engine, [request(p, m, k) for p, m, k in jobs])
+    for (p, mode, k), c in zip(jobs, collectors, strict=True):
+        assert c.tokens == model.generate(p, k, mode)[len(p):], mode
+    last_feed = max(i for i, (_, _, feeding) in enumerate(stepped) if feeding)
+    feeding = [rows for rows, _, feeding in stepped if feeding]
+    streams = [(rows, room) for rows, room, feeding in stepped[:last_feed] if not feeding]
+    assert feeding == [1] * (len(prompt) - 1)
+    # both streams together at each of their 11 steps (the first of 12 tokens comes from the prefill)
+    assert [rows for rows, _ in streams] == [2] * 11
+    assert max(room for _, room in streams) < 20  # their cache never grew to the long prompt's length
+
+
 def test_metrics_count_prefills_and_interleaved_prompt_tokens(server):
     def metric(name: str) -> float:
         text = httpx.get(server.url + "/metrics").text

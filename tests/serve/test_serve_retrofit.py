@@ -66,5 +66,6 @@ def test_retrofitted_requests_are_batched_and_each_equals_itself_alone(tmp_path)
     for (prompt, mode, passes), c in zip(jobs, collectors, strict=True):
         assert c.tokens == model.generate(prompt, 7, mode, prefill_passes=passes)[len(prompt):], mode
     assert (engine.prefills, engine.batched_prefills) == (2, 2)  # plain (with the exact prompts' first tokens), fused
-    assert engine.rows_stepped >= 3 * engine.steps  # decoded together, not one sequence per step
+    # decoded together, not one sequence per step (the exact prompts still feeding step in a lane of their own)
+    assert engine.rows_stepped >= 2 * engine.steps
     assert engine.interleaved_prompt_tokens == 5 + 1

@@ -5,13 +5,14 @@ One background thread owns every active sequence. Each loop iteration it
 1. admits queued requests up to ``max_batch``: arrivals whose prefills are the same computation are prefilled
    together in one left-padded forward (standard and soft prompts, and the first token of a sequential exact
    prompt, in one plain pass; fused prompts by their pass count), and each samples its first token;
-2. decodes every active sequence together in one forward; a sequential exact
-   prompt feeds its remaining tokens here, one per step, as fused decoding with the prompt's tokens in place of
-   sampled ones, which is the sequential exact prefill itself (the same forwards: bit-identical alone), so a long
-   exact prompt never stalls the running streams;
+2. decodes every active sequence in one forward per lane; a sequential exact prompt feeds its remaining tokens
+   here, one per step, as fused decoding with the prompt's tokens in place of sampled ones, which is the
+   sequential exact prefill itself (the same forwards: bit-identical alone), so a long exact prompt never stalls
+   the running streams. Rows still feeding a prompt form their own lane (batch), so a long prompt's cache never
+   pads the streams' rows;
 3. hands each sequence its token and retires the finished and the cancelled at once.
 
-A sequence's decoding state is its KV cache rows plus its last carried state ``h`` (DESIGN.md §4). The batch
+A sequence's decoding state is its KV cache rows plus its last carried state ``h`` (DESIGN.md §4). A batch
 keeps the rows right-aligned in one cache (left padding, as batched decoding does), so a row at any length decodes
 next to any other; whenever the membership changes the rows are copied into a fresh cache whose padded length is
 the longest row's, which keeps it within the model context (the cache's own ``gather_rows``: the native KVCache and
@@ -277,17 +278,32 @@ class Engine(Admission):
     # ------------------------------------------------------------------ batch membership
 
     def _regroup(self, joined: list[_Batch]) -> None:
-        """Drop finished rows and merge newly prefilled sequences into the running batch (a cache whose rows cannot
-        be gathered keeps each sequence as its own batch)."""
+        """Drop finished rows and merge newly prefilled sequences into the running batches (a cache whose rows cannot
+        be gathered keeps each sequence as its own batch).
+
+        Rows go to two lanes, each one batch: rows still feeding an exact prompt, and the rest. A long prompt's
+        cache then never pads the short streams' rows (their steps would attend over its length) and a stream that
+        finishes or arrives copies only its own lane's cache; the feeding lane costs the others one small forward
+        per step. A lane whose rows are unchanged keeps its batch as it is."""
         batches = [*self._batches, *joined]
-        changed = bool(joined) or any(s.done for b in batches for s in b.sequences)
-        if not changed:
-            return
         if not self.regroups:
             self._batches = [b for b in batches if not b.sequences[0].done]
             return
-        rows = [(b, i) for b in batches for i, s in enumerate(b.sequences) if not s.done]
-        self._batches = [self._repack(rows)] if rows else []
+        lanes: dict[bool, list[tuple[_Batch, int]]] = {False: [], True: []}
+        for b in batches:
+            for i, s in enumerate(b.sequences):
+                if not s.done:
+                    lanes[bool(s.feed)].append((b, i))
+        self._batches = [rows[0][0] if self._unchanged(rows, joined) else self._repack(rows)
+                         for rows in lanes.values() if rows]
+
+    @staticmethod
+    def _unchanged(rows: list[tuple[_Batch, int]], joined: list[_Batch]) -> bool:
+        """Are ``rows`` every row of one running batch, in order? (A prefill's batch has room for its prompt
+        alone, so a joined one is always repacked.)"""
+        first = rows[0][0]
+        return (len(rows) == len(first.sequences) and all(b is first for b, _ in rows)
+                and all(b is not first for b in joined))
 
     def _repack(self, rows: list[tuple[_Batch, int]]) -> _Batch:
         """One batch of ``rows`` (source batch, row): each row's cached tokens right-aligned in a fresh cache."""
