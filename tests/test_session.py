@@ -16,7 +16,7 @@ from fullband.data import cache_dir, load_corpus
 from fullband.data.shakespeare import corpus_dir
 
 DEV_EXTRAS = ("transformers", "tokenizers", "lm_eval", "yaml", "platformdirs", "matplotlib", "tensorboard", "fastapi",
-              "uvicorn", "prometheus_client", "openai", "httpx", "psutil")
+              "uvicorn", "prometheus_client", "openai", "httpx", "psutil", "xdist")
 
 
 def test_caches_point_into_the_session_directory_not_the_users():
