@@ -161,8 +161,8 @@ _REASONING_PRESETS["exact-recurrence-tuned"] = _REASONING_PRESETS["exact-recurre
     family="sum", feedback_weight=0.3, steps=3000, grad_passes=8, seeds=2, workers=2)
 # Issue 29: the controls of DESIGN.md section 7 next to the recurrent recipe, on the three families, 3 seeds, 200
 # test problems per length (or half of a length's problems where it has fewer), answer-only decoding. 6000 steps,
-# not 3000: at 3000 the recipe solved swaps on 2 of 4 seeds it was not tuned on, at 6000 on 2 of 2 (seed 11 among
-# them, docs/results/reasoning-swaps-6000-seeds11-12 and docs/LOG.md).
+# not 3000: at 3000 the recipe solved swaps on 2 of 4 seeds it was not tuned on, at 6000 on 4 of 4 (the failed
+# seed 11 among them, docs/results/reasoning-swaps-6000-seeds10-11 and -seeds11-12, docs/LOG.md).
 _REASONING_PRESETS["controls"] = _REASONING_PRESETS["exact-recurrence-tuned"] | dict(
     families=("swaps", "swaps5", "sum"), controls=("looped", "equal_flops"), seeds=3, test_per_length=200,
     modes=("standard", "exact"), steps=6000)
