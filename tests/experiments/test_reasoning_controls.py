@@ -26,8 +26,9 @@ def untimed(cells):
 def test_controls_preset_and_bad_options():
     cfg = ReasoningConfig(preset="controls")
     assert cfg.families == ("swaps", "swaps5", "sum") and cfg.controls == ("looped", "equal_flops")
-    assert cfg.seeds >= 3 and cfg.test_per_length >= 200 and (cfg.passes, cfg.train.max_steps) == (32, 6000)
-    assert ReasoningConfig(preset="recurrent").train.max_steps == 3000  # its committed reports
+    assert cfg.seeds >= 3 and cfg.test_per_length >= 200
+    assert (cfg.passes, cfg.train.max_steps, cfg.curriculum) == (32, 3000, 0.6)
+    assert ReasoningConfig(preset="recurrent").curriculum == 0.3  # its committed reports
     assert ReasoningConfig(preset="recurrent").controls == ()  # the existing presets compute what they did
     with pytest.raises(ConfigError, match="controls=\\('wide',\\) is invalid"):
         ReasoningConfig(preset="smoke", controls=("wide",))

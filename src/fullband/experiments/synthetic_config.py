@@ -160,12 +160,13 @@ _REASONING_PRESETS: dict[str, dict[str, Any]] = {
 _REASONING_PRESETS["exact-recurrence-tuned"] = _REASONING_PRESETS["exact-recurrence"] | dict(
     family="sum", feedback_weight=0.3, steps=3000, grad_passes=8, seeds=2, workers=2)
 # Issue 29: the controls of DESIGN.md section 7 next to the recurrent recipe, on the three families, 3 seeds, 200
-# test problems per length (or half of a length's problems where it has fewer), answer-only decoding. 6000 steps,
-# not 3000: at 3000 the recipe solved swaps on 2 of 4 seeds it was not tuned on, at 6000 on 4 of 4 (the failed
-# seed 11 among them, docs/results/reasoning-swaps-6000-seeds10-11 and -seeds11-12, docs/LOG.md).
+# test problems per length (or half of a length's problems where it has fewer), answer-only decoding. The length
+# curriculum over 60% of the steps, not 30%: with 30% the recipe solved swaps on 2 of 4 seeds it was not tuned on;
+# with 60% (3000 steps) on 2 of 2, the failed seed among them, as with 6000 steps (4 runs of 4) at half their cost
+# (docs/results/reasoning-swaps-curriculum06-seeds10-11, -6000-seeds10-11, docs/LOG.md).
 _REASONING_PRESETS["controls"] = _REASONING_PRESETS["exact-recurrence-tuned"] | dict(
     families=("swaps", "swaps5", "sum"), controls=("looped", "equal_flops"), seeds=3, test_per_length=200,
-    modes=("standard", "exact"), steps=6000)
+    modes=("standard", "exact"), curriculum=0.6)
 REASONING_PRESETS = {name: sectioned(p, REASONING_ALIASES) for name, p in _REASONING_PRESETS.items()}
 # The names of the committed reports' commands: serial (its recipe trains the serial, fully recurrent computation)
 # and recurrent (issue 17's results).
