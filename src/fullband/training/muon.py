@@ -68,15 +68,14 @@ def orthogonalise(matrices: list[Tensor], steps: int = NS_STEPS, dtype: torch.dt
     by_shape: dict[tuple[torch.Size, torch.device], list[int]] = {}
     for i, m in enumerate(matrices):
         by_shape.setdefault((m.shape, m.device), []).append(i)
-    out: list[Tensor] = [matrices[0]] * len(matrices)
+    out: dict[int, Tensor] = {}
     for members in by_shape.values():
-        if len(members) == 1:
+        if len(members) == 1:  # a lone matrix: the 2-D iteration, torch.optim.Muon's own calls (its bits)
             out[members[0]] = newton_schulz(matrices[members[0]], steps, dtype, coefficients, eps)
-            continue
-        stack = newton_schulz(torch.stack([matrices[i] for i in members]), steps, dtype, coefficients, eps)
-        for i, update in zip(members, stack.unbind(), strict=True):
-            out[i] = update
-    return out
+        else:
+            stack = newton_schulz(torch.stack([matrices[i] for i in members]), steps, dtype, coefficients, eps)
+            out.update(zip(members, stack.unbind(), strict=True))
+    return [out[i] for i in range(len(matrices))]
 
 
 def resolve_ns_dtype(setting: str, device_type: str, flags: Iterable[str] = ()) -> str:
