@@ -10,6 +10,7 @@ from conftest import Killed, kill_training_at
 from fullband.cli import main
 from fullband.config import ConfigError
 from fullband.experiments.config import ReasoningConfig
+from fullband.experiments.parallel import map_jobs
 from fullband.experiments.records import Cell, ControlsResults, ReasoningResults, key_problems
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -38,9 +39,17 @@ def test_controls_preset_and_bad_options():
         ReasoningConfig(preset="smoke", strides=(1,), controls=("looped",))
 
 
-def test_controls_train_on_the_same_batches_and_report_flops(tmp_path):
+def test_controls_train_on_the_same_batches_and_report_flops(tmp_path, monkeypatch):
     out = tmp_path / "study"
-    assert main([*ARGS, "--out_dir", str(out), "--families", "swaps5,sum"]) == 0
+    pools = []
+
+    def recorded(fn, jobs, workers):
+        pools.append((len(jobs), workers))
+        return map_jobs(fn, jobs, workers)
+
+    monkeypatch.setattr("fullband.experiments.controls_study.map_jobs", recorded)
+    assert main([*ARGS, "--out_dir", str(out), "--families", "swaps5,sum", "--workers", "2"]) == 0
+    assert pools == [(2, 2)]  # every family's seeds in one pool: no core waits for a family's last seed
     results = json.loads((out / "results.json").read_text())
     five = results["families"]["swaps5"]
     assert key_problems(results, ControlsResults) == []  # the typed records the report reads
@@ -87,6 +96,8 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_numbers(tmp_path):
     for run, summary in before["training"].items():
         assert after["training"][run]["final_loss"] == summary["final_loss"], run
     assert "--resume" not in (resumed / "report.md").read_text()
+    assert "resumed an interrupted run" in (resumed / "report.md").read_text()  # its time is the last invocation's
+    assert "resumed an interrupted run" not in (whole / "report.md").read_text()
 
 
 def test_a_run_killed_mid_training_continues_from_its_checkpoint(tmp_path, monkeypatch, capsys):

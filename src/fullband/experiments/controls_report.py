@@ -181,6 +181,8 @@ problems; the worst seed shows the spread between seeds.
 """)
     figure = f"![accuracy vs training FLOPs]({FLOPS_PLOT})" if plots else "(No plot: matplotlib is not installed.)"
     minutes = f" in {results['seconds'] / 60:.1f} min" if "seconds" in results else ""
+    if minutes and results.get("resumed"):  # the earlier invocations' time is not in it
+        minutes += " (the last invocation, which resumed an interrupted run: the time before is not counted)"
     verdict_lines = "\n".join(results.get("verdict") or verdict(results))
     return f"""# Reasoning without tokens: the full-bandwidth model against compute-matched controls
 

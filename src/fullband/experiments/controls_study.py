@@ -11,7 +11,8 @@ from typing import Any
 from fullband.config import explicit_keys
 from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.controls_report import FLOPS_PLOT, plot_flops, render_controls, verdict
-from fullband.experiments.reasoning import ReasoningStudy
+from fullband.experiments.parallel import map_jobs
+from fullband.experiments.reasoning import ReasoningStudy, train_and_evaluate
 from fullband.experiments.records import ControlsResults
 from fullband.experiments.study import Study, set_threads
 from fullband.experiments.synthetic_config import flat_view
@@ -22,6 +23,8 @@ from fullband.experiments.synthetic_config import flat_view
 class FamilyStudy(ReasoningStudy):
     """One family of :class:`ControlsStudy`: the reasoning study in out_dir/<family>/, its report naming the
     command that made the whole (which made this part)."""
+
+    timed = False  # its seeds share the workers with the other families': only the whole study's time is its own
 
     def __init__(self, cfg: ReasoningConfig, progress: bool, command: str) -> None:
         super().__init__(cfg, progress)
@@ -54,9 +57,25 @@ class ControlsStudy(Study):
             return dataclasses.replace(cfg, family=family, families=(), out_dir=str(self.out_dir / family))
 
     def collect(self) -> ControlsResults:
-        families = {family: FamilyStudy(self.family_config(family), self.cfg.progress, self.command_line()).run()
-                    for family in self.cfg.families}
-        return {"study": "reasoning controls", "config": flat_view(self.cfg), "families": families}
+        """Every family's seeds in one pool of ``workers`` (no core waits for a family's last seed); each family's
+        report is written as soon as its seeds are done."""
+        cfg = self.cfg
+        studies = [FamilyStudy(self.family_config(family), cfg.progress, self.command_line())
+                   for family in cfg.families]
+        side_by_side = cfg.workers > 1
+        family_jobs = []
+        for study in studies:
+            study.prepare()
+            family_jobs.append(study.seed_jobs(side_by_side))
+        jobs = [job for each in family_jobs for job in each]
+        if side_by_side and cfg.progress:
+            print(f"training and evaluating {len(jobs)} runs ({len(studies)} families x {cfg.seeds} seeds), "
+                  f"{min(cfg.workers, len(jobs))} at a time", flush=True)
+        outputs = map_jobs(train_and_evaluate, jobs, cfg.workers)
+        families = {study.cfg.family: study.finish(study.assemble([next(outputs) for _ in each]), 0.0)
+                    for study, each in zip(studies, family_jobs, strict=True)}
+        return {"study": "reasoning controls", "config": flat_view(self.cfg), "families": families,
+                "resumed": bool(cfg.resume)}
 
     def analyse(self, results: ControlsResults) -> dict[str, Any]:
         return {"verdict": verdict(results)}

@@ -72,17 +72,27 @@ class ReasoningStudy(PairStudy):
         """Both models per seed (one seed: in out_dir itself; more: out_dir/seed<k>/), every cell per seed, then
         the cells' means and sds over the seeds."""
         cfg = self.cfg
-        train_path, test_path = self.build_data(self.out_dir / "data")
-        seeds = range(cfg.seed, cfg.seed + cfg.seeds)
-        side_by_side = min(cfg.workers, cfg.seeds) > 1  # else map_jobs runs them here, where bars can show
-        jobs = [(cfg, self.model_spec(seed), train_path, test_path,
-                 self.out_dir if cfg.seeds == 1 else self.out_dir / f"seed{seed}", self.test,
-                 cfg.progress and not side_by_side) for seed in seeds]
-        if side_by_side and cfg.progress:
+        jobs = self.seed_jobs(side_by_side=min(cfg.workers, cfg.seeds) > 1)
+        if min(cfg.workers, cfg.seeds) > 1 and cfg.progress:
             print(f"training and evaluating {cfg.seeds} seeds, {min(cfg.workers, cfg.seeds)} at a time", flush=True)
+        return self.assemble(list(map_jobs(train_and_evaluate, jobs, cfg.workers)))
+
+    def seed_jobs(self, side_by_side: bool) -> list[tuple[Any, ...]]:
+        """The data files, then one :func:`train_and_evaluate` job per seed (``side_by_side``: the jobs run in
+        worker processes, so they show no progress bars)."""
+        cfg = self.cfg
+        train_path, test_path = self.build_data(self.out_dir / "data")
+        return [(cfg, self.model_spec(seed), train_path, test_path,
+                 self.out_dir if cfg.seeds == 1 else self.out_dir / f"seed{seed}", self.test,
+                 cfg.progress and not side_by_side) for seed in range(cfg.seed, cfg.seed + cfg.seeds)]
+
+    def assemble(self, outputs: list[tuple[dict[str, dict[str, Any]], list[Cell]]]) -> ReasoningResults:
+        """The results of :meth:`seed_jobs`' outputs, in seed order: training summaries, every seed's cells, the
+        cells over the seeds and the equal-accuracy rows."""
+        cfg = self.cfg
         training: dict[str, dict[str, Any]] = {}
         seed_cells: list[Cell] = []
-        for seed, (runs, cells) in zip(seeds, map_jobs(train_and_evaluate, jobs, cfg.workers), strict=True):
+        for seed, (runs, cells) in zip(range(cfg.seed, cfg.seed + cfg.seeds), outputs, strict=True):
             training.update({kind if cfg.seeds == 1 else f"{kind} seed{seed}": t for kind, t in runs.items()})
             seed_cells += [c | {"seed": seed} for c in cells]
         variants = list(dict.fromkeys(c["variant"] for c in seed_cells))

@@ -132,6 +132,7 @@ class ControlsResults(TypedDict):
     study: str
     config: dict[str, Any]
     families: dict[str, ReasoningResults]
+    resumed: NotRequired[bool]  # --resume true: ``seconds`` is the last invocation's time only
     verdict: NotRequired[list[str]]  # added by the analysis
     seconds: NotRequired[float]
     finished: NotRequired[str]

@@ -62,7 +62,10 @@ class Study:
     def run(self) -> dict[str, Any]:
         start = time.perf_counter()
         self.prepare()
-        results = self.collect()
+        return self.finish(self.collect(), start)
+
+    def finish(self, results: dict[str, Any], start: float) -> dict[str, Any]:
+        """Add the analysis, the wall time since ``start`` (``timed``) and the date to ``results``; write them."""
         results.update(self.analyse(results))
         if self.timed:
             results["seconds"] = time.perf_counter() - start
