@@ -48,6 +48,11 @@ def test_quick_bench_prints_one_table_and_writes_json(tmp_path, capsys, restore_
                  "speed fullband / generate, batch 8", "speed soft / standard, batch 8",
                  "forward_exact auto (= sequential here)", "forward_exact jacobi, tol 0.0001 / sequential time"):
         assert math.isfinite(cases[case]["ratio"]) and cases[case]["ratio"] > 0, case
+    for batch in (1, 8):  # decoding against the copy bandwidth of its own rounds, and against its GEMVs alone
+        for case in ("fullband greedy (standard)", "its weights' matrix products alone (ceiling)"):
+            assert re.fullmatch(r"\d+\.\d% mem bw", cases[f"{case}, batch {batch}"]["of_limit"]), case
+        assert math.isfinite(cases[f"standard step beyond its matrix products, batch {batch}"]["ms"])
+    assert cases["fullband greedy (standard), batch 1"]["target"] == ">= 60%"
     ns = resolve_ns_dtype("auto", "cpu", cpu_flags())
     optim_steps = [r for r in rows if r["section"] == "optim" and r["case"].startswith("train step")]
     fp32 = [] if ns == "float32" else ["Muon (NS float32 forced)"]  # what CPUs without bf16 run, timed on one with

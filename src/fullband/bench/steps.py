@@ -14,6 +14,7 @@ import torch
 from fullband import FullBandwidthLM, ModelConfig
 from fullband.bench.config import BenchOptimConfig, BenchTrainConfig
 from fullband.bench.timing import synchronize
+from fullband.model.linear import Linear
 
 BYTE_VOCAB = 320  # fullband train's byte vocabulary: 257 ids rounded up to a multiple of 64
 
@@ -165,6 +166,24 @@ def trainer_and_bare_step(model: FullBandwidthLM, tokens: torch.Tensor,
     optimizer = build_optimizer(bare, optim_cfg)
     params = list(bare.parameters())
     return (lambda: trainer.train_step(0)), (lambda: optimizer_step(fullband_loss(bare, tokens), optimizer, params))
+
+
+def weight_products(model: FullBandwidthLM, batch: int, new_tokens: int) -> Callable[[], None]:
+    """What ``new_tokens`` decoding steps of ``batch`` rows spend in the weights' matrix products alone: every
+    projection and the head (the fusion's aside: standard decoding skips it) applied to one row per sequence,
+    through the model's own :class:`~fullband.model.linear.Linear` (the same kernel), in the order a step
+    runs them. Nothing else of a step (norms, attention, cache, sampling) runs: the ceiling the GEMVs allow."""
+    layers = [m for name, m in model.named_modules() if isinstance(m, Linear) and not name.startswith("fusion.")]
+    p = model.embed.weight
+    inputs = {m.in_features: torch.randn(batch, 1, m.in_features, device=p.device, dtype=p.dtype) for m in layers}
+
+    def run() -> None:
+        with torch.no_grad():
+            for _ in range(new_tokens):
+                for layer in layers:
+                    layer(inputs[layer.in_features])
+
+    return run
 
 
 def greedy_fullband(model: FullBandwidthLM, prompts: torch.Tensor, new_tokens: int, mode: str) -> torch.Tensor:
