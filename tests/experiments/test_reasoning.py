@@ -4,6 +4,7 @@ smoke`` end to end (the problems and traces themselves: tests/tasks/test_reasoni
 import copy
 import json
 import random
+import re
 
 import pytest
 
@@ -181,7 +182,7 @@ def test_eval_reasoning_smoke_runs_end_to_end(tmp_path, capsys):
     assert untimed(json.loads((out / "results.json").read_text())["cells"]) == untimed(results["cells"])
 
 
-def test_eval_reasoning_two_seeds_train_apart_and_report_sd(tmp_path):
+def test_eval_reasoning_two_seeds_train_apart_and_report_sd(tmp_path, capfd):
     out = tmp_path / "study"
     assert main(["eval-reasoning", "--preset", "smoke", "--out_dir", str(out), "--progress", "false", "--seeds", "2",
                  "--modes", "standard,exact", "--curriculum", "0.5"]) == 0
@@ -192,9 +193,14 @@ def test_eval_reasoning_two_seeds_train_apart_and_report_sd(tmp_path):
     assert "mean ± sd over 2 seeds" in (out / "report.md").read_text()
     # The seeds side by side in two worker processes: the same models, the same cells.
     side_by_side = tmp_path / "workers"
-    assert main(["eval-reasoning", "--preset", "smoke", "--out_dir", str(side_by_side), "--progress", "false",
+    capfd.readouterr()
+    assert main(["eval-reasoning", "--preset", "smoke", "--out_dir", str(side_by_side), "--progress", "true",
                  "--seeds", "2", "--modes", "standard,exact", "--curriculum", "0.5", "--workers", "2"]) == 0
     parallel = json.loads((side_by_side / "results.json").read_text())
+    printed = capfd.readouterr().out  # the workers' lines, not bars: one as each seed starts, one when it is done
+    for seed in (0, 1):
+        assert f"swaps seed {seed}: training and evaluating in {side_by_side / f'seed{seed}'}" in printed
+        assert re.search(rf"swaps seed {seed}: done in \d+\.\d min", printed), printed
 
     def untimed(cells):
         return [{k: v for k, v in c.items() if not k.startswith("ms_per_problem")} for c in cells]

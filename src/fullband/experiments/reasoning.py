@@ -25,6 +25,7 @@ One job per module: the data (:mod:`.reasoning_data`), decoding and scoring (:mo
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,8 @@ class ReasoningStudy(PairStudy):
         train_path, test_path = self.build_data(self.out_dir / "data")
         return [(cfg, self.model_spec(seed), train_path, test_path,
                  self.out_dir if cfg.seeds == 1 else self.out_dir / f"seed{seed}", self.test,
-                 cfg.progress and not side_by_side) for seed in range(cfg.seed, cfg.seed + cfg.seeds)]
+                 cfg.progress and not side_by_side, cfg.progress and side_by_side)
+                for seed in range(cfg.seed, cfg.seed + cfg.seeds)]
 
     def assemble(self, outputs: list[tuple[dict[str, dict[str, Any]], list[Cell]]]) -> ReasoningResults:
         """The results of :meth:`seed_jobs`' outputs, in seed order: training summaries, every seed's cells, the
@@ -102,9 +104,14 @@ class ReasoningStudy(PairStudy):
 
 
 def train_and_evaluate(cfg: ReasoningConfig, spec: StudyModel, train_path: Path, test_path: Path, run_dir: Path,
-                       test: list[Problem], progress: bool) -> tuple[dict[str, dict[str, Any]], list[Cell]]:
+                       test: list[Problem], progress: bool, announce: bool = False,
+                       ) -> tuple[dict[str, dict[str, Any]], list[Cell]]:
     """One seed: both models trained into ``run_dir`` (or reused), then every cell evaluated -> (training
-    summaries, cells). Module-level, so that seeds can run in worker processes (``cfg.workers``)."""
+    summaries, cells). Module-level, so that seeds can run in worker processes (``cfg.workers``); ``announce``:
+    one line when the seed starts and one when it is done (a worker shows no progress bars)."""
+    start, label = time.perf_counter(), f"{cfg.family} seed {spec.train.seed}"
+    if announce:
+        print(f"{label}: training and evaluating in {run_dir}", flush=True)
     runs = train_both(spec, train_path, test_path, run_dir, progress, reuse=cfg.reuse_models, resume=cfg.resume)
     controls: tuple = ()
     if cfg.controls:  # the looped and equal-FLOPs models, and every model's FLOPs (fullband.experiments.controls)
@@ -114,6 +121,8 @@ def train_and_evaluate(cfg: ReasoningConfig, spec: StudyModel, train_path: Path,
     cells = evaluate(cfg, {kind: t["model_dir"] for kind, t in runs.items()}, test, controls, run_dir)
     if cfg.controls:
         annotate_flops(cfg, runs, cells, test)
+    if announce:
+        print(f"{label}: done in {(time.perf_counter() - start) / 60:.1f} min", flush=True)
     return runs, cells
 
 
