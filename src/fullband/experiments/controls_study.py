@@ -62,7 +62,7 @@ class ControlsStudy(Study):
         cfg = self.cfg
         studies = [FamilyStudy(self.family_config(family), cfg.progress, self.command_line())
                    for family in cfg.families]
-        side_by_side = cfg.workers > 1
+        side_by_side = min(cfg.workers, len(studies) * cfg.seeds) > 1  # else map_jobs runs them here, with bars
         family_jobs = []
         for study in studies:
             study.prepare()
@@ -72,8 +72,9 @@ class ControlsStudy(Study):
             print(f"training and evaluating {len(jobs)} runs ({len(studies)} families x {cfg.seeds} seeds), "
                   f"{min(cfg.workers, len(jobs))} at a time", flush=True)
         outputs = map_jobs(train_and_evaluate, jobs, cfg.workers)
-        families = {study.cfg.family: study.finish(study.assemble([next(outputs) for _ in each]), 0.0)
-                    for study, each in zip(studies, family_jobs, strict=True)}
+        families = {}  # a family's results as soon as its own seeds are done (FamilyStudy is untimed: no start)
+        for study, each in zip(studies, family_jobs, strict=True):
+            families[study.cfg.family] = study.finish(study.assemble([next(outputs) for _ in each]), start=0.0)
         return {"study": "reasoning controls", "config": flat_view(self.cfg), "families": families,
                 "resumed": bool(cfg.resume)}
 
