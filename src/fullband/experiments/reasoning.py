@@ -73,8 +73,9 @@ class ReasoningStudy(PairStudy):
         """Both models per seed (one seed: in out_dir itself; more: out_dir/seed<k>/), every cell per seed, then
         the cells' means and sds over the seeds."""
         cfg = self.cfg
-        jobs = self.seed_jobs(side_by_side=min(cfg.workers, cfg.seeds) > 1)
-        if min(cfg.workers, cfg.seeds) > 1 and cfg.progress:
+        side_by_side = min(cfg.workers, cfg.seeds) > 1  # else map_jobs runs them here, where bars can show
+        jobs = self.seed_jobs(side_by_side)
+        if side_by_side and cfg.progress:
             print(f"training and evaluating {cfg.seeds} seeds, {min(cfg.workers, cfg.seeds)} at a time", flush=True)
         return self.assemble(list(map_jobs(train_and_evaluate, jobs, cfg.workers)))
 
