@@ -19,7 +19,7 @@ import torch
 from fullband import FullBandwidthLM, ModelConfig
 from fullband.bench import steps
 from fullband.bench.config import BenchConfig
-from fullband.bench.timing import interleaved, machine_limits, machine_state, ratio
+from fullband.bench.timing import copy_case, interleaved, machine_limits, machine_state, ratio
 from fullband.devices import CPU_FEATURES, resolve_device
 from fullband.model.recurrence import auto_exact_method
 from fullband.training.metrics import flops_per_token
@@ -207,15 +207,14 @@ class Bench:
         llama = steps.llama_twin(model).eval()
         weight_bytes = sum(p.numel() * p.element_size() for p in steps.baseline_twin(model).parameters())
         # The machine's bandwidth drifts (other tenants): a copy in every round, each round's share against it.
-        src = torch.ones(self.cfg.limit_mib * 2**20 // 4, device=self.device)
-        dst = torch.empty_like(src)
+        copy, moved = copy_case(self.cfg.limit_mib, self.device)
         for batch in c.batch_sizes:
             prompts = torch.randint(0, c.vocab_size, (batch, c.prompt_len), device=self.device)
             cases = {"standard": lambda p=prompts: steps.greedy_fullband(model, p, c.new_tokens, "standard"),
                      "generate": lambda p=prompts: steps.greedy_transformers(llama, p, c.new_tokens),
                      "soft": lambda p=prompts: steps.greedy_fullband(model, p, c.new_tokens, "soft"),
                      "products": steps.weight_products(model, batch, c.new_tokens),
-                     "copy": lambda: dst.copy_(src)}
+                     "copy": copy}
             with torch.no_grad():
                 tokens = {name: cases[name]() for name in ("standard", "generate", "soft")}  # also the warm-up
                 times = self.times[f"decode-batch{batch}"] = interleaved(cases, self.cfg.rounds, self.device,
@@ -228,8 +227,8 @@ class Bench:
                 seconds = statistics.median(times[name])
                 # Each decoding step reads every weight once: a bandwidth bound at small batches. The share is
                 # the median over rounds of the step's weight traffic against that round's copy bandwidth.
-                share = statistics.median(weight_bytes * c.new_tokens / t / (2 * src.nbytes / copy)
-                                          for t, copy in zip(times[name], times["copy"], strict=True))
+                share = statistics.median(weight_bytes * c.new_tokens / t / (moved / copy_t)
+                                          for t, copy_t in zip(times[name], times["copy"], strict=True))
                 self.rows.append(Row("decode", f"{label}, batch {batch}", 1000 * seconds,
                                      f"{generated / seconds:.1f} tok/s", of_limit=f"{100 * share:.1f}% mem bw",
                                      target=">= 60%" if name == "standard" and batch == 1 else ""))

@@ -44,16 +44,22 @@ def ratio(times: dict[str, list[float]], numerator: str, denominator: str) -> fl
     return statistics.median(a / b for a, b in zip(times[numerator], times[denominator], strict=True))
 
 
-def machine_limits(device: torch.device, rounds: int, copy_mib: int) -> dict[str, float]:
-    """Memory bandwidth (GB/s: bytes read + written by a copy of a ``copy_mib`` MiB tensor) and matmul GFLOP/s
-    (float32 square matmul), medians over rounds."""
-    n = copy_mib * 2**20 // 4
-    src = torch.ones(n, device=device)
+def copy_case(mib: int, device: torch.device) -> tuple[Callable[[], Any], int]:
+    """A copy of a ``mib`` MiB float32 tensor, and the bytes it moves: read + written, the usual convention for
+    memory bandwidth (bytes / seconds of one call = the bandwidth)."""
+    src = torch.ones(mib * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
+    return (lambda: dst.copy_(src)), 2 * src.nbytes
+
+
+def machine_limits(device: torch.device, rounds: int, copy_mib: int) -> dict[str, float]:
+    """Memory bandwidth (GB/s, see :func:`copy_case`) and matmul GFLOP/s (float32 square matmul), medians over
+    rounds."""
+    copy, moved = copy_case(copy_mib, device)
     size = 2048 if device.type == "cuda" else 1024
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
-    times = interleaved({"copy": lambda: dst.copy_(src), "matmul": lambda: a @ b}, rounds, device, reps=3)
-    return {"memory_gb_s": 2 * src.nbytes / statistics.median(times["copy"]) / 1e9,
+    times = interleaved({"copy": copy, "matmul": lambda: a @ b}, rounds, device, reps=3)
+    return {"memory_gb_s": moved / statistics.median(times["copy"]) / 1e9,
             "matmul_gflop_s": 2 * size**3 / statistics.median(times["matmul"]) / 1e9,
             "copy_mib": copy_mib, "matmul_size": size}
 
