@@ -162,6 +162,7 @@ def test_eval_reasoning_smoke_runs_end_to_end(tmp_path, capsys):
     assert "Unseen lengths (never trained on): n=6" in report and "## Equal accuracy" in report
     assert "Past the trained lengths it" in report.splitlines()[7]  # the verdict's first line
     assert "- Wall time of this command: " in report and "the seeds one after the other" in report
+    assert "the baseline's tokens × passes (pass mix" in report  # FLOPs are counted with controls only
     # Ahead of the baseline but no better than a guess is "at chance", not "beats".
     edited, level = copy.deepcopy(results), chance(results["config"])
     for c in edited["cells"]:

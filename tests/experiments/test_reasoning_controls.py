@@ -75,6 +75,9 @@ def test_controls_train_on_the_same_batches_and_report_flops(tmp_path, monkeypat
     assert "at n = 6 against the best control" in report and "worst seed" in report and "95% [" in report
     assert (out / "accuracy_vs_training_flops.png").stat().st_size > 10_000
     assert (out / "swaps5" / "report.md").is_file() and "looped" in (out / "sum" / "report.md").read_text()
+    # The family's own report gives the same FLOPs ratio as the controls' compute table (not tokens x passes).
+    ratio = full["training_flops"] / base["training_flops"]
+    assert f"took {ratio:.1f}x the baseline's training FLOPs" in (out / "swaps5" / "report.md").read_text()
 
 
 def test_an_interrupted_run_resumes_to_the_uninterrupted_numbers(tmp_path):
@@ -113,6 +116,9 @@ def test_a_run_killed_mid_training_continues_from_its_checkpoint(tmp_path, monke
     capsys.readouterr()
     assert main([*args, "--out_dir", str(killed), "--resume", "true", "--progress", "true"]) == 0
     assert "training fullband (6 steps, resumed from step-0000004)" in capsys.readouterr().out
+    # Without controls no FLOPs are counted: tokens x passes, which the sequential fixed point makes an upper bound.
+    assert "tokens × passes (6 passes each" in (killed / "report.md").read_text()
+    assert "an upper bound on its FLOPs" in (killed / "report.md").read_text()
     before, after = (json.loads((d / "results.json").read_text()) for d in (whole, killed))
     assert untimed(after["cells"]) == untimed(before["cells"])
     for kind in ("baseline", "fullband"):

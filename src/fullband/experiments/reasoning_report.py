@@ -164,9 +164,16 @@ def verdict(results: ReasoningResults) -> list[str]:
         return sum(t[key] for name, t in training.items() if name.split()[0] == kind)
 
     ms = {v: index[v, "all"]["ms_per_problem"] for v in ("baseline", mode)}
-    compute = total("fullband", "token_equiv_compute") / total("baseline", "tokens")
-    lines.append(f"- Cost: training the full-bandwidth model took {compute:.1f}x "
-                 f"the baseline's forward compute (passes run, with or without gradients: {objective_text(cfg)}) "
+    if all("training_flops" in t for t in training.values()):  # counted by the controls (fullband.experiments.flops)
+        ratio = total("fullband", "training_flops") / total("baseline", "training_flops")
+        cost = f"{ratio:.1f}x the baseline's training FLOPs ({objective_text(cfg)})"
+    else:
+        ratio = total("fullband", "token_equiv_compute") / total("baseline", "tokens")
+        cost = f"{ratio:.1f}x the baseline's tokens × passes ({objective_text(cfg)})"
+        if cfg.get("grad_passes"):  # where every position is exact, the passes between run as one sequential forward
+            cost += (", an upper bound on its FLOPs: the passes without gradients count as passes here, though where "
+                     "every position is exact they run as one sequential forward (`--preset controls` counts FLOPs)")
+    lines.append(f"- Cost: training the full-bandwidth model took {cost} "
                  f"and {total('fullband', 'seconds'):.0f} s against "
                  f"{total('baseline', 'seconds'):.0f} s; answer-only decoding with {mode.removeprefix('fullband ')} "
                  f"prefill (one position at a time over the prompt) {ms[mode]:.1f} ms per problem against "
