@@ -1,8 +1,10 @@
 """The controls of ``fullband eval-reasoning`` (issue 29): looped and equal-FLOPs models trained on the same
 batches, FLOPs in the results, the report over families, and a resumed run giving an uninterrupted run's numbers."""
 
+import copy
 import json
 import shutil
+import statistics
 
 import pytest
 from conftest import Killed, kill_training_at
@@ -10,6 +12,7 @@ from conftest import Killed, kill_training_at
 from fullband.cli import main
 from fullband.config import ConfigError
 from fullband.experiments.config import ReasoningConfig
+from fullband.experiments.controls_report import family_verdict
 from fullband.experiments.parallel import map_jobs
 from fullband.experiments.records import Cell, ControlsResults, ReasoningResults, key_problems
 
@@ -74,6 +77,22 @@ def test_controls_train_on_the_same_batches_and_report_flops(tmp_path, monkeypat
     assert "## Verdict" in report and "5 cups (swaps5)" in report and "running sums (sum)" in report
     assert "at n = 6 against the best control" in report and "worst seed" in report and "95% [" in report
     assert (out / "accuracy_vs_training_flops.png").stat().st_size > 10_000
+    # With several unseen lengths the verdict gives the margin over the best control at each (a deep control may
+    # keep up for a few steps past the trained ones and not for many).
+    assert "at each unseen length" not in family_verdict("5 cups", five)  # one unseen length: the headline says it
+    more = copy.deepcopy(five)
+    more["seed_cells"] += [dict(c, length=7) for c in five["seed_cells"] if c["length"] == 6]
+    for c in more["seed_cells"]:
+        if c["length"] == 7 and c["variant"] == "fullband exact":
+            c["accuracy"] = 1.0
+    line = family_verdict("5 cups", more)
+
+    def mean_at_7(variant):
+        return statistics.fmean(c["accuracy"] for c in more["seed_cells"]
+                                if c["length"] == 7 and c["variant"] == variant and c["stride"] == 0)
+
+    best = max(("baseline", "looped", "equal-FLOPs baseline"), key=mean_at_7)
+    assert "at each unseen length: n = 6 " in line and f", n = 7 {1 - mean_at_7(best):+.2f} ({best})." in line
     assert (out / "swaps5" / "report.md").is_file() and "looped" in (out / "sum" / "report.md").read_text()
     # The family's own report gives the same FLOPs ratio as the controls' compute table (not tokens x passes).
     ratio = full["training_flops"] / base["training_flops"]

@@ -58,6 +58,12 @@ def _acc_text(a: dict[str, Any]) -> str:
     return f"{a['mean']:.2f} (worst seed {a['worst']:.2f}, 95% {format_interval(a['interval'])})"
 
 
+def margin_at(family: ReasoningResults, controls: list[str], n: int) -> str:
+    """Full-bandwidth exact prefill's mean accuracy at ``n`` less the best control's there, and which control."""
+    best = max(controls, key=lambda v: accuracy(family, v, n)["mean"])
+    return f"{accuracy(family, HEADLINE, n)['mean'] - accuracy(family, best, n)['mean']:+.2f} ({best})"
+
+
 def family_verdict(name: str, family: ReasoningResults) -> str:
     """One line: full-bandwidth exact prefill against the best control at the first unseen length."""
     n = headline_length(family)
@@ -76,6 +82,10 @@ def family_verdict(name: str, family: ReasoningResults) -> str:
               f"Controls: {others}.")
     if full["mean"] <= chance + MATCH:
         detail += " The full-bandwidth model itself is at chance here."
+    unseen = lengths_of(family)[1]
+    if len(unseen) > 1:  # a fixed-depth control may keep up for a few more steps and not for many
+        detail += " Over the best control at each unseen length: " + ", ".join(
+            f"n = {k} {margin_at(family, controls, k)}" for k in unseen) + "."
     if margin >= TARGET_MARGIN:
         return f"- **{name}: target met**: {detail}"
     matching = [v for v in controls if scores[v]["mean"] >= full["mean"] - MATCH]
