@@ -231,31 +231,45 @@ position, as a per-pass KV cache would run it).
 
 
 def plot_flops(results: ControlsResults, path: Path) -> None:
-    """Answer-only accuracy at the first unseen length against training FLOPs: one panel per family, a dot per
-    seed, a marker per model's mean; chance dotted."""
+    """Answer-only accuracy against training FLOPs: a column per family, a row per unseen length (a deep control
+    may keep up at the first and not the last), a dot per seed, a marker per model's mean (each model in its colour
+    of the family reports' plots); chance dotted."""
+    from matplotlib.ticker import NullFormatter
+
     plt = pyplot()
     families = results["families"]
-    fig, axes = plt.subplots(1, len(families), figsize=(4.2 * len(families), 3.4), squeeze=False, sharey=True)
-    for ax, (f, fam) in zip(axes[0], families.items(), strict=True):
-        n = headline_length(fam)
+    lengths = {f: lengths_of(fam)[1] or [headline_length(fam)] for f, fam in families.items()}
+    rows = max(len(each) for each in lengths.values())
+    fig, axes = plt.subplots(rows, len(families), figsize=(max(4.2 * len(families), 6.5), 0.4 + 3 * rows),
+                             squeeze=False, sharey=True)
+    for column, (f, fam) in enumerate(families.items()):
         flops = training_flops(fam)
-        for variant in variants_of(fam):
-            if variant not in flops:
+        for row, ax in enumerate(axes[:, column]):
+            if row >= len(lengths[f]):
+                ax.axis("off")
                 continue
-            seeds = {t_name.split()[-1]: t["training_flops"] for t_name, t in fam["training"].items()
-                     if t_name.split()[0] == _kind(variant)}
-            cells = seed_cells(fam, variant, n)
-            xs = [seeds.get(f"seed{c['seed']}", flops[variant]) for c in cells]
-            line = ax.scatter(xs, [c["accuracy"] for c in cells], s=12, alpha=0.5)
-            ax.scatter([flops[variant]], [statistics.fmean(c["accuracy"] for c in cells)], s=70, marker="D",
-                       color=line.get_facecolor()[0], label=variant, edgecolor="black")
-        ax.axhline(chance_level(fam["config"]["family"], fam["config"]["modulus"]), color="black", lw=0.8, ls=":")
-        ax.set_xscale("log")
-        ax.set_title(f"{FAMILY_NAMES.get(f, f)}, n = {n}")
-        ax.set_xlabel("training FLOPs")
-        ax.set_ylim(-0.03, 1.03)
-        ax.grid(alpha=0.3)
-    axes[0, 0].set_ylabel("answer-only accuracy")
+            n = lengths[f][row]
+            for variant in variants_of(fam):
+                if variant not in flops:
+                    continue
+                seeds = {t_name.split()[-1]: t["training_flops"] for t_name, t in fam["training"].items()
+                         if t_name.split()[0] == _kind(variant)}
+                cells = seed_cells(fam, variant, n)
+                xs = [seeds.get(f"seed{c['seed']}", flops[variant]) for c in cells]
+                color = f"C{fam['variants'].index(variant) % 10}"  # the colour cycle's order, as the family plots
+                ax.scatter(xs, [c["accuracy"] for c in cells], s=12, alpha=0.5, color=color)
+                ax.scatter([flops[variant]], [statistics.fmean(c["accuracy"] for c in cells)], s=70, marker="D",
+                           color=color, label=variant, edgecolor="black")
+            ax.axhline(chance_level(fam["config"]["family"], fam["config"]["modulus"]), color="black", lw=0.8,
+                       ls=":")
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap within a decade
+            ax.set_title(f"{FAMILY_NAMES.get(f, f)}, n = {n}", fontsize=10)
+            ax.set_ylim(-0.03, 1.03)
+            ax.grid(alpha=0.3)
+        axes[min(rows, len(lengths[f])) - 1, column].set_xlabel("training FLOPs")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("answer-only accuracy")
     axes[0, 0].legend(fontsize=7)
-    fig.suptitle("Accuracy against training compute (dots: seeds; diamonds: means)")
+    fig.suptitle("Accuracy against training compute at the unseen lengths (dots: seeds; diamonds: means)")
     save_figure(fig, path, dpi=110)
