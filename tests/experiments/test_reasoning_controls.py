@@ -96,7 +96,9 @@ def test_controls_train_on_the_same_batches_and_report_flops(tmp_path, monkeypat
     assert (out / "swaps5" / "report.md").is_file() and "looped" in (out / "sum" / "report.md").read_text()
     # The family's own report gives the same FLOPs ratio as the controls' compute table (not tokens x passes).
     ratio = full["training_flops"] / base["training_flops"]
-    assert f"took {ratio:.1f}x the baseline's training FLOPs" in (out / "swaps5" / "report.md").read_text()
+    family_report = (out / "swaps5" / "report.md").read_text()
+    assert f"took {ratio:.1f}x the baseline's training FLOPs" in family_report
+    assert "| training FLOPs |" in family_report and f"| {eq['training_flops']:.3g} |" in family_report
 
 
 def test_an_interrupted_run_resumes_to_the_uninterrupted_numbers(tmp_path):

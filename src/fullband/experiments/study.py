@@ -315,11 +315,15 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
 
 
 def training_table(training: dict[str, dict[str, Any]]) -> str:
-    """Markdown: tokens, compute and held-out loss (1 pass = standard, 3 passes = fused prefill) of each model."""
-    rows = [[kind, t["steps"], t["tokens"], t["token_equiv_compute"], f"{t['val_loss_1pass']:.4f}",
-             f"{t['val_loss_3pass']:.4f}", f"{t['seconds']:.0f}"] for kind, t in training.items()]
-    return markdown_table(["model", "steps", "tokens", "token-equiv. compute", "held-out loss, 1 pass", "3 passes",
-                           "seconds"], rows)
+    """Markdown: tokens, compute (tokens x passes; training FLOPs where the study counted them) and held-out loss
+    (1 pass = standard, 3 passes = fused prefill) of each model."""
+    flops = all("training_flops" in t for t in training.values())  # counted with controls (a deeper model's cost)
+    rows = [[kind, t["steps"], t["tokens"], t["token_equiv_compute"],
+             *([f"{t['training_flops']:.3g}"] if flops else []),
+             f"{t['val_loss_1pass']:.4f}", f"{t['val_loss_3pass']:.4f}", f"{t['seconds']:.0f}"]
+            for kind, t in training.items()]
+    return markdown_table(["model", "steps", "tokens", "token-equiv. compute", *(["training FLOPs"] * flops),
+                           "held-out loss, 1 pass", "3 passes", "seconds"], rows)
 
 
 def report_head(title: str, command: str, finished: str, details: str, verdict: Sequence[str]) -> list[str]:
