@@ -80,6 +80,11 @@ def test_controls_train_on_the_same_batches_and_report_flops(tmp_path, monkeypat
     # With several unseen lengths the verdict gives the margin over the best control at each (a deep control may
     # keep up for a few steps past the trained ones and not for many).
     assert "at each unseen length" not in family_verdict("5 cups", five)  # one unseen length: the headline says it
+    at6 = {v: {c["seed"]: c["accuracy"] for c in five["seed_cells"] if c["length"] == 6 and c["stride"] == 0
+               and c["variant"] == v} for v in ("fullband exact", "baseline", "looped", "equal-FLOPs baseline")}
+    margins = ", ".join(f"seed {s} {a - max(at6[v][s] for v in list(at6)[1:]):+.2f}"
+                        for s, a in sorted(at6["fullband exact"].items()))
+    assert f"Seed by seed, over that seed's best control: {margins}." in family_verdict("5 cups", five)
     more = copy.deepcopy(five)
     more["seed_cells"] += [dict(c, length=7) for c in five["seed_cells"] if c["length"] == 6]
     for c in more["seed_cells"]:

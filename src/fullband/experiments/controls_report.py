@@ -64,6 +64,17 @@ def margin_at(family: ReasoningResults, controls: list[str], n: int) -> str:
     return f"{accuracy(family, HEADLINE, n)['mean'] - accuracy(family, best, n)['mean']:+.2f} ({best})"
 
 
+def seed_margins(family: ReasoningResults, controls: list[str], n: int) -> str:
+    """Each seed's full-bandwidth exact prefill accuracy at ``n`` less that seed's best control (the mean margin
+    can hide a seed whose control kept up)."""
+    def by_seed(variant: str) -> dict[int, float]:
+        return {c["seed"]: c["accuracy"] for c in seed_cells(family, variant, n)}
+
+    full, rivals = by_seed(HEADLINE), {v: by_seed(v) for v in controls}
+    return ", ".join(f"seed {seed} {acc - max(r[seed] for r in rivals.values()):+.2f}"
+                     for seed, acc in sorted(full.items()))
+
+
 def family_verdict(name: str, family: ReasoningResults) -> str:
     """One line: full-bandwidth exact prefill against the best control at the first unseen length."""
     n = headline_length(family)
@@ -79,6 +90,7 @@ def family_verdict(name: str, family: ReasoningResults) -> str:
     others = "; ".join(f"{v} {_acc_text(scores[v])}" for v in controls)
     detail = (f"full-bandwidth exact prefill {_acc_text(full)} at n = {n} against the best control, {best}, "
               f"{scores[best]['mean']:.2f}: {margin:+.2f} (target +{TARGET_MARGIN:.2f}; chance {chance:.2f}). "
+              f"Seed by seed, over that seed's best control: {seed_margins(family, controls, n)}. "
               f"Controls: {others}.")
     if full["mean"] <= chance + MATCH:
         detail += " The full-bandwidth model itself is at chance here."
