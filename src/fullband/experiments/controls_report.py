@@ -58,10 +58,16 @@ def _acc_text(a: dict[str, Any]) -> str:
     return f"{a['mean']:.2f} (worst seed {a['worst']:.2f}, 95% {format_interval(a['interval'])})"
 
 
+def best_control(family: ReasoningResults, controls: list[str], n: int) -> tuple[str, dict[str, dict[str, Any]]]:
+    """(the control with the highest mean accuracy at ``n``, every control's :func:`accuracy` there)."""
+    scores = {v: accuracy(family, v, n) for v in controls}
+    return max(controls, key=lambda v: scores[v]["mean"]), scores
+
+
 def margin_at(family: ReasoningResults, controls: list[str], n: int) -> str:
     """Full-bandwidth exact prefill's mean accuracy at ``n`` less the best control's there, and which control."""
-    best = max(controls, key=lambda v: accuracy(family, v, n)["mean"])
-    return f"{accuracy(family, HEADLINE, n)['mean'] - accuracy(family, best, n)['mean']:+.2f} ({best})"
+    best, scores = best_control(family, controls, n)
+    return f"{accuracy(family, HEADLINE, n)['mean'] - scores[best]['mean']:+.2f} ({best})"
 
 
 def seed_margins(family: ReasoningResults, controls: list[str], n: int) -> str:
@@ -83,8 +89,7 @@ def family_verdict(name: str, family: ReasoningResults) -> str:
         return f"- **{name}**: no `fullband exact` cells (add exact to --modes)."
     controls = [v for v in CONTROLS if v in variants]
     full = accuracy(family, HEADLINE, n)
-    scores = {v: accuracy(family, v, n) for v in controls}
-    best = max(controls, key=lambda v: scores[v]["mean"])
+    best, scores = best_control(family, controls, n)
     margin = full["mean"] - scores[best]["mean"]
     chance = chance_level(family["config"]["family"], family["config"]["modulus"])
     others = "; ".join(f"{v} {_acc_text(scores[v])}" for v in controls)
@@ -256,16 +261,14 @@ def plot_flops(results: ControlsResults, path: Path) -> None:
                              squeeze=False, sharey=True)
     for column, (f, fam) in enumerate(families.items()):
         flops = training_flops(fam)
+        seed_flops = {v: {name.split()[-1]: t["training_flops"] for name, t in fam["training"].items()
+                          if name.split()[0] == _kind(v)} for v in variants_of(fam) if v in flops}
         for row, ax in enumerate(axes[:, column]):
             if row >= len(lengths[f]):
                 ax.axis("off")
                 continue
             n = lengths[f][row]
-            for variant in variants_of(fam):
-                if variant not in flops:
-                    continue
-                seeds = {t_name.split()[-1]: t["training_flops"] for t_name, t in fam["training"].items()
-                         if t_name.split()[0] == _kind(variant)}
+            for variant, seeds in seed_flops.items():
                 cells = seed_cells(fam, variant, n)
                 xs = [seeds.get(f"seed{c['seed']}", flops[variant]) for c in cells]
                 color = f"C{fam['variants'].index(variant) % 10}"  # the colour cycle's order, as the family plots

@@ -12,7 +12,7 @@ from fullband.experiments.plots import pyplot, save_figure
 from fullband.experiments.reasoning_eval import TOLERANCE
 from fullband.experiments.records import Cell, ReasoningResults
 from fullband.experiments.report import input_text
-from fullband.experiments.study import line_style, markdown_table, training_table
+from fullband.experiments.study import counted_flops, line_style, markdown_table, training_table
 from fullband.tasks.reasoning import chance_level, prompt, random_problem, trace
 
 PLOT = "accuracy_vs_trace_length.png"
@@ -164,7 +164,7 @@ def verdict(results: ReasoningResults) -> list[str]:
         return sum(t[key] for name, t in training.items() if name.split()[0] == kind)
 
     ms = {v: index[v, "all"]["ms_per_problem"] for v in ("baseline", mode)}
-    if all("training_flops" in t for t in training.values()):  # counted by the controls (fullband.experiments.flops)
+    if counted_flops(training):
         ratio = total("fullband", "training_flops") / total("baseline", "training_flops")
         cost = f"{ratio:.1f}x the baseline's training FLOPs ({objective_text(cfg)})"
     else:

@@ -314,10 +314,16 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "median": float(statistics.median(values))}
 
 
+def counted_flops(training: dict[str, dict[str, Any]]) -> bool:
+    """Whether every run's training FLOPs were counted (the controls count them: a deeper model's tokens x passes
+    equal the baseline's)."""
+    return all("training_flops" in t for t in training.values())
+
+
 def training_table(training: dict[str, dict[str, Any]]) -> str:
     """Markdown: tokens, compute (tokens x passes; training FLOPs where the study counted them) and held-out loss
     (1 pass = standard, 3 passes = fused prefill) of each model."""
-    flops = all("training_flops" in t for t in training.values())  # counted with controls (a deeper model's cost)
+    flops = counted_flops(training)
     rows = [[kind, t["steps"], t["tokens"], t["token_equiv_compute"],
              *([f"{t['training_flops']:.3g}"] if flops else []),
              f"{t['val_loss_1pass']:.4f}", f"{t['val_loss_3pass']:.4f}", f"{t['seconds']:.0f}"]
