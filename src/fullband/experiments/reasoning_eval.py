@@ -17,7 +17,7 @@ from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.reasoning_data import EXTRA_TOKENS, task_of
 from fullband.experiments.records import Cell, DecodedCell
 from fullband.experiments.results import write_json
-from fullband.experiments.study import summarize
+from fullband.experiments.study import cells_cache, summarize
 from fullband.model import FullBandwidthLM
 from fullband.model_io import load_any
 from fullband.modes import DecodingMode
@@ -79,7 +79,7 @@ def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Proble
              for n in sorted(by_length)]
     cells: list[Cell] = []
     for kind in dict.fromkeys(job[0] for job in jobs):
-        cache = cache_dir / f"cells-{kind}.json" if cache_dir is not None else None
+        cache = cells_cache(cache_dir, kind) if cache_dir is not None else None
         if cache is not None and cfg.resume and cache.is_file():
             cells += json.loads(cache.read_text())
             continue

@@ -38,7 +38,7 @@ from fullband.experiments.probes import PREFILLS, final_token_states, fit_ridge_
 from fullband.experiments.records import ProbeCell, ProbeScore, StateTrackingResults
 from fullband.experiments.results import write_json
 from fullband.experiments.state_report import PLOT, plot_probes, render_report
-from fullband.experiments.study import PairStudy
+from fullband.experiments.study import PairStudy, cells_cache
 from fullband.model import FullBandwidthLM
 from fullband.model_io import load_any
 from fullband.tasks.base import write_jsonl
@@ -121,7 +121,7 @@ class StateTrackingStudy(PairStudy):
         variants = [("baseline", "standard")] + [("fullband", p) for p in cfg.prefills]
         by_kind: dict[str, list[ProbeCell]] = {}
         for kind in dict.fromkeys(kind for kind, _ in variants):
-            cache = self.out_dir / f"cells-{kind}.json"
+            cache = cells_cache(self.out_dir, kind)
             if cfg.resume and cache.is_file():
                 by_kind[kind] = json.loads(cache.read_text())
                 continue

@@ -257,7 +257,9 @@ def train_run(kind: str, run_cfg: TrainRunConfig, progress: bool = True, reuse: 
     A finished run there is reused (``reuse``) or refused; an unfinished one (no summary: the study was killed
     while it trained) continues from its latest complete checkpoint with ``resume``, or is trained again from the
     start if it has none (runs are deterministic and resume bit for bit, so either gives the numbers of an
-    uninterrupted run), else refused."""
+    uninterrupted run), else refused. With ``resume`` a finished run whose decoded cells the study kept
+    (:func:`cells_cache`) needs no weights: a study moved between machines as its summaries and cells alone
+    continues."""
     from fullband.training.checkpoint_layout import latest_good_checkpoint
     from fullband.training.run import run_train
 
@@ -265,6 +267,8 @@ def train_run(kind: str, run_cfg: TrainRunConfig, progress: bool = True, reuse: 
     resumed_from = None
     if run_dir.exists():
         finished = (run_dir / SUMMARY_FILE).is_file() and (run_dir / "model").is_dir()
+        if resume and (run_dir / SUMMARY_FILE).is_file() and cells_cache(run_dir.parent, run_dir.name).is_file():
+            return json.loads((run_dir / SUMMARY_FILE).read_text())  # finished (its summary is written last)
         if resume and not finished:
             resumed_from = latest_good_checkpoint(run_dir)
             if resumed_from is None:
@@ -289,6 +293,11 @@ def train_run(kind: str, run_cfg: TrainRunConfig, progress: bool = True, reuse: 
     }
     write_json(run_dir / SUMMARY_FILE, summary)  # last: its presence marks the run finished
     return summary
+
+
+def cells_cache(seed_dir: Path, kind: str) -> Path:
+    """Where a study keeps the decoded cells of one seed's ``kind`` model (read back on resume)."""
+    return seed_dir / f"cells-{kind}.json"
 
 
 def _read_summary(run_dir: Path) -> dict[str, Any]:
