@@ -90,26 +90,30 @@ def busy_elsewhere(samples: int = 5, loadavg: str = "/proc/loadavg") -> int:
 CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
-    """The instruction-set flags of this machine's CPU (Linux's /proc/cpuinfo; empty where there is none)."""
+def _cpuinfo_field(names: tuple[str, ...], cpuinfo: str | Path) -> str | None:
+    """The first processor's value of the first of ``names`` in Linux's /proc/cpuinfo (None: no such file/field)."""
     try:
         for line in Path(cpuinfo).read_text().splitlines():
-            if line.startswith(("flags", "Features")):  # x86 / ARM
-                return frozenset(line.split(":", 1)[1].split())
+            if line.startswith(names):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return frozenset()
+    return None
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """The instruction-set flags of this machine's CPU (Linux's /proc/cpuinfo; empty where there is none)."""
+    return frozenset((_cpuinfo_field(("flags", "Features"), cpuinfo) or "").split())  # x86 / ARM
 
 
 def cpu_name(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
     """The CPU's model name (Linux's /proc/cpuinfo), else what the platform module knows."""
-    try:
-        for line in Path(cpuinfo).read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return _cpuinfo_field(("model name",), cpuinfo) or platform.processor() or platform.machine()
+
+
+def cpu_vendor(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The CPU's vendor as /proc/cpuinfo names it (GenuineIntel, AuthenticAMD, ...); "" where unknown."""
+    return _cpuinfo_field(("vendor_id",), cpuinfo) or ""
 
 
 def apply_threads(setting: str | int = "auto", field: str = "threads") -> int:

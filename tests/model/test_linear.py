@@ -6,13 +6,15 @@ import torch.nn.functional as F
 
 from fullband import FullBandwidthLM, ModelConfig
 from fullband.model import linear
-from fullband.model.linear import ONEDNN_MIN_WEIGHT, Linear
+from fullband.model.linear import ONEDNN_MIN_WEIGHT, Linear, onednn_min_rows
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
 
 @pytest.fixture
-def onednn_on():
+def onednn_on(monkeypatch):
+    """oneDNN on from one row, whatever this machine's CPU vendor keeps for F.linear."""
+    monkeypatch.setattr(linear, "_min_rows", 1)
     previous = linear.set_onednn(True)
     yield
     linear.set_onednn(previous)
@@ -70,6 +72,29 @@ def test_greedy_decoding_is_the_same_with_either_kernel(onednn_on):
     with_onednn = model.generate(prompts, max_new_tokens=12, mode="soft")
     linear.set_onednn(False)
     assert torch.equal(model.generate(prompts, max_new_tokens=12, mode="soft"), with_onednn)
+
+
+@needs_onednn
+def test_intel_cpus_keep_f_linear_below_four_rows(onednn_on, monkeypatch):
+    assert (onednn_min_rows("GenuineIntel"), onednn_min_rows("AuthenticAMD"), onednn_min_rows("")) == (4, 1, 1)
+    calls = []
+
+    def spy(x, weight, bias):
+        calls.append(x.shape)
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+    monkeypatch.setattr(linear, "_onednn_linear", spy)
+    layer = large_layer()
+    for vendor, shape, through_onednn in [("GenuineIntel", (1, 512), False), ("GenuineIntel", (1, 3, 512), False),
+                                          ("GenuineIntel", (2, 2, 512), True), ("AuthenticAMD", (1, 512), True)]:
+        monkeypatch.setattr(linear, "_min_rows", onednn_min_rows(vendor))
+        calls.clear()
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            got = layer(x)
+        assert calls == ([x.shape] if through_onednn else []), (vendor, shape)
+        if not through_onednn:
+            assert torch.equal(got, F.linear(x, layer.weight))
 
 
 def test_a_torch_without_the_kernel_falls_back_with_one_warning(onednn_on, monkeypatch):

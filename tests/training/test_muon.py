@@ -8,7 +8,7 @@ import torch
 from conftest import ADAMW, make_model
 from test_trainer import make_trainer
 
-from fullband.devices import cpu_flags
+from fullband.devices import cpu_flags, cpu_name, cpu_vendor
 from fullband.training import build_optimizer
 from fullband.training.checkpoint import list_checkpoints, load_run_config
 from fullband.training.config import OptimConfig
@@ -102,11 +102,13 @@ def test_auto_ns_dtype_follows_the_devices_capabilities(setting, device, flags, 
     assert resolve_ns_dtype(setting, device, flags) == expected
 
 
-def test_cpu_flags_reads_the_flags_line(tmp_path):
+def test_cpu_flags_name_and_vendor_read_proc_cpuinfo(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\n")
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\n"
+                       "flags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\n")
     assert cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512_bf16"}
-    assert cpu_flags(tmp_path / "missing") == frozenset()
+    assert (cpu_name(cpuinfo), cpu_vendor(cpuinfo)) == ("AMD EPYC", "AuthenticAMD")
+    assert cpu_flags(tmp_path / "missing") == frozenset() and cpu_vendor(tmp_path / "missing") == ""
 
 
 @pytest.mark.parametrize("optimizer", ["muon", "normuon"])

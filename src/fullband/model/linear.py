@@ -8,6 +8,10 @@ model got 1.46x faster at batch 1 and 8 with 2 threads. Training (gradients enab
 and layers under the size use ``F.linear`` unchanged. The two kernels agree to float32 rounding (relative
 differences around 1e-6), not bit for bit.
 
+Those measurements were on an AMD EPYC. On an Intel Xeon (Sapphire Rapids) MKL, Intel's own library, has the faster
+GEMV: F.linear / oneDNN time 0.63-1.00 at 1-2 rows and 0.89-1.83 from 4 rows on GPT-2-small's weights, so on Intel
+CPUs products of fewer than 4 rows (batch-1 and batch-2 decoding) keep F.linear (docs/LOG.md, 2026-12-04).
+
 ``FULLBAND_ONEDNN=0`` in the environment turns it off; a torch build without the kernel falls back by itself.
 """
 
@@ -20,10 +24,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fullband.devices import cpu_vendor
+
 # Entries from which oneDNN wins (module doc): with several threads, and with one.
 ONEDNN_MIN_WEIGHT = {"threads": 1 << 18, "one_thread": 1 << 19}
+# Rows from which oneDNN wins, by CPU vendor (module doc); 1 elsewhere.
+ONEDNN_MIN_ROWS = {"GenuineIntel": 4}
+
+
+def onednn_min_rows(vendor: str) -> int:
+    """The fewest rows (tokens in the call) that go through oneDNN on a CPU of ``vendor`` (/proc/cpuinfo's name)."""
+    return ONEDNN_MIN_ROWS.get(vendor, 1)
+
 
 _onednn = os.environ.get("FULLBAND_ONEDNN", "1") != "0" and torch.backends.mkldnn.is_available()
+_min_rows = onednn_min_rows(cpu_vendor())
 
 
 def onednn_enabled() -> bool:
@@ -42,7 +57,7 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if _onednn and not torch.is_grad_enabled() and x.dtype == torch.float32 and x.device.type == "cpu" \
-                and w.dtype == torch.float32 and w.numel() >= _min_weight():
+                and w.dtype == torch.float32 and w.numel() >= _min_weight() and x.numel() >= _min_rows * w.shape[1]:
             return _onednn_linear(x, w, self.bias)
         return F.linear(x, w, self.bias)
 
