@@ -9,7 +9,7 @@ and layers under the size use ``F.linear`` unchanged. The two kernels agree to f
 differences around 1e-6), not bit for bit.
 
 Those measurements were on an AMD EPYC. On an Intel Xeon (Sapphire Rapids) MKL, Intel's own library, has the faster
-GEMV: F.linear / oneDNN time 0.63-1.00 at 1-2 rows and 0.89-1.83 from 4 rows on GPT-2-small's weights, so on Intel
+GEMV: F.linear / oneDNN time 0.63-1.01 at 1-2 rows and 0.88-1.88 from 4 rows on GPT-2-small's weights, so on Intel
 CPUs products of fewer than 4 rows (batch-1 and batch-2 decoding) keep F.linear (`benchmarks/linear_kernels.py`
 measures both on a machine; docs/LOG.md, 2026-12-04).
 
