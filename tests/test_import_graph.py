@@ -18,7 +18,8 @@ from pathlib import Path
 import fullband
 
 SRC = Path(fullband.__file__).parent
-MODEL_MAY_IMPORT = ("fullband.model", "fullband.config", "fullband.version")
+# devices: the CPU facts a kernel choice reads (fullband.model.linear); torch-free, it imports only the config
+MODEL_MAY_IMPORT = ("fullband.model", "fullband.config", "fullband.version", "fullband.devices")
 MODULE_STRING = re.compile(r"fullband(\.\w+)+(:\w+)?")
 WRITTEN_NOT_IMPORTED = "RemoteCode"  # its string arguments name modules for generated files
 

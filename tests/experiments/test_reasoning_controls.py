@@ -110,13 +110,15 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_numbers(tmp_path):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     args = [*ARGS, "--families", "swaps5", "--seeds", "2"]
     assert main([*args, "--out_dir", str(whole)]) == 0
-    # What kill -9 while seed 1's equal-FLOPs model trained leaves: no summary for it (its run dir half written),
-    # no cells for it or the looped model, no study results.
+    # What kill -9 while seed 1's equal-FLOPs model trained leaves: no summary or cells for it (its run dir half
+    # written), no study results; the looped model before it was decoded as soon as it was trained, so its cells are
+    # all the resumed study needs of it (its weights deleted here).
     shutil.copytree(whole, resumed)
     for path in ("results.json", "report.md", "swaps5/results.json", "swaps5/seed1/equal_flops/study_training.json",
-                 "swaps5/seed1/cells-looped.json", "swaps5/seed1/cells-equal_flops.json"):
+                 "swaps5/seed1/cells-equal_flops.json"):
         (resumed / path).unlink()
-    shutil.rmtree(resumed / "swaps5" / "seed1" / "equal_flops" / "model")
+    for model in ("equal_flops", "looped"):
+        shutil.rmtree(resumed / "swaps5" / "seed1" / model / "model")
     # Seed 0 finished: moved to another machine as its training summaries and decoded cells alone (no weights,
     # checkpoints or logs), it is not trained again.
     for run in (resumed / "swaps5" / "seed0").iterdir():
@@ -132,6 +134,8 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_numbers(tmp_path):
     for run, summary in before["training"].items():
         assert after["training"][run]["final_loss"] == summary["final_loss"], run
     assert not (resumed / "swaps5" / "seed0" / "fullband" / "model").exists()  # seed 0 was not trained again
+    assert not (resumed / "swaps5" / "seed1" / "looped" / "model").exists()  # nor seed 1's looped model
+    assert (resumed / "swaps5" / "seed1" / "equal_flops" / "model").is_dir()  # its equal-FLOPs model was
     assert "--resume" not in (resumed / "report.md").read_text()
     assert "resumed an interrupted run" in (resumed / "report.md").read_text()  # its time is the last invocation's
     assert "resumed an interrupted run" not in (whole / "report.md").read_text()

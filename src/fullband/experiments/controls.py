@@ -32,6 +32,7 @@ from fullband.experiments.flops import (
     step_flops,
     training_flops,
 )
+from fullband.experiments.reasoning_eval import evaluate
 from fullband.experiments.records import Cell
 from fullband.experiments.study import StudyModel, sft_run_config, train_run
 from fullband.modes import DecodingMode, prefill_of
@@ -62,9 +63,10 @@ def looped_passes(cfg: ReasoningConfig, test: list[Problem]) -> dict[int, int]:
 
 def train_controls(cfg: ReasoningConfig, spec: StudyModel, train_path: Path, test_path: Path, run_dir: Path,
                    test: list[Problem], runs: dict[str, dict[str, Any]], progress: bool,
-                   ) -> tuple[dict[str, dict[str, Any]], tuple[Control, ...]]:
-    """Train the controls of ``cfg.controls`` beside the two models of ``runs`` (one seed, same batches) and add
-    every model's training FLOPs and shape to its summary -> (runs, the controls to decode)."""
+                   ) -> tuple[dict[str, dict[str, Any]], list[Cell]]:
+    """Train the controls of ``cfg.controls`` beside the two models of ``runs`` (one seed, same batches), each
+    decoded answer-only as soon as it is trained, and add every model's training FLOPs and shape to its summary
+    -> (runs, the controls' cells)."""
     base = sft_run_config(spec, train_path, test_path, run_dir / "baseline", False)
     full = sft_run_config(spec, train_path, test_path, run_dir / "fullband", True)
     lengths = batch_lengths(base)  # every model of the seed trains on these batches
@@ -82,16 +84,18 @@ def train_controls(cfg: ReasoningConfig, spec: StudyModel, train_path: Path, tes
         depth = equal_flops_depth(Shape.of(base.model.resolve(vocab)), target, plain_cost)
         deeper = dataclasses.replace(spec, model=dataclasses.replace(spec.model, n_layers=depth))
         configs["equal_flops"] = sft_run_config(deeper, train_path, test_path, run_dir / "equal_flops", False)
+    passes = looped_passes(cfg, test)
+    cells: list[Cell] = []
     for kind in cfg.controls:
         runs[kind] = train_run(kind, configs[kind], progress, cfg.reuse_models or cfg.resume, cfg.resume)
+        control: Control = (kind, "fused" if kind == "looped" else "standard", CONTROL_VARIANTS[kind],
+                   {n: k - 1 for n, k in passes.items()} if kind == "looped" else {})
+        cells += evaluate(cfg, {kind: runs[kind]["model_dir"]}, test, (control,), run_dir)
     for kind, run_cfg in configs.items():
         shape = Shape.of(run_cfg.model.resolve(vocab))
         runs[kind] |= {"training_flops": target if kind == "fullband" else training_flops(run_cfg, lengths),
                        "shape": dataclasses.asdict(shape), "weights": shape.weights(False)}
-    passes = looped_passes(cfg, test)
-    controls = tuple((kind, "fused" if kind == "looped" else "standard", CONTROL_VARIANTS[kind],
-                      {n: k - 1 for n, k in passes.items()} if kind == "looped" else {}) for kind in cfg.controls)
-    return runs, controls
+    return runs, cells
 
 
 def inference_flops(cell: Cell, shape: Shape, prompt_len: int, generated: int, looped: int) -> float:

@@ -114,13 +114,13 @@ def train_and_evaluate(cfg: ReasoningConfig, spec: StudyModel, train_path: Path,
     if announce:
         print(f"{label}: training and evaluating in {run_dir}", flush=True)
     runs = train_both(spec, train_path, test_path, run_dir, progress, reuse=cfg.reuse_models, resume=cfg.resume)
-    controls: tuple = ()
+    # Each model decoded as soon as it is trained: its cells (cells-<kind>.json) are all a resumed study needs of it.
+    cells = evaluate(cfg, {kind: t["model_dir"] for kind, t in runs.items()}, test, (), run_dir)
     if cfg.controls:  # the looped and equal-FLOPs models, and every model's FLOPs (fullband.experiments.controls)
         from fullband.experiments.controls import annotate_flops, train_controls
 
-        runs, controls = train_controls(cfg, spec, train_path, test_path, run_dir, test, runs, progress)
-    cells = evaluate(cfg, {kind: t["model_dir"] for kind, t in runs.items()}, test, controls, run_dir)
-    if cfg.controls:
+        runs, control_cells = train_controls(cfg, spec, train_path, test_path, run_dir, test, runs, progress)
+        cells += control_cells
         annotate_flops(cfg, runs, cells, test)
     if announce:
         print(f"{label}: done in {(time.perf_counter() - start) / 60:.1f} min", flush=True)

@@ -63,9 +63,10 @@ def decode_cell(
 def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Problem],
              controls: tuple[tuple[str, str, str, dict[int, int]], ...] = (), cache_dir: Path | None = None,
              ) -> list[Cell]:
-    """Every (model, mode, stride, length) cell. ``controls``: (kind, mode, variant, extra passes per length) of the
-    control models, decoded answer-only. ``cache_dir``: each model's cells are written to cells-<kind>.json there,
-    and read back instead of decoding again when ``cfg.resume`` (an interrupted study continues)."""
+    """Every (model, mode, stride, length) cell of the models in ``model_dirs`` (baseline, fullband and the
+    controls, or some of them). ``controls``: (kind, mode, variant, extra passes per length) of the control models,
+    decoded answer-only. ``cache_dir``: each model's cells are written to cells-<kind>.json there, and read back
+    instead of decoding again when ``cfg.resume`` (an interrupted study continues)."""
     tokenizer, task = ByteTokenizer(), task_of(cfg)
     by_length: dict[int, list[Problem]] = {}
     for p in test:
@@ -78,7 +79,7 @@ def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Proble
     jobs += [(kind, mode, name, 0, n, passes.get(n, 0)) for kind, mode, name, passes in controls
              for n in sorted(by_length)]
     cells: list[Cell] = []
-    for kind in dict.fromkeys(job[0] for job in jobs):
+    for kind in dict.fromkeys(job[0] for job in jobs if job[0] in model_dirs):
         cache = cells_cache(cache_dir, kind) if cache_dir is not None else None
         if cache is not None and cfg.resume and cache.is_file():
             cells += json.loads(cache.read_text())
