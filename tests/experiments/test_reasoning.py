@@ -198,7 +198,9 @@ def test_eval_reasoning_two_seeds_train_apart_and_report_sd(tmp_path, capfd):
     assert main(["eval-reasoning", "--preset", "smoke", "--out_dir", str(side_by_side), "--progress", "true",
                  "--seeds", "2", "--modes", "standard,exact", "--curriculum", "0.5", "--workers", "2"]) == 0
     parallel = json.loads((side_by_side / "results.json").read_text())
-    printed = capfd.readouterr().out  # the workers' lines, not bars: one as each seed starts, one when it is done
+    captured = capfd.readouterr()  # the workers' lines, not bars: one as each seed starts, one when it is done
+    printed = captured.out
+    assert "training baseline" not in printed and "decoding" not in captured.err, captured.err
     for seed in (0, 1):
         assert f"swaps seed {seed}: training and evaluating in {side_by_side / f'seed{seed}'}" in printed
         assert re.search(rf"swaps seed {seed}: done in \d+\.\d min", printed), printed

@@ -115,7 +115,7 @@ def train_and_evaluate(cfg: ReasoningConfig, spec: StudyModel, train_path: Path,
         print(f"{label}: training and evaluating in {run_dir}", flush=True)
     runs = train_both(spec, train_path, test_path, run_dir, progress, reuse=cfg.reuse_models, resume=cfg.resume)
     # Each model decoded as soon as it is trained: its cells (cells-<kind>.json) are all a resumed study needs of it.
-    cells = evaluate(cfg, {kind: t["model_dir"] for kind, t in runs.items()}, test, (), run_dir)
+    cells = evaluate(cfg, {kind: t["model_dir"] for kind, t in runs.items()}, test, (), run_dir, progress)
     if cfg.controls:  # the looped and equal-FLOPs models, and every model's FLOPs (fullband.experiments.controls)
         from fullband.experiments.controls import annotate_flops, train_controls
 

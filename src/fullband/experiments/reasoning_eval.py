@@ -62,11 +62,12 @@ def decode_cell(
 
 def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Problem],
              controls: tuple[tuple[str, str, str, dict[int, int]], ...] = (), cache_dir: Path | None = None,
-             ) -> list[Cell]:
+             progress: bool = True) -> list[Cell]:
     """Every (model, mode, stride, length) cell of the models in ``model_dirs`` (baseline, fullband and the
     controls, or some of them). ``controls``: (kind, mode, variant, extra passes per length) of the control models,
     decoded answer-only. ``cache_dir``: each model's cells are written to cells-<kind>.json there, and read back
-    instead of decoding again when ``cfg.resume`` (an interrupted study continues)."""
+    instead of decoding again when ``cfg.resume`` (an interrupted study continues). ``progress``: a bar per model
+    (with ``cfg.progress``; a worker process shows none)."""
     tokenizer, task = ByteTokenizer(), task_of(cfg)
     by_length: dict[int, list[Problem]] = {}
     for p in test:
@@ -87,7 +88,7 @@ def evaluate(cfg: ReasoningConfig, model_dirs: dict[str, str], test: list[Proble
         model = load_any(model_dirs[kind], device=cfg.device)  # any model family
         mine: list[Cell] = []
         for _, mode, name, stride, n, k in tqdm([j for j in jobs if j[0] == kind], desc=f"decoding {kind}",
-                                                disable=not cfg.progress):
+                                                disable=not (cfg.progress and progress)):
             cell = decode_cell(model, tokenizer, task, by_length[n], stride, mode, k)
             mine.append({"model": kind, "mode": mode, "variant": name, "stride": stride, "length": n, **cell})
         if cache is not None:
