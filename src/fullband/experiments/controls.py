@@ -89,7 +89,7 @@ def train_controls(cfg: ReasoningConfig, spec: StudyModel, train_path: Path, tes
     for kind in cfg.controls:
         runs[kind] = train_run(kind, configs[kind], progress, cfg.reuse_models or cfg.resume, cfg.resume)
         control: Control = (kind, "fused" if kind == "looped" else "standard", CONTROL_VARIANTS[kind],
-                   {n: k - 1 for n, k in passes.items()} if kind == "looped" else {})
+                            {n: k - 1 for n, k in passes.items()} if kind == "looped" else {})
         cells += evaluate(cfg, {kind: runs[kind]["model_dir"]}, test, (control,), run_dir, progress)
     for kind, run_cfg in configs.items():
         shape = Shape.of(run_cfg.model.resolve(vocab))
