@@ -10,6 +10,7 @@ from test_training_metrics import tensorboard_scalars
 
 from fullband.training import CheckpointWarning, NonFiniteLossError, Trainer, TrainingError, loss_eval
 from fullband.training.checkpoint import list_checkpoints
+from fullband.training.checkpoint_layout import load_training_state
 from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 
 VOCAB, T = 61, 16
@@ -71,6 +72,19 @@ def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, optim, pr
     assert got == expected  # == on floats: bit-exact
     for a, b in zip(straight.raw_model.parameters(), second.raw_model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_training_time_adds_up_over_a_resumed_runs_invocations(tmp_path):
+    first = make_trainer(tmp_path, max_steps=6)
+    first.fit(until=3)
+    before = first.state.train_seconds
+    assert before > 0 and load_training_state(tmp_path / "checkpoints" / "step-0000003").train_seconds == before
+    second = make_trainer(tmp_path, max_steps=6)
+    second.fit(resume=True)
+    step_times = [json.loads(line)["step_time_s"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(step_times) == 6  # log_every=1: every step of both invocations
+    # The total covers all six steps (and their validation), not only the three this invocation ran.
+    assert second.state.train_seconds >= sum(step_times) > sum(step_times[3:]) and second.state.train_seconds > before
 
 
 def test_resume_skips_a_corrupt_latest_checkpoint_and_still_matches(tmp_path):

@@ -215,9 +215,9 @@ def train_and_evaluate(job: Job, index: int, count: int, progress: bool,
     record: RunRecord = {
         "name": spec.name, "kind": spec.kind, "budget": spec.budget, "seed": spec.seed,
         "out_dir": str(trained.out_dir), "steps": trained.steps, "tokens": trained.tokens,
-        "token_equiv_compute": trained.token_equiv_compute, "train_seconds": trained.seconds,
+        "token_equiv_compute": trained.token_equiv_compute, "train_seconds": trained.train_seconds,
         "final_train_loss": trained.final_loss, "validation": trained.validation}
-    if checkpoint is not None:  # train_seconds then counts only this invocation's steps
+    if checkpoint is not None:
         record["resumed_from_step"] = load_state_step(checkpoint)
     if run_cfg.train.eval_every:
         record["validation_history"] = validation_history(trained.out_dir)

@@ -43,7 +43,7 @@ class RunRecord(TypedDict):
     steps: int
     tokens: int
     token_equiv_compute: int
-    train_seconds: float
+    train_seconds: float  # time in training steps and validation, summed over every invocation (a resumed run too)
     final_train_loss: float | None
     validation: dict[str, float]  # val_loss_<k>pass, val_bpb_<k>pass at the end of training
     resumed_from_step: NotRequired[int]

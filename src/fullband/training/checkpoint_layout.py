@@ -54,6 +54,7 @@ class TrainingState:
     loss: float | None = None  # loss of the last step
     lr: float = 0.0  # learning rate of the last step
     metrics_bytes: int = 0  # size of metrics.jsonl when saved: a resumed run truncates it back to this
+    train_seconds: float = 0.0  # time in training steps and validation, summed over every invocation so far
     schedule: dict[str, Any] = field(default_factory=dict)
 
 

@@ -70,7 +70,8 @@ class TrainResult:
     token_equiv_compute: int
     final_loss: float | None
     validation: dict[str, float]
-    seconds: float
+    seconds: float  # wall time of this invocation
+    train_seconds: float  # time in training steps and validation, summed over every invocation of the run
 
 
 def check_writable(directory: Path) -> None:
@@ -287,7 +288,7 @@ def _run_train(cfg: TrainRunConfig, progress: bool) -> TrainResult:
         gc.collect()
         barrier()
         return TrainResult(out_dir, model_dir, state.step, state.tokens, state.token_equiv_compute, state.loss,
-                           validation, time.perf_counter() - start)
+                           validation, time.perf_counter() - start, state.train_seconds)
     finally:
         cleanup_distributed()
 

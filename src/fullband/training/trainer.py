@@ -263,6 +263,7 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=start, disable=not self.progress, unit="step", dynamic_ncols=True)
         try:
             for step in range(start, stop):
+                t0 = time.perf_counter()
                 record = self.train_step(step)
                 done = step + 1
                 if self.rank == 0 and (step % self.cfg.log_every == 0 or done == stop):
@@ -273,6 +274,7 @@ class Trainer:
                 if self.eval_fn is not None and self.cfg.eval_every and (
                         done % self.cfg.eval_every == 0 or done == self.total_steps):
                     self.evaluate(step)
+                self.state.train_seconds += time.perf_counter() - t0  # kept in checkpoints: a resumed run adds on
                 if (self.cfg.checkpoint_every and done % self.cfg.checkpoint_every == 0) or done == stop:
                     self.save()  # after evaluation, so the saved RNG state is the one the next step starts from
         finally:
