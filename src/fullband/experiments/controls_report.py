@@ -195,6 +195,9 @@ Test problems per length (n: count): {problems}.
 
 {compute_table(fam)}
 
+Training seconds are wall time, summed over a resumed run's invocations, on cores the run may have shared with
+the study's other runs: the FLOPs columns are the cost to compare.
+
 ### Answer-only accuracy: mean over seeds (≥ worst seed) [95% Wilson interval]
 
 {accuracy_table(fam)}
