@@ -10,11 +10,15 @@ import pytest
 import torch
 
 from fullband.bench.config import SECTIONS, BenchConfig, BenchOptimConfig
-from fullband.bench.steps import timed_optimizer_step, without_onednn
+from fullband.bench.steps import baseline_twin, timed_optimizer_step, train_model, training_products, without_onednn
 from fullband.cli import main
 from fullband.devices import CPU_FEATURES, cpu_flags
 from fullband.experiments.config import CompareConfig
+from fullband.model.linear import Linear
+from fullband.training.config import COMPILE_MIN_CPU_STEPS
+from fullband.training.metrics import flops_per_token
 from fullband.training.muon import resolve_ns_dtype
+from fullband.training.step_setup import should_compile
 
 pytest.importorskip("transformers")
 
@@ -56,11 +60,19 @@ def test_quick_bench_prints_one_table_and_writes_json(tmp_path, capsys, restore_
     ns = resolve_ns_dtype("auto", "cpu", cpu_flags())
     optim_steps = [r for r in rows if r["section"] == "optim" and r["case"].startswith("train step")]
     fp32 = [] if ns == "float32" else ["Muon (NS float32 forced)"]  # what CPUs without bf16 run, timed on one with
+    compiled = ["AdamW, compiled blocks"] if should_compile("auto", torch.device("cpu"), COMPILE_MIN_CPU_STEPS) else []
     assert [r["case"] for r in optim_steps] == [f"train step (1 pass), {name}" for name in (
-        "AdamW", f"Muon (NS {ns})", f"NorMuon (NS {ns})", *fp32, "Muon (NS bf16 forced, emulated)")]
+        "AdamW", f"Muon (NS {ns})", f"NorMuon (NS {ns})", *fp32, "Muon (NS bf16 forced, emulated)", *compiled)]
     for row in optim_steps:  # the optimizer's share of the step, and model FLOP/s against the matmul peak
         share = int(re.fullmatch(r"optimizer (\d+)% of it", row["check"]).group(1))
-        assert 0 <= share <= 100 and row["of_limit"].endswith("% matmul") and row["target"] == ">= 45%"
+        assert 0 <= share <= 100 and re.fullmatch(r"\d+\.\d% matmul", row["of_limit"])
+        assert row["target"] == ("" if "compiled" in row["case"] else ">= 45%")  # the target is compare's eager step
+    # the ceiling: the step's weight products alone, against the peak matmul timed in the same rounds
+    assert re.fullmatch(r"\d+\.\d% matmul", cases["its weights' matrix products alone (ceiling)"]["of_limit"])
+    assert cases["matmul float32 peak, timed in the same rounds"]["figure"].endswith(" GFLOP/s")
+    assert math.isfinite(cases["AdamW step beyond its weight products"]["ms"])
+    if compiled:
+        assert cases["AdamW eager / compiled blocks step time"]["ratio"] > 0
     for case in (f"Muon (NS {ns}) / AdamW step time", f"NorMuon (NS {ns}) / AdamW step time"):
         assert cases[case]["ratio"] > 0 and cases[case]["target"] == "<= 1.2"
     assert results["machine_at_start"]["cpu_features"] == [f for f in CPU_FEATURES if f in cpu_flags()]
@@ -97,3 +109,15 @@ def test_timed_step_records_the_optimizer_time_inside_its_context():
     assert seen == [False] and torch.backends.mkldnn.enabled == before  # off for the step only
     assert len(seconds) == 1 and seconds[0] >= 0 and param.grad is None
     assert torch.equal(param.detach(), torch.zeros(3))  # 1 - 0.5 * 2
+
+
+def test_training_products_count_the_three_products_of_every_weight_but_the_fusions():
+    model, tokens = train_model(BenchConfig(preset="quick").optim)
+    run, flops = training_products(model, tokens.numel())
+    run()  # shapes agree
+    weights = [m.weight for name, m in model.named_modules()
+               if isinstance(m, Linear) and not name.startswith("fusion.")]
+    assert model.fusion is not None and len(weights) == 7 * model.config.n_layers + 1  # 7 projections a block, head
+    assert flops == 6 * tokens.numel() * sum(w.numel() for w in weights)
+    assert flops <= tokens.numel() * flops_per_token(baseline_twin(model).num_parameters(), model.config.n_layers,
+                                                     model.config.d_model, tokens.shape[1])

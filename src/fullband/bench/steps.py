@@ -168,6 +168,29 @@ def trainer_and_bare_step(model: FullBandwidthLM, tokens: torch.Tensor,
     return (lambda: trainer.train_step(0)), (lambda: optimizer_step(fullband_loss(bare, tokens), optimizer, params))
 
 
+def training_products(model: FullBandwidthLM, rows: int) -> tuple[Callable[[], None], float]:
+    """What one single-pass training step of ``rows`` tokens spends in the weights' matrix products alone, and their
+    FLOPs: for every projection and the head (not the fusion, which a single pass skips), the forward product and
+    backward's two (the input's gradient and the weight's), as autograd runs them for ``F.linear`` on float32
+    tensors of the step's shapes. Nothing else of a step (norms, attention, activations, loss, optimizer) runs: the
+    ceiling the GEMMs of those shapes allow."""
+    layers = [m for name, m in model.named_modules() if isinstance(m, Linear) and not name.startswith("fusion.")]
+    p = model.embed.weight
+    shapes = {(m.in_features, m.out_features) for m in layers}
+    tensors = {(i, o): (torch.randn(rows, i, device=p.device), torch.randn(rows, o, device=p.device),
+                        torch.randn(o, i, device=p.device)) for i, o in shapes}
+    flops = sum(3 * 2.0 * rows * m.in_features * m.out_features for m in layers)
+
+    def run() -> None:
+        for layer in layers:
+            x, grad, weight = tensors[layer.in_features, layer.out_features]
+            torch.mm(x, weight.t())  # forward
+            torch.mm(grad, weight)  # the input's gradient
+            torch.mm(grad.t(), x)  # the weight's gradient
+
+    return run, flops
+
+
 def weight_products(model: FullBandwidthLM, batch: int, new_tokens: int) -> Callable[[], None]:
     """What ``new_tokens`` decoding steps of ``batch`` rows spend in the weights' matrix products alone: every
     projection and the head (the fusion's aside: standard decoding skips it) applied to one row per sequence,

@@ -52,15 +52,22 @@ def copy_case(mib: int, device: torch.device) -> tuple[Callable[[], Any], int]:
     return (lambda: dst.copy_(src)), 2 * src.nbytes
 
 
+def matmul_case(device: torch.device) -> tuple[Callable[[], Any], float, int]:
+    """A float32 square matmul big enough to run at the machine's peak (1024 on a CPU, 2048 on CUDA), its FLOPs,
+    and its size."""
+    size = 2048 if device.type == "cuda" else 1024
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    return (lambda: a @ b), 2.0 * size**3, size
+
+
 def machine_limits(device: torch.device, rounds: int, copy_mib: int) -> dict[str, float]:
     """Memory bandwidth (GB/s, see :func:`copy_case`) and matmul GFLOP/s (float32 square matmul), medians over
     rounds."""
     copy, moved = copy_case(copy_mib, device)
-    size = 2048 if device.type == "cuda" else 1024
-    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
-    times = interleaved({"copy": copy, "matmul": lambda: a @ b}, rounds, device, reps=3)
+    matmul, flops, size = matmul_case(device)
+    times = interleaved({"copy": copy, "matmul": matmul}, rounds, device, reps=3)
     return {"memory_gb_s": moved / statistics.median(times["copy"]) / 1e9,
-            "matmul_gflop_s": 2 * size**3 / statistics.median(times["matmul"]) / 1e9,
+            "matmul_gflop_s": flops / statistics.median(times["matmul"]) / 1e9,
             "copy_mib": copy_mib, "matmul_size": size}
 
 
