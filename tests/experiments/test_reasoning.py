@@ -213,3 +213,12 @@ def test_eval_reasoning_two_seeds_train_apart_and_report_sd(tmp_path, capfd):
         assert parallel["training"][run]["final_loss"] == summary["final_loss"], run
     assert "--workers 2" in (side_by_side / "report.md").read_text()
     assert "the seeds side by side in 2 processes" in (side_by_side / "report.md").read_text()
+
+
+def test_a_study_called_from_python_resolves_device_auto_before_it_loads_models(tmp_path):
+    from fullband.experiments.reasoning import run_reasoning
+
+    cfg = ReasoningConfig(preset="smoke", out_dir=str(tmp_path / "study"), progress=False, modes=("standard",))
+    assert cfg.device == "auto"
+    results = run_reasoning(cfg)  # the CLI resolves "auto" itself; a Python caller used to fail at evaluation
+    assert cfg.device == "cpu" and results["variants"] == ["baseline", "fullband standard"]

@@ -14,7 +14,7 @@ from fullband.experiments.controls_report import FLOPS_PLOT, plot_flops, render_
 from fullband.experiments.parallel import map_jobs
 from fullband.experiments.reasoning import ReasoningStudy, train_and_evaluate
 from fullband.experiments.records import ControlsResults
-from fullband.experiments.study import Study, set_threads
+from fullband.experiments.study import Study, resolve_study_device, set_threads
 from fullband.experiments.synthetic_config import flat_view
 
 # ---------------------------------------------------------------------------------------------- the study
@@ -46,6 +46,7 @@ class ControlsStudy(Study):
 
     def prepare(self) -> None:
         set_threads(self.cfg.threads)
+        resolve_study_device(self.cfg)  # the families' configs are copies of this one
         self.out_dir.mkdir(parents=True, exist_ok=True)
 
     def family_config(self, family: str) -> ReasoningConfig:

@@ -184,6 +184,7 @@ class PairStudy(Study):
         import torch
 
         set_threads(self.cfg.threads)
+        resolve_study_device(self.cfg)
         torch.manual_seed(self.cfg.seed)
 
     def collect(self) -> dict[str, Any]:
@@ -305,6 +306,14 @@ def _read_summary(run_dir: Path) -> dict[str, Any]:
     if not path.is_file() or not (run_dir / "model").is_dir():
         raise ConfigError(f"{run_dir} holds no finished training run ({SUMMARY_FILE} and model/); delete it and rerun")
     return json.loads(path.read_text())
+
+
+def resolve_study_device(cfg: Any) -> None:
+    """``cfg.device`` as the device it names here ('auto' -> cuda or cpu), as the CLI sets it, so a study called
+    from Python trains and then loads its models for evaluation on one real device."""
+    from fullband.devices import resolve_device
+
+    cfg.device = str(resolve_device(cfg.device))
 
 
 def set_threads(threads: str | int) -> int:
