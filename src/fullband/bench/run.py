@@ -169,12 +169,12 @@ class Bench:
         # The peak drifts with the machine's clock and other tenants: a matmul in every round, each round's share
         # against it; and the step's weight products alone, the ceiling of its GEMMs' shapes.
         cases["matmul"], peak_flops, _ = matmul_case(self.device)
-        cases["products"], product_flops = steps.training_products(steps.baseline_twin(model), tokens.numel())
+        twin = steps.baseline_twin(model)  # a single pass runs no fusion: the baseline's weights and FLOPs
+        cases["products"], product_flops = steps.training_products(twin, tokens.numel())
         warmup, reps = 2, c.steps_per_round
         self.say("bench: optim (the compiled case compiles its blocks first) ...")
         times = self.times["optim"] = interleaved(cases, self.cfg.rounds, self.device, reps=reps, warmup=warmup)
-        flops = c.passes * flops_per_token(steps.baseline_twin(model).num_parameters(), c.n_layers, c.d_model,
-                                           c.seq_len) * tokens.numel()
+        flops = c.passes * flops_per_token(twin.num_parameters(), c.n_layers, c.d_model, c.seq_len) * tokens.numel()
 
         def of_peak(name: str, case_flops: float) -> str:
             share = statistics.median(case_flops / t / (peak_flops / peak_t)

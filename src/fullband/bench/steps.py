@@ -168,13 +168,19 @@ def trainer_and_bare_step(model: FullBandwidthLM, tokens: torch.Tensor,
     return (lambda: trainer.train_step(0)), (lambda: optimizer_step(fullband_loss(bare, tokens), optimizer, params))
 
 
+def projection_layers(model: FullBandwidthLM) -> list[Linear]:
+    """Every projection and the head, in the order a step runs them; not the fusion's (a single pass and standard
+    decoding skip it)."""
+    return [m for name, m in model.named_modules() if isinstance(m, Linear) and not name.startswith("fusion.")]
+
+
 def training_products(model: FullBandwidthLM, rows: int) -> tuple[Callable[[], None], float]:
     """What one single-pass training step of ``rows`` tokens spends in the weights' matrix products alone, and their
     FLOPs: for every projection and the head (not the fusion, which a single pass skips), the forward product and
     backward's two (the input's gradient and the weight's), as autograd runs them for ``F.linear`` on float32
     tensors of the step's shapes. Nothing else of a step (norms, attention, activations, loss, optimizer) runs: the
     ceiling the GEMMs of those shapes allow."""
-    layers = [m for name, m in model.named_modules() if isinstance(m, Linear) and not name.startswith("fusion.")]
+    layers = projection_layers(model)
     p = model.embed.weight
     shapes = {(m.in_features, m.out_features) for m in layers}
     tensors = {(i, o): (torch.randn(rows, i, device=p.device), torch.randn(rows, o, device=p.device),
@@ -196,7 +202,7 @@ def weight_products(model: FullBandwidthLM, batch: int, new_tokens: int) -> Call
     projection and the head (the fusion's aside: standard decoding skips it) applied to one row per sequence,
     through the model's own :class:`~fullband.model.linear.Linear` (the same kernel), in the order a step
     runs them. Nothing else of a step (norms, attention, cache, sampling) runs: the ceiling the GEMVs allow."""
-    layers = [m for name, m in model.named_modules() if isinstance(m, Linear) and not name.startswith("fusion.")]
+    layers = projection_layers(model)
     p = model.embed.weight
     inputs = {m.in_features: torch.randn(batch, 1, m.in_features, device=p.device, dtype=p.dtype) for m in layers}
 

@@ -46,7 +46,7 @@ class ControlsStudy(Study):
 
     def prepare(self) -> None:
         set_threads(self.cfg.threads)
-        resolve_study_device(self.cfg)  # the families' configs are copies of this one
+        resolve_study_device(self.cfg)  # its results.json records the device, as each family's does
         self.out_dir.mkdir(parents=True, exist_ok=True)
 
     def family_config(self, family: str) -> ReasoningConfig:
