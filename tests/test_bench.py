@@ -13,9 +13,9 @@ from fullband.bench.config import SECTIONS, BenchConfig, BenchOptimConfig
 from fullband.bench.steps import baseline_twin, timed_optimizer_step, train_model, training_products, without_onednn
 from fullband.cli import main
 from fullband.devices import CPU_FEATURES, cpu_flags
+from fullband.experiments.compare import shortest_run_steps
 from fullband.experiments.config import CompareConfig
 from fullband.model.linear import Linear
-from fullband.training.config import COMPILE_MIN_CPU_STEPS
 from fullband.training.metrics import flops_per_token
 from fullband.training.muon import resolve_ns_dtype
 from fullband.training.step_setup import should_compile
@@ -60,17 +60,22 @@ def test_quick_bench_prints_one_table_and_writes_json(tmp_path, capsys, restore_
     ns = resolve_ns_dtype("auto", "cpu", cpu_flags())
     optim_steps = [r for r in rows if r["section"] == "optim" and r["case"].startswith("train step")]
     fp32 = [] if ns == "float32" else ["Muon (NS float32 forced)"]  # what CPUs without bf16 run, timed on one with
-    compiled = ["AdamW, compiled blocks"] if should_compile("auto", torch.device("cpu"), COMPILE_MIN_CPU_STEPS) else []
-    assert [r["case"] for r in optim_steps] == [f"train step (1 pass), {name}" for name in (
-        "AdamW", f"Muon (NS {ns})", f"NorMuon (NS {ns})", *fp32, "Muon (NS bf16 forced, emulated)", *compiled)]
+    # The blocks as compare's default study trains them (compiled where its shortest run compiles), and then
+    # the eager AdamW step beside them.
+    compiled = should_compile("auto", torch.device("cpu"), shortest_run_steps(CompareConfig()))
+    blocks = "compiled blocks" if compiled else "eager blocks"
+    names = ["AdamW", f"Muon (NS {ns})", f"NorMuon (NS {ns})", *fp32, "Muon (NS bf16 forced, emulated)"]
+    expected = [f"train step (1 pass, {blocks}), {name}" for name in names]
+    expected += ["train step (1 pass, eager blocks), AdamW"] if compiled else []
+    assert [r["case"] for r in optim_steps] == expected
     for row in optim_steps:  # the optimizer's share of the step, and model FLOP/s against the matmul peak
         share = int(re.fullmatch(r"optimizer (\d+)% of it", row["check"]).group(1))
         assert 0 <= share <= 100 and re.fullmatch(r"\d+\.\d% matmul", row["of_limit"])
-        assert row["target"] == ("" if "compiled" in row["case"] else ">= 45%")  # the target is compare's eager step
+        assert row["target"] == (">= 45%" if blocks in row["case"] else "")  # the target is the step compare runs
     # the ceiling: the step's weight products alone, against the peak matmul timed in the same rounds
     assert re.fullmatch(r"\d+\.\d% matmul", cases["its weights' matrix products alone (ceiling)"]["of_limit"])
     assert cases["matmul float32 peak, timed in the same rounds"]["figure"].endswith(" GFLOP/s")
-    assert math.isfinite(cases["AdamW step beyond its weight products"]["ms"])
+    assert math.isfinite(cases[f"AdamW step ({blocks}) beyond its weight products"]["ms"])
     if compiled:
         assert cases["AdamW eager / compiled blocks step time"]["ratio"] > 0
     for case in (f"Muon (NS {ns}) / AdamW step time", f"NorMuon (NS {ns}) / AdamW step time"):

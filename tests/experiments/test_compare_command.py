@@ -8,10 +8,12 @@ import fullband.experiments.plots as plots
 from fullband.cli import main
 from fullband.config import ConfigError
 from fullband.configio import build_config
-from fullband.experiments.compare import plan_runs, preset_config, train_config
+from fullband.experiments.compare import plan_runs, preset_config, shortest_run_steps, study_compile, train_config
 from fullband.experiments.config import COMPARE_PRESETS, CompareConfig
 from fullband.experiments.records import CompareResults, ModeScore, RunRecord, key_problems
 from fullband.experiments.report import write_report
+from fullband.training import step_setup
+from fullband.training.config import COMPILE_MIN_CPU_STEPS
 
 
 def test_smoke_preset_writes_report_results_and_plots(tmp_path, capsys, monkeypatch):
@@ -103,6 +105,29 @@ def test_every_run_shares_everything_but_feedback_budget_and_schedule(tmp_path):
     for run in runs.values():
         assert run.train.seed == 5 and run.optim == cfg.optim and run.data == cfg.data
         assert run.model.d_model == cfg.model.d_model and run.train.batch_size == cfg.train.batch_size
+
+
+@pytest.mark.parametrize("unit_steps", [COMPILE_MIN_CPU_STEPS - 1, COMPILE_MIN_CPU_STEPS, 2 * COMPILE_MIN_CPU_STEPS])
+def test_compile_auto_is_decided_once_for_the_study_by_its_shortest_run(tmp_path, monkeypatch, unit_steps):
+    # Budgets 0.5x-2x straddle the CPU threshold for some unit sizes: the runs still all compile or all stay eager,
+    # so one baseline curve never mixes compiled and eager numerics.
+    monkeypatch.setattr(step_setup, "_cxx_compiler", lambda: "/usr/bin/g++")
+    cfg = CompareConfig(device="cpu", budgets=[0.5, 1.0, 2.0])
+    cfg.train.token_budget = 2 * unit_steps * cfg.train.batch_size * cfg.train.seq_len
+    shortest = shortest_run_steps(cfg)
+    assert shortest == unit_steps
+    settings = {train_config(cfg, spec, tmp_path).train.compile for spec in plan_runs(cfg)}
+    assert settings == {"true" if shortest >= COMPILE_MIN_CPU_STEPS else "false"}
+    cfg.train.compile = "false"  # an explicit choice stands
+    assert {train_config(cfg, spec, tmp_path).train.compile for spec in plan_runs(cfg)} == {"false"}
+
+
+def test_compare_default_compiles_its_runs_on_a_cpu_with_a_compiler(monkeypatch):
+    monkeypatch.setattr(step_setup, "_cxx_compiler", lambda: "/usr/bin/g++")
+    assert shortest_run_steps(CompareConfig()) == 125  # its 0.5x baseline
+    assert study_compile(CompareConfig(device="cpu")) == "true"
+    monkeypatch.setattr(step_setup, "_cxx_compiler", lambda: None)  # inductor could not build CPU kernels
+    assert study_compile(CompareConfig(device="cpu")) == "false"
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -42,10 +42,10 @@ class BenchTrainConfig:
 @dataclass
 class BenchOptimConfig:
     """Optimizer section ([optim]): the whole training step (forward, backward, clipping, optimizer) with AdamW, Muon
-    and NorMuon as ``fullband compare``'s default trains (its model, batch and optimizer settings, eager blocks as its
-    250-step runs are, one pass: the baselines' step and the feedback models' cheapest); beside them the step's
-    weight products alone, a matmul peak in the same rounds, and the AdamW step with compiled blocks where runs of
-    1000+ steps compile."""
+    and NorMuon as ``fullband compare``'s default trains (its model, batch and optimizer settings, its blocks compiled
+    where its runs compile them, one pass: the baselines' step and the feedback models' cheapest); beside them the
+    step's weight products alone, a matmul peak in the same rounds, and, where the blocks compile, the AdamW step with
+    eager blocks."""
 
     d_model: int = doc(128, "Model width (compare's default).")
     n_layers: int = doc(4, "Transformer blocks.")

@@ -22,7 +22,9 @@ from fullband.bench.config import BenchConfig
 from fullband.bench.timing import copy_case, interleaved, machine_limits, machine_state, matmul_case, ratio
 from fullband.devices import CPU_FEATURES, resolve_device
 from fullband.model.recurrence import auto_exact_method
+from fullband.training.config import COMPILE_MIN_CPU_STEPS
 from fullband.training.metrics import flops_per_token
+from fullband.training.step_setup import should_compile
 
 
 @dataclass
@@ -103,7 +105,7 @@ class Bench:
                  "llama": flops_per_token(sum(p.numel() for p in llama.parameters()), c.n_layers, c.d_model, c.seq_len),
                  "gpt2": flops_per_token(sum(p.numel() for p in gpt2.parameters()), c.n_layers, c.d_model, c.seq_len)}
         flops["fullband-eager"] = flops["fullband"]
-        how = "compiled blocks, as training runs of 1000+ steps" if compiled else "eager"
+        how = f"compiled blocks, as training runs of {COMPILE_MIN_CPU_STEPS}+ steps" if compiled else "eager"
         labels = {"fullband": f"fullband train step (1 pass, bare, {how})",
                   "fullband-eager": "fullband train step (1 pass, bare, eager)",
                   "llama": "LlamaForCausalLM train step, same weights", "gpt2": "GPT2LMHeadModel train step, same dims"}
@@ -146,9 +148,16 @@ class Bench:
         if c.emulated_bf16 and self.device.type == "cpu":
             variants["muon-emulated"] = (dataclasses.replace(base, optimizer="muon", ns_dtype="bfloat16"),
                                          steps.without_onednn)
+        # The blocks as compare's default trains them (train.compile 'auto', decided by its shortest run), and
+        # where that compiles, AdamW with eager blocks beside it.
+        compiled = self.compare_compiles()
+        if compiled:
+            variants["adamw-eager"] = variants["adamw"]
         cases, optimizer_times, labels = {}, {}, {}
         for name, (optim_cfg, context) in variants.items():
             net = copy.deepcopy(model)  # each its own weights: the optimizers move them apart
+            if compiled and name != "adamw-eager":
+                net.compile_blocks()
             optimizer, params = build_optimizer(net, optim_cfg), list(net.parameters())
             seconds = optimizer_times[name] = []
             cases[name] = (lambda net=net, optimizer=optimizer, params=params, seconds=seconds, context=context:
@@ -157,14 +166,7 @@ class Bench:
             ns = optimizer_ns_dtype(optimizer)
             labels[name] = {"adamw": "AdamW", "muon": f"Muon (NS {ns})", "normuon": f"NorMuon (NS {ns})",
                             "muon-fp32": "Muon (NS float32 forced)",
-                            "muon-emulated": "Muon (NS bf16 forced, emulated)"}[name]
-        compiled = copy.deepcopy(model)
-        if self.compile_like_trainer(compiled):  # what runs of 1000+ steps train with: fused elementwise work
-            optimizer, params = build_optimizer(compiled, variants["adamw"][0]), list(compiled.parameters())
-            seconds = optimizer_times["adamw-compiled"] = []
-            cases["adamw-compiled"] = lambda: steps.timed_optimizer_step(
-                steps.fullband_loss(compiled, tokens, c.passes), optimizer, params, seconds)
-            labels["adamw-compiled"] = "AdamW, compiled blocks"
+                            "muon-emulated": "Muon (NS bf16 forced, emulated)", "adamw-eager": "AdamW"}[name]
         steppers = list(cases)
         # The peak drifts with the machine's clock and other tenants: a matmul in every round, each round's share
         # against it; and the step's weight products alone, the ceiling of its GEMMs' shapes.
@@ -181,14 +183,16 @@ class Bench:
                                       for t, peak_t in zip(times[name], times["matmul"], strict=True))
             return f"{100 * share:.1f}% matmul"
 
+        blocks = "compiled blocks" if compiled else "eager blocks"
         for name in steppers:
             rounds = optimizer_times[name][warmup:]  # reps calls per round, after the warm-up calls
             per_round = [statistics.mean(rounds[r * reps:(r + 1) * reps]) for r in range(self.cfg.rounds)]
             share = statistics.median(o / s for o, s in zip(per_round, times[name], strict=True))
             seconds = statistics.median(times[name])
-            self.rows.append(Row("optim", f"train step ({c.passes} pass), {labels[name]}", 1000 * seconds,
+            how = "eager blocks" if name == "adamw-eager" else blocks
+            self.rows.append(Row("optim", f"train step ({c.passes} pass, {how}), {labels[name]}", 1000 * seconds,
                                  f"{tokens.numel() / seconds / 1e3:.1f}k tok/s",
-                                 target="" if name == "adamw-compiled" else ">= 45%", of_limit=of_peak(name, flops),
+                                 target="" if name == "adamw-eager" else ">= 45%", of_limit=of_peak(name, flops),
                                  check=f"optimizer {share:.0%} of it"))
         self.rows.append(Row("optim", "its weights' matrix products alone (ceiling)",
                              1000 * statistics.median(times["products"]),
@@ -198,26 +202,31 @@ class Bench:
                              1000 * statistics.median(times["matmul"]),
                              f"{peak_flops / statistics.median(times['matmul']) / 1e9:.1f} GFLOP/s"))
         if c.passes == 1:  # the products are one pass's
-            self.rows.append(Row("optim", "AdamW step beyond its weight products", 1000 * statistics.median(
+            self.rows.append(Row("optim", f"AdamW step ({blocks}) beyond its weight products", 1000 * statistics.median(
                 t - g for t, g in zip(times["adamw"], times["products"], strict=True))))
         for name in ("muon", "normuon", "muon-fp32", "muon-emulated"):
             if name in cases:
                 self.rows.append(Row("optim", f"{labels[name]} / AdamW step time",
                                      ratio=ratio(times, name, "adamw"), target="" if name == "muon-emulated"
                                      else "<= 1.2"))
-        if "adamw-compiled" in cases:
+        if compiled:
             self.rows.append(Row("optim", "AdamW eager / compiled blocks step time",
-                                 ratio=ratio(times, "adamw", "adamw-compiled")))
+                                 ratio=ratio(times, "adamw-eager", "adamw")))
 
     def compile_like_trainer(self, model: FullBandwidthLM) -> bool:
         """Compile ``model``'s blocks when a long training run on this device would (train.compile 'auto')."""
-        from fullband.training.config import COMPILE_MIN_CPU_STEPS
-        from fullband.training.trainer import should_compile
-
         if not should_compile("auto", self.device, COMPILE_MIN_CPU_STEPS):
             return False
         model.compile_blocks()
         return True
+
+    def compare_compiles(self) -> bool:
+        """Whether compare's default study compiles the blocks on this device (its shortest run decides,
+        ``fullband.experiments.compare.study_compile``)."""
+        from fullband.experiments.compare import shortest_run_steps
+        from fullband.experiments.config import CompareConfig
+
+        return should_compile("auto", self.device, shortest_run_steps(CompareConfig()))
 
     def passes(self) -> None:
         c = self.cfg.train

@@ -47,6 +47,7 @@ from fullband.model_io import load_any
 from fullband.training.checkpoint_layout import latest_good_checkpoint, load_training_state
 from fullband.training.config import TrainRunConfig
 from fullband.training.run import resolve_device, run_train
+from fullband.training.step_setup import should_compile
 from fullband.training.trainer import METRICS_FILE
 
 FEEDBACK = "feedback"  # the full-bandwidth model with the configured (paper) schedule
@@ -87,7 +88,7 @@ def train_config(cfg: CompareConfig, spec: RunSpec, out_dir: Path) -> TrainRunCo
     if spec.kind == TWO_PASS:  # the same phase and ramp, but every multi-pass batch runs 2 passes
         schedule = dataclasses.replace(schedule, pass_mix=(1.0,), two_pass_until=0.0)
     train = dataclasses.replace(cfg.train, token_budget=round(spec.budget * cfg.train.token_budget),
-                                seed=spec.seed, eval_every=0)
+                                seed=spec.seed, eval_every=0, compile=study_compile(cfg))
     # Validation during training: the gaps against tokens. The 1x baseline validates at the feedback runs' steps
     # (the same step count), so the feedback-vs-baseline gap compares models at the same point of one schedule.
     if cfg.train_eval_points and (spec.kind != "baseline" or spec.budget == 1.0):
@@ -102,6 +103,20 @@ def train_config(cfg: CompareConfig, spec: RunSpec, out_dir: Path) -> TrainRunCo
         device=cfg.device,
         eval_passes=(1,) if spec.kind == "baseline" else (1, 2, 3),
     )
+
+
+def shortest_run_steps(cfg: CompareConfig) -> int:
+    """Training steps of the study's shortest run (its smallest budget)."""
+    budget = min(spec.budget for spec in plan_runs(cfg))
+    return dataclasses.replace(cfg.train, token_budget=round(budget * cfg.train.token_budget)).total_steps()
+
+
+def study_compile(cfg: CompareConfig) -> str:
+    """``train.compile`` of every run: 'auto' decided once for the study, by its shortest run, so one baseline
+    curve never mixes eager and compiled blocks (their numerics differ in rounding)."""
+    if cfg.train.compile != "auto":
+        return cfg.train.compile
+    return "true" if should_compile("auto", resolve_device(cfg.device), shortest_run_steps(cfg)) else "false"
 
 
 class CompareStudy(Study):

@@ -38,9 +38,9 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
     # the >= 7x budget the issue asks for). Estimate at the default report's eager 0.48 s/step (baseline) and 0.92
     # (feedback): 2 x (5 x 1856 x 0.48 + 1856 x (0.92 + 0.87)) s / 2 workers = ~2.2 h on 2 cores; ~3.6 h at the
     # rates of a probe under heavier load (docs/LOG.md).
-    # Checkpoints every 200 steps, so `--resume true` loses at most 200 steps of a killed run. Eager, as the
-    # default: compile="auto" would compile the >= 1000-step runs but not the 928-step 0.5x baseline, mixing
-    # numerics in one baseline curve (--train.compile true may save 4-19%, not measured in parallel workers).
+    # Checkpoints every 200 steps, so `--resume true` loses at most 200 steps of a killed run. Eager, as its
+    # committed report (docs/results/compare-long, one H200) was trained: compile="auto" would compile every run
+    # here (--train.compile true may save 4-19%, not measured in parallel workers).
     "long": {
         "train": {"token_budget": 3_801_088, "checkpoint_every": 200, "keep_last": 1, "compile": "false"},
         "budgets": [0.5, 1.0, 1.5, 2.0], "stability_ablation": True, "train_eval_points": 16,

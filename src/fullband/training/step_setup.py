@@ -20,8 +20,10 @@ def should_compile(setting: str, device: torch.device, total_steps: int) -> bool
     Blocks, not the whole model (as torchtitan does): the forward around them is Python control flow over
     passes, prefixes and caches that would break a whole-model graph many times; the blocks are where the FLOPs
     are, and they see one shape per run whatever the pass count. On 2 CPU cores the compile took ~18 s cold (2-3 s
-    from inductor's disk cache) and made a step 1.04-1.28x faster at nanoGPT's CPU config (``fullband bench``;
-    docs/LOG.md): short runs stay eager.
+    from inductor's disk cache, which later runs on the machine hit) and made a step 1.04-1.28x faster at nanoGPT's
+    CPU config and 1.14-1.24x at compare's (``fullband bench``); compare's default study (125-375-step runs) took
+    220-228 s compiled, cold cache included, against 251 s eager (docs/LOG.md, 2026-12-05): runs shorter than
+    COMPILE_MIN_CPU_STEPS stay eager.
     """
     if setting != "auto":
         return setting == "true"
