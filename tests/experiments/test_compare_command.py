@@ -21,6 +21,7 @@ def test_smoke_preset_writes_report_results_and_plots(tmp_path, capsys, monkeypa
     assert main(["compare", "--preset", "smoke", "--out_dir", str(out), "--stability_passes", "7"]) == 0
     printed = capsys.readouterr().out
     assert "token multiplier feedback:" in printed and "baseline-1.5x" in printed and "report:" in printed
+    assert "- training_blocks: eager, train.compile auto" in (out / "report.md").read_text()  # 10-step runs
     for name in ("report.md", "results.json", "loss_vs_tokens.png", "stability.png", "config.toml"):
         assert (out / name).stat().st_size > 0, name
     results = json.loads((out / "results.json").read_text())

@@ -119,6 +119,12 @@ def study_compile(cfg: CompareConfig) -> str:
     return "true" if should_compile("auto", resolve_device(cfg.device), shortest_run_steps(cfg)) else "false"
 
 
+def training_blocks(cfg: CompareConfig) -> str:
+    """How the study's runs train their blocks, for its report's machine section (the choice depends on the machine)."""
+    how = "compiled (torch.compile)" if study_compile(cfg) == "true" else "eager"
+    return f"{how}, train.compile {cfg.train.compile}"
+
+
 class CompareStudy(Study):
     """``fullband compare`` (see the module doc): every run of :meth:`plan` trained and evaluated
     (:func:`run_jobs`), the multipliers read off the baseline curve, the report of :mod:`.report`."""
@@ -141,7 +147,8 @@ class CompareStudy(Study):
 
     def header(self, jobs: list[Job]) -> dict[str, Any]:
         """What results.json holds before the runs: the machine and the commands."""
-        return {"machine": machine_info(resolve_device(self.cfg.device), self.cfg.workers),
+        return {"machine": {**machine_info(resolve_device(self.cfg.device), self.cfg.workers),
+                            "training_blocks": training_blocks(self.cfg)},
                 "commands": commands(self.cfg, self.out_dir)}
 
     def collect(self) -> CompareResults:

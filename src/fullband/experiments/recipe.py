@@ -31,6 +31,7 @@ from fullband.experiments.compare import (
     multipliers,
     plan_runs,
     preset_config,
+    training_blocks,
 )
 from fullband.experiments.config import RECIPE_VARIANTS, CompareConfig, RecipeConfig
 from fullband.experiments.plots import have_matplotlib
@@ -98,7 +99,8 @@ class RecipeStudy(CompareStudy):
 
     def header(self, jobs: list[Job]) -> dict[str, Any]:
         return {"compare_config": config_to_dict(jobs[0][0]),
-                "machine": machine_info(resolve_device(self.cfg.device), self.cfg.workers),
+                "machine": {**machine_info(resolve_device(self.cfg.device), self.cfg.workers),
+                            "training_blocks": training_blocks(jobs[0][0])},
                 "command": self.command_line()}
 
     def analyse(self, results: dict[str, Any]) -> dict[str, Any]:
