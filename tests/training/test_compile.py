@@ -11,6 +11,7 @@ from fullband import FullBandwidthLM
 from fullband.config import ConfigError
 from fullband.training import step_setup
 from fullband.training.config import COMPILE_MIN_CPU_STEPS, TrainConfig
+from fullband.training.errors import NonFiniteLossError
 from fullband.training.trainer import should_compile
 
 
@@ -64,6 +65,31 @@ def test_a_failing_compile_warns_and_trains_eagerly(tmp_path, monkeypatch):
     assert not fallback.compiled
     # The failed attempt left nothing behind: the same numbers as a run that never tried, bit for bit.
     assert records(tmp_path / "fallback") == records(tmp_path / "eager")
+
+
+def nan_blocks(model):
+    """Compiled blocks whose output is not finite: what inductor kernels cached for another ISA gave (docs/LOG.md)."""
+    model.__dict__["_compiled_blocks"] = [lambda x, *args, **kwargs: x * float("nan") for _ in model.blocks]
+
+
+def test_a_non_finite_first_compiled_step_warns_and_trains_eagerly(tmp_path, monkeypatch):
+    monkeypatch.setattr(FullBandwidthLM, "compile_blocks", nan_blocks)
+    eager = make_trainer(tmp_path / "eager", compile="false")
+    eager.fit()
+    fallback = make_trainer(tmp_path / "fallback", compile="true")
+    with pytest.warns(UserWarning, match=r"the compiled blocks' first step was not finite; training eagerly"):
+        fallback.fit()
+    assert not fallback.compiled
+    assert records(tmp_path / "fallback") == records(tmp_path / "eager")  # nothing of the failed step was applied
+
+
+def test_a_model_that_diverges_eagerly_too_still_stops(tmp_path, monkeypatch):
+    monkeypatch.setattr(FullBandwidthLM, "compile_blocks", nan_blocks)
+    trainer = make_trainer(tmp_path / "run", compile="true")
+    with torch.no_grad():
+        trainer.raw_model.embed.weight.fill_(float("nan"))
+    with pytest.warns(UserWarning, match="training eagerly"), pytest.raises(NonFiniteLossError, match="at step 0"):
+        trainer.fit()
 
 
 def test_errors_that_are_not_the_compilers_are_not_swallowed(tmp_path, monkeypatch):

@@ -149,8 +149,8 @@ class TrainConfig:
         "auto",
         "torch.compile each transformer block for the training forward (the Python loop over passes, evaluation and "
         "decoding stay eager): 'auto' = on CUDA, and on a CPU for runs of at least 100 steps (the compile takes "
-        "~18 s there the first time, 2-3 s from inductor's disk cache after); 'true'; 'false'. If compiling fails "
-        "the run trains eagerly and says so.",
+        "~18 s there the first time, 2-3 s from inductor's disk cache after); 'true'; 'false'. If compiling fails, "
+        "or the first compiled step's loss is not finite, the run trains eagerly and says so.",
     )
     activation_checkpointing: bool = doc(
         False,

@@ -133,17 +133,23 @@ class Trainer:
         try:
             record = self._train_step(step)
         except torch._dynamo.exc.TorchDynamoException as error:  # what the compiler raises (InductorError, ...)
-            self.raw_model.uncompile_blocks()
-            self.compiled = False
-            self.optimizer.zero_grad(set_to_none=True)
-            torch.random.set_rng_state(rng[0])
-            self.generator.set_state(rng[1])
             message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            warnings.warn(f"torch.compile failed ({type(error).__name__}: {message[:200]}); training eagerly. "
-                          "Set train.compile false to skip the attempt.", stacklevel=2)
-            record = self._train_step(step)
+            record = self._train_eagerly(step, rng, f"torch.compile failed ({type(error).__name__}: {message[:200]})")
+        except NonFiniteLossError:
+            # Seen with inductor kernels cached for another ISA; the eager step raises again if it is the model's.
+            record = self._train_eagerly(step, rng, "the compiled blocks' first step was not finite")
         self._compile_checked = True
         return record
+
+    def _train_eagerly(self, step: int, rng: tuple[torch.Tensor, torch.Tensor], why: str) -> dict[str, Any]:
+        """Step ``step`` again with eager blocks from the same random state (nothing was applied), and from now on."""
+        self.raw_model.uncompile_blocks()
+        self.compiled = False
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.random.set_rng_state(rng[0])
+        self.generator.set_state(rng[1])
+        warnings.warn(f"{why}; training eagerly. Set train.compile false to skip the attempt.", stacklevel=3)
+        return self._train_step(step)
 
     def _train_step(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
