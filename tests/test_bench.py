@@ -13,12 +13,11 @@ from fullband.bench.config import SECTIONS, BenchConfig, BenchOptimConfig
 from fullband.bench.steps import baseline_twin, timed_optimizer_step, train_model, training_products, without_onednn
 from fullband.cli import main
 from fullband.devices import CPU_FEATURES, cpu_flags
-from fullband.experiments.compare import shortest_run_steps
+from fullband.experiments.compare import study_compile
 from fullband.experiments.config import CompareConfig
 from fullband.model.linear import Linear
 from fullband.training.metrics import flops_per_token
 from fullband.training.muon import resolve_ns_dtype
-from fullband.training.step_setup import should_compile
 
 pytest.importorskip("transformers")
 
@@ -62,7 +61,7 @@ def test_quick_bench_prints_one_table_and_writes_json(tmp_path, capsys, restore_
     fp32 = [] if ns == "float32" else ["Muon (NS float32 forced)"]  # what CPUs without bf16 run, timed on one with
     # The blocks as compare's default study trains them (compiled where its shortest run compiles), and then
     # the eager AdamW step beside them.
-    compiled = should_compile("auto", torch.device("cpu"), shortest_run_steps(CompareConfig()))
+    compiled = study_compile(CompareConfig(device="cpu")) == "true"
     blocks = "compiled blocks" if compiled else "eager blocks"
     names = ["AdamW", f"Muon (NS {ns})", f"NorMuon (NS {ns})", *fp32, "Muon (NS bf16 forced, emulated)"]
     expected = [f"train step (1 pass, {blocks}), {name}" for name in names]

@@ -218,12 +218,12 @@ class Bench:
         return True
 
     def compare_compiles(self) -> bool:
-        """Whether compare's default study compiles the blocks on this device (its shortest run decides,
-        ``fullband.experiments.compare.study_compile``)."""
-        from fullband.experiments.compare import shortest_run_steps
+        """Whether compare's default study compiles the blocks on this device: its own decision
+        (``fullband.experiments.compare.study_compile``)."""
+        from fullband.experiments.compare import study_compile
         from fullband.experiments.config import CompareConfig
 
-        return should_compile("auto", self.device, shortest_run_steps(CompareConfig()))
+        return study_compile(CompareConfig(device=str(self.device))) == "true"
 
     def passes(self) -> None:
         c = self.cfg.train
@@ -318,7 +318,6 @@ class Bench:
                             and ("tol" in kwargs) == (tol_value is not None and chosen != "sequential"))]
             label = f"forward_exact auto{', ' + tol if tol_value else ''} (= {chosen} here)"
             self.rows.append(dataclasses.replace(row, case=label))
-
 
 
 def share_of_peak(times: dict[str, list[float]], name: str, case_flops: float, peak_flops: float) -> str:
