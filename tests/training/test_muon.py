@@ -40,10 +40,11 @@ def run(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], step
         optimizer.step()
 
 
-def test_muon_in_bfloat16_is_torch_muon_bit_for_bit():
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_muon_in_bfloat16_is_torch_muon_bit_for_bit(nesterov):
     ours, theirs = matrices(), matrices()
     groups = lambda params: [{"params": params[:2], "lr": 0.02}, {"params": params[2:], "lr": 0.05}]  # noqa: E731
-    settings = dict(weight_decay=0.01, momentum=0.95)
+    settings = dict(weight_decay=0.01, momentum=0.95, nesterov=nesterov)
     run(Muon(groups(ours), ns_dtype="bfloat16", **settings), ours, steps=4)
     run(torch.optim.Muon(groups(theirs), **settings), theirs, steps=4)
     for a, b in zip(ours, theirs, strict=True):
@@ -72,6 +73,22 @@ def test_muon_with_same_shaped_matrices_is_torch_muon():
     run(torch.optim.Muon(theirs, **settings), theirs, steps=4)
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 24, 24), (2, 48, 16), (16, 40)])
+def test_newton_schulz_with_a_workspace_gives_the_same_bits_and_reuses_its_buffers(dtype, shape):
+    """The same kernels write into kept buffers: the same result, and a second call allocates nothing new (the
+    result of the first is overwritten: valid until the next call with that workspace)."""
+    generator = torch.Generator().manual_seed(0)
+    first, second = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+    workspace: dict = {}
+    kept = newton_schulz(first, dtype=dtype, workspace=workspace)
+    assert torch.equal(kept, newton_schulz(first, dtype=dtype))
+    buffers = {key: t.data_ptr() for key, t in workspace.items()}
+    assert len(buffers) == 4  # the Gram matrix, the polynomial, two iterates in turn
+    assert torch.equal(newton_schulz(second, dtype=dtype, workspace=workspace), newton_schulz(second, dtype=dtype))
+    assert {key: t.data_ptr() for key, t in workspace.items()} == buffers
 
 
 def test_newton_schulz_orthogonalises_in_either_dtype_and_leaves_its_input_alone():
@@ -153,6 +170,40 @@ def test_normuon_normalises_each_output_neuron_and_keeps_muons_step_size(ns_dtyp
         assert torch.allclose(rms, rms.mean().expand_as(rms), rtol=1e-4), rms
         assert update.norm().item() == pytest.approx(orthogonal.norm().item(), rel=1e-4)
         assert not torch.allclose(row_rms(orthogonal), row_rms(orthogonal).mean().expand(len(rms)), rtol=1e-2)
+
+
+def normuon_one_matrix_at_a_time(params: list[torch.nn.Parameter], steps: int, lr: float, weight_decay: float,
+                                 beta2: float, dtype: torch.dtype, momentum: float = 0.95) -> None:
+    """NorMuon written out for one matrix at a time, as the paper states it: the reference the batched optimizer
+    is held to. Random gradients as :func:`run` draws them."""
+    generator = torch.Generator().manual_seed(1)
+    buffers = [torch.zeros_like(p) for p in params]
+    moments = [torch.zeros(p.shape[0], 1) for p in params]
+    for _ in range(steps):
+        grads = [torch.randn(p.shape, generator=generator) for p in params]
+        with torch.no_grad():
+            for p, g, buf, moment in zip(params, grads, buffers, moments, strict=True):
+                buf.lerp_(g, 1 - momentum)
+                update = newton_schulz(g.lerp(buf, momentum), dtype=dtype).to(p.dtype)
+                norm = update.norm()
+                moment.lerp_(update.square().mean(dim=1, keepdim=True), 1 - beta2)
+                normalised = update / moment.sqrt().add_(1e-10)
+                normalised.mul_(norm / normalised.norm().add_(1e-10))
+                p.mul_(1 - lr * weight_decay)
+                p.add_(normalised, alpha=-lr * muon_lr_scale(p.shape))
+
+
+@pytest.mark.parametrize("ns_dtype", ["float32", "bfloat16"])
+def test_normuon_on_stacks_of_same_shaped_matrices_is_normuon_one_at_a_time(ns_dtype):
+    """The optimizer normalises each shape's stack at once (reductions per matrix and per row): the reference's
+    numbers (bit for bit on the CPUs measured, docs/LOG.md; here within what a batched matmul's other rounding of the
+    orthogonalisation moves, as in the Muon test above)."""
+    ours, reference = matrices() + matrices(1), matrices() + matrices(1)
+    run(NorMuon(ours, lr=0.02, weight_decay=0.01, beta2=0.9, ns_dtype=ns_dtype), ours, steps=4)
+    normuon_one_matrix_at_a_time(reference, steps=4, lr=0.02, weight_decay=0.01, beta2=0.9,
+                                 dtype=getattr(torch, ns_dtype))
+    for a, b in zip(ours, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6 if ns_dtype == "float32" else 1e-4)
 
 
 def test_normuon_second_moment_is_an_ema_of_each_rows_mean_square():

@@ -37,10 +37,16 @@ BF16_CPU_NS_DTYPE = "bfloat16"
 
 
 def newton_schulz(matrix: Tensor, steps: int = NS_STEPS, dtype: torch.dtype = torch.bfloat16,
-                  coefficients: tuple[float, float, float] = NS_COEFFICIENTS, eps: float = NS_EPS) -> Tensor:
+                  coefficients: tuple[float, float, float] = NS_COEFFICIENTS, eps: float = NS_EPS,
+                  workspace: dict[Any, Tensor] | None = None) -> Tensor:
     """Approximate orthogonalisation U V^T of ``matrix`` = U S V^T (rows x cols) by ``steps`` quintic
-    Newton-Schulz iterations in ``dtype``; returns a new tensor of that dtype and ``matrix``'s shape. A stack
+    Newton-Schulz iterations in ``dtype``; returns a tensor of that dtype and ``matrix``'s shape. A stack
     (k, rows, cols) orthogonalises each matrix, in batched matmuls.
+
+    ``workspace``: a dict that keeps the iteration's buffers from call to call; the result is then one of them, valid
+    until the next call with that dict. The same kernels write into them, so the bits are the same; on a CPU it
+    saves the page faults of ~15 fresh blocks per call (issue 24: ~1,000 faults and ~1.6 ms of a step at the compare
+    default on a 2-core Xeon, docs/LOG.md).
 
     The same operations in the same order as ``torch.optim.Muon``'s, so one matrix in bfloat16 gives its bits."""
     a, b, c = coefficients
@@ -52,29 +58,53 @@ def newton_schulz(matrix: Tensor, steps: int = NS_STEPS, dtype: torch.dtype = to
     # spectral norm <= Frobenius norm <= 1; not in place: x may be `matrix`
     norm = x.norm(dim=(-2, -1), keepdim=True) if stacked else x.norm()
     x = x / norm.clamp(min=eps)
-    multiply_add = torch.baddbmm if stacked else torch.addmm
-    for _ in range(steps):
-        gram = x @ x.mT
-        poly = multiply_add(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2
-        x = multiply_add(x, poly, x, beta=a)  # a X + (b A + c A^2) X
+    multiply, multiply_add = (torch.bmm, torch.baddbmm) if stacked else (torch.mm, torch.addmm)
+    rows, cols = x.shape[-2:]
+
+    def buffer(name: str, shape: tuple[int, ...]) -> Tensor | None:
+        if workspace is None:
+            return None  # out=None: a new tensor
+        shape = (*x.shape[:-2], *shape)
+        key = (name, shape, dtype, x.device)
+        if key not in workspace:
+            workspace[key] = x.new_empty(shape)
+        return workspace[key]
+
+    for i in range(steps):
+        gram = multiply(x, x.mT, out=buffer("gram", (rows, rows)))
+        poly = multiply_add(gram, gram, gram, beta=b, alpha=c, out=buffer("poly", (rows, rows)))  # b A + c A^2
+        x = multiply_add(x, poly, x, beta=a, out=buffer(f"x{i % 2}", (rows, cols)))  # a X + (b A + c A^2) X
     return x.mT if tall else x
+
+
+def shape_groups(matrices: list[Tensor]) -> list[list[int]]:
+    """The indices of ``matrices`` grouped by (shape, device), in first-seen order: the matrices one batched
+    Newton-Schulz iteration takes together."""
+    groups: dict[tuple[torch.Size, torch.device], list[int]] = {}
+    for i, m in enumerate(matrices):
+        groups.setdefault((m.shape, m.device), []).append(i)
+    return list(groups.values())
+
+
+def orthogonalise_stack(stack: Tensor, steps: int = NS_STEPS, dtype: torch.dtype = torch.bfloat16,
+                        coefficients: tuple[float, float, float] = NS_COEFFICIENTS, eps: float = NS_EPS,
+                        workspace: dict[Any, Tensor] | None = None) -> Tensor:
+    """:func:`newton_schulz` of a stack (k, rows, cols) of matrices: one batched iteration for several (issue 24:
+    4-6x faster than one at a time at the compare default on a 2-core CPU, the same bits there, docs/LOG.md),
+    torch.optim.Muon's own 2-D calls (its bits) for a lone matrix. ``workspace``: as :func:`newton_schulz`'s."""
+    if len(stack) == 1:
+        return newton_schulz(stack[0], steps, dtype, coefficients, eps, workspace).unsqueeze(0)
+    return newton_schulz(stack, steps, dtype, coefficients, eps, workspace)
 
 
 def orthogonalise(matrices: list[Tensor], steps: int = NS_STEPS, dtype: torch.dtype = torch.bfloat16,
                   coefficients: tuple[float, float, float] = NS_COEFFICIENTS, eps: float = NS_EPS) -> list[Tensor]:
-    """:func:`newton_schulz` of each matrix, those of one shape stacked into one batched iteration: a model's
-    dozens of small matrices cost a few large matmuls instead of ~15 small calls each (issue 24: 4-6x faster at
-    the compare default on a 2-core CPU, and the same bits as one at a time there, docs/LOG.md)."""
-    by_shape: dict[tuple[torch.Size, torch.device], list[int]] = {}
-    for i, m in enumerate(matrices):
-        by_shape.setdefault((m.shape, m.device), []).append(i)
+    """:func:`newton_schulz` of each matrix, those of one shape stacked into one batched iteration
+    (:func:`orthogonalise_stack`)."""
     out: dict[int, Tensor] = {}
-    for members in by_shape.values():
-        if len(members) == 1:  # a lone matrix: the 2-D iteration, torch.optim.Muon's own calls (its bits)
-            out[members[0]] = newton_schulz(matrices[members[0]], steps, dtype, coefficients, eps)
-        else:
-            stack = newton_schulz(torch.stack([matrices[i] for i in members]), steps, dtype, coefficients, eps)
-            out.update(zip(members, stack.unbind(), strict=True))
+    for members in shape_groups(matrices):
+        stack = orthogonalise_stack(torch.stack([matrices[i] for i in members]), steps, dtype, coefficients, eps)
+        out.update(zip(members, stack.unbind(), strict=True))
     return [out[i] for i in range(len(matrices))]
 
 
@@ -107,10 +137,25 @@ class Muon(torch.optim.Muon):
             raise ValueError(f"ns_dtype={ns_dtype!r}: must be one of {tuple(NS_DTYPES)}")
         super().__init__(params, **kwargs)
         self.ns_dtype = ns_dtype
+        # The iteration's buffers, kept from step to step on a CPU (newton_schulz); CUDA's caching allocator
+        # already reuses its blocks, and there the memory is worth more.
+        self._ns_workspace: dict[Any, Tensor] = {}
 
-    def _update(self, param: Tensor, update: Tensor, group: dict[str, Any]) -> Tensor:
-        """The orthogonalised update of ``param`` as ``param.add_`` takes it (NorMuon normalises it here)."""
-        return update
+    @staticmethod
+    def _directions(grads: list[Tensor], buffers: list[Tensor], group: dict[str, Any]) -> Tensor:
+        """The stack (k, rows, cols) of same-shaped matrices' update directions: Nesterov's ``grad.lerp(buffer,
+        momentum)`` (torch.optim.Muon's) written straight into the stack, or the momentum buffers themselves."""
+        if not group["nesterov"]:
+            return torch.stack(buffers)
+        stack = grads[0].new_empty((len(grads), *grads[0].shape))
+        for grad, buffer, row in zip(grads, buffers, stack, strict=True):
+            torch.lerp(grad, buffer, group["momentum"], out=row)
+        return stack
+
+    def _normalise(self, params: list[Tensor], updates: Tensor, group: dict[str, Any]) -> Tensor:
+        """The orthogonalised updates of same-shaped ``params``, a stack (k, rows, cols), as ``param.add_`` takes
+        them (NorMuon normalises them here)."""
+        return updates
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
@@ -123,25 +168,25 @@ class Muon(torch.optim.Muon):
             if group["adjust_lr_fn"] not in (None, "original"):
                 raise ValueError(f"adjust_lr_fn={group['adjust_lr_fn']!r} is not supported here")
             lr, momentum = float(group["lr"]), group["momentum"]
-            params, directions = [], []
-            for param in group["params"]:
-                grad = param.grad
-                if grad is None:
-                    continue
-                state = self.state[param]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
-                buf = state["momentum_buffer"]
-                buf.lerp_(grad, 1 - momentum)
-                params.append(param)
-                directions.append(grad.lerp(buf, momentum) if group["nesterov"] else buf)
+            params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            updates = orthogonalise(directions, group["ns_steps"], dtype, group["ns_coefficients"], group["eps"])
-            for param, update in zip(params, updates, strict=True):
-                update = self._update(param, update, group)
-                param.mul_(1 - lr * group["weight_decay"])  # decoupled weight decay, before the step
-                param.add_(update, alpha=-lr * muon_lr_scale(param.shape))
+            grads = [p.grad for p in params]
+            for param, grad in zip(params, grads, strict=True):
+                if "momentum_buffer" not in self.state[param]:
+                    self.state[param]["momentum_buffer"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+            buffers = [self.state[p]["momentum_buffer"] for p in params]
+            # torch.optim.Muon's per-tensor ops, for the whole group at once (elementwise: the same bits)
+            torch._foreach_lerp_(buffers, grads, 1 - momentum)
+            for members in shape_groups(grads):
+                same_shape = [params[i] for i in members]
+                directions = self._directions([grads[i] for i in members], [buffers[i] for i in members], group)
+                workspace = self._ns_workspace if directions.device.type == "cpu" else None
+                stack = orthogonalise_stack(directions, group["ns_steps"], dtype, group["ns_coefficients"],
+                                            group["eps"], workspace)
+                updates = self._normalise(same_shape, stack, group).unbind()
+                torch._foreach_mul_(same_shape, 1 - lr * group["weight_decay"])  # decoupled decay, before the step
+                torch._foreach_add_(same_shape, updates, alpha=-lr * muon_lr_scale(same_shape[0].shape))
         return loss
 
 
@@ -156,14 +201,17 @@ class NorMuon(Muon):
         for group in self.param_groups:
             group.setdefault("beta2", beta2)
 
-    def _update(self, param: Tensor, update: Tensor, group: dict[str, Any]) -> Tensor:
-        update = update.to(param.dtype)  # normalise in the parameters' precision, not bf16's
-        state = self.state[param]
-        if "second_moment" not in state:
-            state["second_moment"] = torch.zeros_like(update[:, :1])  # (rows, 1): one per output neuron
-        second_moment = state["second_moment"]
-        norm = update.norm()
-        second_moment.lerp_(update.square().mean(dim=1, keepdim=True), 1 - group["beta2"])
-        normalised = update / second_moment.sqrt().add_(NORMUON_EPS)
+    def _normalise(self, params: list[Tensor], updates: Tensor, group: dict[str, Any]) -> Tensor:
+        """Each update's rows divided by their second moment's root, rescaled to that update's norm: the whole stack
+        at once (each reduction runs per matrix or per row, so the bits are one at a time's on the CPUs measured)."""
+        updates = updates.to(params[0].dtype)  # normalise in the parameters' precision, not bf16's
+        for param in params:
+            if "second_moment" not in self.state[param]:  # (rows, 1): one per output neuron
+                self.state[param]["second_moment"] = param.new_zeros(len(param), 1)
+        moments = [self.state[p]["second_moment"] for p in params]
+        norms = torch.linalg.vector_norm(updates, dim=(-2, -1))
+        torch._foreach_lerp_(moments, updates.square().mean(dim=-1, keepdim=True).unbind(), 1 - group["beta2"])
+        normalised = updates / torch.stack(moments).sqrt_().add_(NORMUON_EPS)
         # Back to the orthogonalised update's norm: the rows' relative sizes change, Muon's step size does not.
-        return normalised.mul_(norm / normalised.norm().add_(NORMUON_EPS))
+        scale = norms / torch.linalg.vector_norm(normalised, dim=(-2, -1)).add_(NORMUON_EPS)
+        return normalised.mul_(scale.view(-1, 1, 1))
