@@ -236,6 +236,15 @@ def test_state_dict_round_trip_continues_bit_for_bit(cls):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("optimizer", ["muon", "normuon"])
+def test_ns_steps_reaches_the_orthogonalisation(optimizer):
+    model = make_model(dtype=torch.float32)
+    built = build_optimizer(model, OptimConfig(optimizer=optimizer, ns_steps=3)).optimizers[optimizer]
+    assert {group["ns_steps"] for group in built.param_groups} == {3}
+    assert {group["ns_steps"] for group in build_optimizer(model, OptimConfig(optimizer=optimizer))
+            .optimizers[optimizer].param_groups} == {5}  # torch.optim.Muon's
+
+
 def test_a_muon_checkpoint_does_not_load_into_normuon():
     model = make_model(dtype=torch.float32)
     muon = build_optimizer(model, OptimConfig(optimizer="muon"))

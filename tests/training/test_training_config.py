@@ -49,6 +49,7 @@ def test_the_paper_presets_mix_is_the_papers_overall_split():
         (OptimConfig, {"muon_params": ()}, r"muon_params=.*non-empty"),
         (OptimConfig, {"normuon_beta2": 1.0}, r"normuon_beta2=1.0 .*\[0, 1\)"),
         (OptimConfig, {"ns_dtype": "float16"}, r"ns_dtype='float16' .*auto.*float32.*bfloat16"),
+        (OptimConfig, {"ns_steps": 0}, r"ns_steps=0 .*integer >= 1"),
         (ScheduleConfig, {"two_pass_until": 1.5}, r"two_pass_until=1.5 .*\[0, 1\]"),
         (ScheduleConfig, {"feedback_end": 1.2}, r"feedback_end=1.2 .*cannot outlast the run"),
         (ScheduleConfig, {"feedback_start": 0.5, "feedback_end": 0.5}, r"feedback_end=0.5 .*after feedback_start"),

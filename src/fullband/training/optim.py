@@ -161,7 +161,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
             name = "muon_fusion" if in_fusion else "muon"
             muon_groups.append({"params": params, "name": name, "lr_scale": scale * mult})
     ns_dtype = ns_dtype_for(cfg, next(model.parameters()).device)
-    common = dict(lr=cfg.muon_lr, weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum, ns_dtype=ns_dtype)
+    common = dict(lr=cfg.muon_lr, weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum, ns_dtype=ns_dtype,
+                  ns_steps=cfg.ns_steps)
     if cfg.optimizer == "normuon":
         return CombinedOptimizer(adamw=adam, normuon=NorMuon(muon_groups, beta2=cfg.normuon_beta2, **common))
     return CombinedOptimizer(adamw=adam, muon=Muon(muon_groups, **common))

@@ -89,6 +89,8 @@ class OptimConfig:
         "CPUs with bf16 instructions (avx512_bf16/amx_bf16), float32 on other CPUs, where bf16 is emulated and "
         "several times slower; 'float32'; 'bfloat16' (torch.optim.Muon's). The run config records what auto chose.",
     )
+    ns_steps: int = doc(5, "optimizer=muon/normuon: quintic Newton-Schulz iterations per orthogonalisation "
+                        "(torch.optim.Muon's 5), >= 1: each costs three matmuls per matrix.")
     fusion_lr_mult: float = doc(3.0, "Learning-rate multiplier of the fusion's parameters (W_U, W_G, its norms), > 0.")
     min_lr_ratio: float = doc(0.1, "Final learning rate as a fraction of lr, in [0, 1].")
     betas: tuple[float, float] = doc((0.9, 0.95), "AdamW beta1,beta2, each in [0, 1).")
@@ -239,6 +241,7 @@ def validate_optim_config(c: OptimConfig) -> None:
     _require(_is_number(c.normuon_beta2) and 0 <= c.normuon_beta2 < 1, "normuon_beta2", c.normuon_beta2,
              "must be in [0, 1)")
     _require(c.ns_dtype in NS_DTYPES, "ns_dtype", c.ns_dtype, f"must be one of {NS_DTYPES}")
+    _require(_is_int(c.ns_steps) and c.ns_steps >= 1, "ns_steps", c.ns_steps, "must be an integer >= 1")
     _require(_is_number(c.fusion_lr_mult) and c.fusion_lr_mult > 0, "fusion_lr_mult", c.fusion_lr_mult, "must be > 0")
     _require(_is_number(c.min_lr_ratio) and 0 <= c.min_lr_ratio <= 1, "min_lr_ratio", c.min_lr_ratio,
              "must be in [0, 1]")
