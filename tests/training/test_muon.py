@@ -18,8 +18,9 @@ from fullband.training.muon import (
     NorMuon,
     muon_lr_scale,
     newton_schulz,
-    orthogonalise,
+    orthogonalise_stack,
     resolve_ns_dtype,
+    shape_groups,
 )
 from fullband.training.optim import ns_dtype_for, optimizer_ns_dtype
 
@@ -53,16 +54,20 @@ def test_muon_in_bfloat16_is_torch_muon_bit_for_bit(nesterov):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_same_shaped_matrices_are_orthogonalised_together_as_each_alone(dtype):
-    """orthogonalise stacks the matrices of one shape into one batched iteration; each result is that matrix's
-    own (bit for bit on the CPUs measured so far; within a rounding step of the dtype anywhere)."""
+    """The optimizer stacks the matrices of one shape (shape_groups) into one batched iteration; each result is that
+    matrix's own (bit for bit on the CPUs measured so far; within a rounding step of the dtype anywhere)."""
     generator = torch.Generator().manual_seed(0)
     shapes = [(24, 24), (48, 16), (24, 24), (16, 40), (48, 16), (24, 24)]
     grads = [torch.randn(shape, generator=generator) for shape in shapes]
-    together = orthogonalise(grads, dtype=dtype)
-    for g, update in zip(grads, together, strict=True):
-        alone = newton_schulz(g, dtype=dtype)
-        assert update.shape == g.shape and update.dtype == dtype
-        torch.testing.assert_close(update.float(), alone.float(), rtol=0, atol=1e-5 if dtype == torch.float32 else 8e-3)
+    groups = shape_groups(grads)
+    assert groups == [[0, 2, 5], [1, 4], [3]]
+    for members in groups:
+        together = orthogonalise_stack(torch.stack([grads[i] for i in members]), dtype=dtype)
+        for i, update in zip(members, together, strict=True):
+            alone = newton_schulz(grads[i], dtype=dtype)
+            assert update.shape == grads[i].shape and update.dtype == dtype
+            torch.testing.assert_close(update.float(), alone.float(), rtol=0,
+                                       atol=1e-5 if dtype == torch.float32 else 8e-3)
 
 
 def test_muon_with_same_shaped_matrices_is_torch_muon():

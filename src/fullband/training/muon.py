@@ -97,17 +97,6 @@ def orthogonalise_stack(stack: Tensor, steps: int = NS_STEPS, dtype: torch.dtype
     return newton_schulz(stack, steps, dtype, coefficients, eps, workspace)
 
 
-def orthogonalise(matrices: list[Tensor], steps: int = NS_STEPS, dtype: torch.dtype = torch.bfloat16,
-                  coefficients: tuple[float, float, float] = NS_COEFFICIENTS, eps: float = NS_EPS) -> list[Tensor]:
-    """:func:`newton_schulz` of each matrix, those of one shape stacked into one batched iteration
-    (:func:`orthogonalise_stack`)."""
-    out: dict[int, Tensor] = {}
-    for members in shape_groups(matrices):
-        stack = orthogonalise_stack(torch.stack([matrices[i] for i in members]), steps, dtype, coefficients, eps)
-        out.update(zip(members, stack.unbind(), strict=True))
-    return [out[i] for i in range(len(matrices))]
-
-
 def resolve_ns_dtype(setting: str, device_type: str, flags: Iterable[str] = ()) -> str:
     """The orthogonalisation dtype ``setting`` (auto | float32 | bfloat16) means on a ``device_type`` device whose
     CPU has ``flags``: auto = bfloat16 on CUDA (tensor cores), float32 on a CPU without bf16 instructions (emulated
