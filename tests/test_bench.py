@@ -11,6 +11,7 @@ import torch
 
 from fullband.bench.config import SECTIONS, BenchConfig, BenchOptimConfig
 from fullband.bench.steps import baseline_twin, timed_optimizer_step, train_model, training_products, without_onednn
+from fullband.bench.workers import combined_share
 from fullband.cli import main
 from fullband.devices import CPU_FEATURES, cpu_flags
 from fullband.experiments.compare import study_compile
@@ -57,7 +58,7 @@ def test_quick_bench_prints_one_table_and_writes_json(tmp_path, capsys, restore_
         assert math.isfinite(cases[f"standard step beyond its matrix products, batch {batch}"]["ms"])
     assert cases["fullband greedy (standard), batch 1"]["target"] == ">= 60%"
     ns = resolve_ns_dtype("auto", "cpu", cpu_flags())
-    optim_steps = [r for r in rows if r["section"] == "optim" and r["case"].startswith("train step")]
+    optim_steps = [r for r in rows if r["section"] == "optim" and r["case"].startswith("train step (")]
     fp32 = [] if ns == "float32" else ["Muon (NS float32 forced)"]  # what CPUs without bf16 run, timed on one with
     # The blocks as compare's default study trains them (compiled where its shortest run compiles), and then
     # the eager AdamW step beside them.
@@ -71,6 +72,19 @@ def test_quick_bench_prints_one_table_and_writes_json(tmp_path, capsys, restore_
         share = int(re.fullmatch(r"optimizer (\d+)% of it", row["check"]).group(1))
         assert 0 <= share <= 100 and re.fullmatch(r"\d+\.\d% matmul", row["of_limit"])
         assert row["target"] == (">= 45%" if blocks in row["case"] else "")  # the target is the step compare runs
+    # compare's own layout: its runs side by side in processes of their own, the threads shared out, against
+    # the matmuls the same workers timed in the same rounds
+    workers = CompareConfig().workers
+    threads = max(1, results["machine_at_start"]["torch_threads"] // workers)
+    each = f"{threads} thread{'s' if threads > 1 else ''} each"
+    side_by_side = [r for r in rows if r["case"].startswith("train step as compare runs it")]
+    assert [r["case"] for r in side_by_side] == [f"train step as compare runs it ({workers} at a time, {each}), {name}"
+                                                 for name in ("AdamW", f"NorMuon (NS {ns})")]
+    for row in side_by_side:
+        assert re.fullmatch(r"\d+\.\d% matmul", row["of_limit"]) and row["target"] == ">= 45%"
+        assert row["ms"] > 0 and row["figure"].endswith("k tok/s in all")
+    assert sorted(k for k in results["times_s"] if k.startswith("optim-worker")) == [f"optim-worker{i}"
+                                                                                     for i in range(workers)]
     # the ceiling: the step's weight products alone, against the peak matmul timed in the same rounds
     assert re.fullmatch(r"\d+\.\d% matmul", cases["its weights' matrix products alone (ceiling)"]["of_limit"])
     assert cases["matmul float32 peak, timed in the same rounds"]["figure"].endswith(" GFLOP/s")
@@ -125,3 +139,12 @@ def test_training_products_count_the_three_products_of_every_weight_but_the_fusi
     assert flops == 6 * tokens.numel() * sum(w.numel() for w in weights)
     assert flops <= tokens.numel() * flops_per_token(baseline_twin(model).num_parameters(), model.config.n_layers,
                                                      model.config.d_model, tokens.shape[1])
+
+
+def test_side_by_side_share_sums_the_workers_flops_and_their_peaks_round_by_round():
+    # Round 0: worker 0's steps at its matmul's FLOP/s, worker 1's at half of its twice-as-fast matmul; round 1:
+    # both steps twice as fast. Each round's share is the summed FLOP/s over the summed peaks.
+    workers = [{"normuon": [1.0, 0.5], "matmul": [0.5, 0.5]}, {"normuon": [1.0, 0.5], "matmul": [0.25, 0.25]}]
+    # round 0: (4 + 4) / (2·2 + 2·4) = 8 / 12; round 1: (8 + 8) / 12; the median of the two
+    assert combined_share(workers, "normuon", step_flops=4.0, peak_flops=2.0) == pytest.approx((8 / 12 + 16 / 12) / 2)
+

@@ -45,7 +45,8 @@ class BenchOptimConfig:
     and NorMuon as ``fullband compare``'s default trains (its model, batch and optimizer settings, its blocks compiled
     where its runs compile them, one pass: the baselines' step and the feedback models' cheapest); beside them the
     step's weight products alone, a matmul peak in the same rounds, and, where the blocks compile, the AdamW step with
-    eager blocks."""
+    eager blocks; on a CPU also the AdamW and NorMuon steps as compare runs them, its workers side by side
+    (``fullband.bench.workers``)."""
 
     d_model: int = doc(128, "Model width (compare's default).")
     n_layers: int = doc(4, "Transformer blocks.")

@@ -20,6 +20,7 @@ from fullband import FullBandwidthLM, ModelConfig
 from fullband.bench import steps
 from fullband.bench.config import BenchConfig
 from fullband.bench.timing import copy_case, interleaved, machine_limits, machine_state, matmul_case, ratio
+from fullband.bench.workers import combined_share, time_in_workers
 from fullband.devices import CPU_FEATURES, resolve_device
 from fullband.model.recurrence import auto_exact_method
 from fullband.training.config import COMPILE_MIN_CPU_STEPS
@@ -209,6 +210,22 @@ class Bench:
         if compiled:
             self.rows.append(Row("optim", "AdamW eager / compiled blocks step time",
                                  ratio=ratio(times, "adamw-eager", "adamw")))
+        workers = CompareConfig().workers
+        if self.device.type == "cpu" and workers > 1:
+            # compare's runs train several at a time, the threads shared out: what the study gets of the machine.
+            chosen = {name: variants[name][0] for name in dict.fromkeys(("adamw", base.optimizer))}
+            self.say(f"bench: optim, {workers} runs at a time as compare trains them ...")
+            per_worker, threads = time_in_workers(chosen, c, compiled, workers, self.cfg.rounds, self.cfg.seed)
+            for i, worker_times in enumerate(per_worker):
+                self.times[f"optim-worker{i}"] = worker_times
+            each = f"{threads} thread{'s' if threads > 1 else ''} each"
+            for name in chosen:
+                medians = [statistics.median(w[name]) for w in per_worker]
+                share = combined_share(per_worker, name, flops, peak_flops)
+                self.rows.append(Row("optim", f"train step as compare runs it ({workers} at a time, {each}), "
+                                     f"{labels[name]}", 1000 * statistics.median(medians),
+                                     f"{sum(tokens.numel() / s for s in medians) / 1e3:.1f}k tok/s in all",
+                                     target=">= 45%", of_limit=f"{100 * share:.1f}% matmul"))
 
     def compile_like_trainer(self, model: FullBandwidthLM) -> bool:
         """Compile ``model``'s blocks when a long training run on this device would (train.compile 'auto')."""
