@@ -148,3 +148,12 @@ def test_side_by_side_share_sums_the_workers_flops_and_their_peaks_round_by_roun
     # round 0: (4 + 4) / (2·2 + 2·4) = 8 / 12; round 1: (8 + 8) / 12; the median of the two
     assert combined_share(workers, "normuon", step_flops=4.0, peak_flops=2.0) == pytest.approx((8 / 12 + 16 / 12) / 2)
 
+
+
+
+def test_an_error_in_the_side_by_side_workers_reaches_the_bench():
+    from fullband.bench.workers import time_in_workers
+
+    with pytest.raises(AttributeError):  # no optimizer config: build_optimizer fails in each worker
+        time_in_workers({"adamw": None}, BenchConfig(preset="quick").optim, compiled=False, workers=2, rounds=1,
+                        seed=0)

@@ -38,22 +38,26 @@ def _time_worker(variants: dict[str, OptimConfig], cfg: BenchOptimConfig, compil
                  rounds: int, seed: int, ready: Any) -> dict[str, list[float]]:
     from fullband.training.optim import build_optimizer
 
-    torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    model, tokens = train_model(cfg)
-    cases = {}
-    for name, optim_cfg in variants.items():
-        net = copy.deepcopy(model)
-        if compiled:
-            net.compile_blocks()
-        optimizer, params = build_optimizer(net, optim_cfg), list(net.parameters())
-        loss_fn = fullband_loss(net, tokens, cfg.passes)
-        cases[name] = lambda loss_fn=loss_fn, optimizer=optimizer, params=params: optimizer_step(
-            loss_fn, optimizer, params)
-    cases["matmul"] = matmul_case(torch.device("cpu"))[0]
-    for step in cases.values():  # compiles, allocates the optimizers' state: not while the others time
-        for _ in range(2):
-            step()
+    try:
+        torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        model, tokens = train_model(cfg)
+        cases = {}
+        for name, optim_cfg in variants.items():
+            net = copy.deepcopy(model)
+            if compiled:
+                net.compile_blocks()
+            optimizer, params = build_optimizer(net, optim_cfg), list(net.parameters())
+            loss_fn = fullband_loss(net, tokens, cfg.passes)
+            cases[name] = lambda loss_fn=loss_fn, optimizer=optimizer, params=params: optimizer_step(
+                loss_fn, optimizer, params)
+        cases["matmul"] = matmul_case(torch.device("cpu"))[0]
+        for step in cases.values():  # compiles, allocates the optimizers' state: not while the others time
+            for _ in range(2):
+                step()
+    except BaseException:
+        ready.abort()  # the others stop waiting (BrokenBarrierError) instead of hanging the bench
+        raise
     ready.wait()
     return interleaved(cases, rounds, torch.device("cpu"), reps=cfg.steps_per_round, warmup=0)
 
