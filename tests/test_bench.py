@@ -149,8 +149,6 @@ def test_side_by_side_share_sums_the_workers_flops_and_their_peaks_round_by_roun
     assert combined_share(workers, "normuon", step_flops=4.0, peak_flops=2.0) == pytest.approx((8 / 12 + 16 / 12) / 2)
 
 
-
-
 def test_an_error_in_the_side_by_side_workers_reaches_the_bench():
     from fullband.bench.workers import time_in_workers
 
