@@ -16,6 +16,7 @@ from fullband.config import CheckConfig, ConfigError
 from fullband.configio import add_dataclass_arguments, config_from_args
 from fullband.data.config import PrepareConfig
 from fullband.experiments.config import CompareConfig, ReasoningConfig, RecipeConfig, StateTrackingConfig
+from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.generation.config import GenerateConfig
 from fullband.integrations.lm_eval.config import LmEvalConfig
 from fullband.serve.config import ServeConfig
@@ -137,7 +138,7 @@ def run_eval_lm(cfg: LmEvalConfig) -> None:
     print(f"results: {cfg.out_dir}/results.json")
 
 
-def _check_resumable(cfg: ReasoningConfig | StateTrackingConfig, command: str) -> None:
+def _check_resumable(cfg: ReasoningConfig | StateTrackingConfig | ControlsConfig, command: str) -> None:
     """--resume true with nothing in out_dir: one line, not a fresh study (CLI conventions)."""
     out_dir = Path(cfg.out_dir)
     if cfg.resume and not (out_dir.is_dir() and any(out_dir.iterdir())):
@@ -170,6 +171,15 @@ def run_eval_state(cfg: StateTrackingConfig) -> None:
 
     for name, table in tables(run_state_tracking(cfg)).items():
         print(f"\n{name}:\n{table}")
+    print(f"\nreport: {cfg.out_dir}/report.md")
+
+
+def run_eval_controls(cfg: ControlsConfig) -> None:
+    _check_resumable(cfg, "eval-controls")
+    from fullband.experiments.word_problems.report import verdict
+    from fullband.experiments.word_problems.study import run_controls
+
+    print("\n".join(verdict(run_controls(cfg))))
     print(f"\nreport: {cfg.out_dir}/report.md")
 
 
@@ -212,6 +222,8 @@ COMMANDS: dict[str, tuple[type, Callable, str]] = {
     "eval": (LmEvalConfig, run_eval_lm, "Run lm-evaluation-harness tasks on a checkpoint in a decoding mode."),
     "eval-reasoning": (ReasoningConfig, run_eval_reasoning, "Study: shorter reasoning traces at equal accuracy?"),
     "eval-state": (StateTrackingConfig, run_eval_state, "Study: linear probes of the state at every depth (Fig. 7)."),
+    "eval-controls": (ControlsConfig, run_eval_controls,
+                      "Study: the full-bandwidth model vs controls trained to win on S5/A5 word problems."),
     "bench": (BenchConfig, run_bench, "Speed beside transformers' Llama and GPT-2, with the machine's limits."),
 }
 

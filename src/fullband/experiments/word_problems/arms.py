@@ -1,0 +1,310 @@
+"""The arms of ``fullband eval-controls``: how each model is built, what one training step computes, how it answers,
+and what that costs in FLOPs (counted as :mod:`fullband.experiments.flops` counts them).
+
+Every arm answers a problem of length n at the position of its n-th step (:mod:`fullband.tasks.word_problems`);
+each has one knob of its own beside the learning rate and the steps that every arm's grid shares (DESIGN.md §7):
+
+=============  =============================================================  ==========================
+arm            model                                                          knob
+=============  =============================================================  ==========================
+baseline       the plain transformer, one pass                                AdamW weight decay
+equal_flops    a plain transformer with the full-bandwidth model's training   deep (more blocks) or wide
+               FLOPs per step
+looped         the baseline's blocks looped k = c x n times, the token        c, loops per step
+               embedding added at every loop (models.LoopedTransformer)
+rnn            a GRU or LSTM with the full-bandwidth model's parameter count  the cell
+fullband       the full-bandwidth model trained on its exact recurrence (all  lambda, the feedback passes'
+               passes, gradients through pass 1 and the last grad_passes),    loss weight
+               answering with exact (fully recurrent) prefill
+shift0         ablation: the full-bandwidth pass loop with feedback_shift 0,  fullband's chosen lambda
+               the pass count of its training at every length
+=============  =============================================================  ==========================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from fullband.config import ModelConfig
+from fullband.experiments.flops import Shape, equal_flops_depth, forward_flops, positions_flops, step_flops
+from fullband.experiments.word_problems.config import ControlsConfig
+from fullband.experiments.word_problems.models import (
+    RNNLM,
+    LoopedTransformer,
+    matched_rnn_hidden,
+    rnn_parameters,
+)
+from fullband.model import FullBandwidthLM
+from fullband.model.recurrence import ntp_loss
+from fullband.tasks.word_problems import WordBatch, WordProblems
+from fullband.training.optim import fusion_names, param_groups
+
+
+class Arm:
+    """One model of the study. ``knob`` is a value of :meth:`knobs`; tokens and labels are a
+    :class:`~fullband.tasks.word_problems.WordBatch`'s (n + 2 positions: start cup, n steps, END)."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    knob_name: ClassVar[str]
+    other_modes: ClassVar[tuple[str, ...]] = ()  # other ways the same model answers, scored beside its own
+
+    def __init__(self, cfg: ControlsConfig, problems: WordProblems) -> None:
+        self.cfg = cfg
+        self.problems = problems
+        self.train_T = cfg.train_length + 2  # tokens of a training problem
+
+    def knobs(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def build(self, knob: Any) -> nn.Module:
+        raise NotImplementedError
+
+    def optimizer_groups(self, model: nn.Module, knob: Any) -> list[dict]:
+        """AdamW's parameter groups (weight decay on the matrices, as ``fullband train``)."""
+        return param_groups(model.named_parameters(), 0.0)
+
+    def loss(self, model: nn.Module, batch: WordBatch, knob: Any) -> torch.Tensor:
+        return ntp_loss(self.logits(model, batch.tokens, knob), batch.labels)
+
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
+        """(B, T, V): each position's prediction as the arm answers (its decoding)."""
+        raise NotImplementedError
+
+    def mode_logits(self, mode: str, model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T, V): the prediction of one of :attr:`other_modes`."""
+        raise NotImplementedError
+
+    def shape(self, knob: Any) -> Shape | None:
+        return None
+
+    def train_flops(self, knob: Any) -> float:
+        """FLOPs of one training step (``batch_size`` problems of ``train_length`` steps)."""
+        raise NotImplementedError
+
+    def inference_flops(self, knob: Any, n: int) -> float:
+        """FLOPs of answering one problem of ``n`` steps (the start cup and n steps read, no END)."""
+        raise NotImplementedError
+
+    def model_config(self, **changes: Any) -> ModelConfig:
+        """The transformers' shared shape (plain unless ``changes`` say otherwise), long enough for every test."""
+        cfg = self.cfg
+        shared = dict(vocab_size=self.problems.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
+                      n_heads=cfg.n_heads, max_seq_len=max(cfg.test_lengths) + 2, feedback=False)
+        return ModelConfig(**(shared | changes))
+
+    def describe(self, knob: Any) -> str:
+        return f"{self.knob_name} {knob}"
+
+
+class Transformer(Arm):
+    """A plain transformer answering in one pass (standard decoding)."""
+
+    def plain_config(self, knob: Any) -> ModelConfig:
+        return self.model_config()
+
+    def build(self, knob: Any) -> nn.Module:
+        return FullBandwidthLM(self.plain_config(knob))
+
+    def loss(self, model: nn.Module, batch: WordBatch, knob: Any) -> torch.Tensor:
+        return model(batch.tokens, labels=batch.labels).loss
+
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
+        return model(tokens).logits
+
+    def shape(self, knob: Any) -> Shape:
+        return Shape.of(self.plain_config(knob))
+
+    def train_flops(self, knob: Any) -> float:
+        return step_flops(self.shape(knob), self.cfg.batch_size, self.train_T, 1, feedback=False)
+
+    def inference_flops(self, knob: Any, n: int) -> float:
+        return forward_flops(self.shape(knob), n + 1, False)
+
+    def describe(self, knob: Any) -> str:
+        s = self.shape(knob)
+        return f"{s.n_layers} blocks x d_model {s.d_model}"
+
+
+class Baseline(Transformer):
+    name, title, knob_name = "baseline", "baseline", "weight decay"
+
+    def knobs(self) -> tuple[Any, ...]:
+        return self.cfg.weight_decays
+
+    def optimizer_groups(self, model: nn.Module, knob: Any) -> list[dict]:
+        return param_groups(model.named_parameters(), knob)
+
+    def describe(self, knob: Any) -> str:
+        return f"weight decay {knob:g}"
+
+
+class FullBandwidth(Arm):
+    """The full-bandwidth model trained on every pass up to its exact count (plain prefix 1: pass 1 plain, then the
+    recurrence), gradients through pass 1 and the last ``grad_passes`` (from the sequential fixed point when more
+    passes run), answering with exact prefill: the fully recurrent states."""
+
+    name, title, knob_name = "fullband", "full-bandwidth (exact)", "lambda"
+
+    def knobs(self) -> tuple[Any, ...]:
+        return self.cfg.feedback_weights
+
+    def config(self) -> ModelConfig:
+        return self.model_config(feedback=True)
+
+    def build(self, knob: Any) -> nn.Module:
+        return FullBandwidthLM(self.config())
+
+    def optimizer_groups(self, model: nn.Module, knob: Any) -> list[dict]:
+        return param_groups(model.named_parameters(), 0.0, self.cfg.fusion_lr_mult, fusion_names(model))
+
+    def loss(self, model: nn.Module, batch: WordBatch, knob: Any) -> torch.Tensor:
+        T = batch.tokens.shape[1]  # passes beyond the exact count (T with plain prefix 1) change nothing
+        return model(batch.tokens, passes=T, plain_prefix=1, labels=batch.labels, grad_passes=self.cfg.grad_passes,
+                     feedback_weight=knob).loss
+
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
+        return model.forward_exact(tokens, plain_prefix=1, method="sequential").logits
+
+    other_modes = ("standard",)  # the same model without feedback (one plain pass): what its recurrence adds
+
+    def mode_logits(self, mode: str, model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        return model(tokens).logits  # standard
+
+    def shape(self, knob: Any) -> Shape:
+        return Shape.of(self.config())
+
+    def train_flops(self, knob: Any) -> float:
+        T = self.train_T
+        return step_flops(self.shape(knob), self.cfg.batch_size, T, T, feedback=True,
+                          grad_passes=self.cfg.grad_passes)
+
+    def inference_flops(self, knob: Any, n: int) -> float:
+        s = self.shape(knob)
+        return positions_flops(s, 1, 1, False) + positions_flops(s, 2, n + 1, True)
+
+    def describe(self, knob: Any) -> str:
+        return f"lambda {knob:g}"
+
+
+class Shift0(FullBandwidth):
+    """Ablation: the pass loop with feedback_shift 0 (pass k fuses a position's own state from pass k-1), trained
+    as the full-bandwidth model and answering with its training's pass count at every length."""
+
+    name, title, knob_name = "shift0", "shift-0 ablation", "lambda"
+    other_modes = ()
+
+    def config(self) -> ModelConfig:
+        return self.model_config(feedback=True, feedback_shift=0)
+
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
+        return model(tokens, passes=self.train_T, plain_prefix=1).logits
+
+    def train_flops(self, knob: Any) -> float:
+        T = self.train_T
+        return step_flops(self.shape(knob), self.cfg.batch_size, T, T, feedback=True,
+                          grad_passes=self.cfg.grad_passes, shift=0)
+
+    def inference_flops(self, knob: Any, n: int) -> float:
+        s = self.shape(knob)
+        return forward_flops(s, n + 1, False) + (self.train_T - 1) * forward_flops(s, n + 1, True)
+
+
+class EqualFlops(Transformer):
+    """A plain transformer whose training FLOPs per step equal the full-bandwidth model's: d_model wide and as deep
+    as needed (``deep``), or n_layers deep and as wide as needed in steps of 2 x n_heads (``wide``)."""
+
+    name, title, knob_name = "equal_flops", "equal-FLOPs transformer", "shape"
+
+    def knobs(self) -> tuple[Any, ...]:
+        return self.cfg.equal_flops_shapes
+
+    def plain_config(self, knob: Any) -> ModelConfig:
+        cfg = self.cfg
+        target = FullBandwidth(cfg, self.problems).train_flops(None)
+        base = self.model_config()
+
+        def cost(shape: Shape) -> float:
+            return step_flops(shape, cfg.batch_size, self.train_T, 1, feedback=False)
+
+        if knob == "deep":
+            return dataclasses.replace(base, n_layers=equal_flops_depth(Shape.of(base), target, cost))
+        unit = 2 * cfg.n_heads  # heads of even size (RoPE)
+        widths = range(cfg.d_model, 16 * cfg.d_model + 1, unit)
+        width = min(widths, key=lambda d: abs(cost(Shape.of(dataclasses.replace(base, d_model=d))) - target))
+        return dataclasses.replace(base, d_model=width)
+
+
+class Looped(Arm):
+    name, title, knob_name = "looped", "looped (input injection)", "loops per step"
+
+    def knobs(self) -> tuple[Any, ...]:
+        return self.cfg.loops_per_step
+
+    def build(self, knob: Any) -> nn.Module:
+        return LoopedTransformer(self.model_config(), knob)
+
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
+        # END carries no answer: leave it out, so the last step's loop count is the longest run.
+        out = model(tokens[:, :-1])
+        return torch.cat((out, out.new_zeros(out.shape[0], 1, out.shape[2])), dim=1)
+
+    def shape(self, knob: Any) -> Shape:
+        return Shape.of(self.model_config())
+
+    def train_flops(self, knob: Any) -> float:
+        loops = knob * self.cfg.train_length
+        return self.cfg.batch_size * 3 * loops * forward_flops(self.shape(knob), self.train_T - 1, False)
+
+    def inference_flops(self, knob: Any, n: int) -> float:
+        return knob * n * forward_flops(self.shape(knob), n + 1, False)
+
+    def describe(self, knob: Any) -> str:
+        return f"k = {knob} x n"
+
+
+class RNN(Arm):
+    name, title, knob_name = "rnn", "RNN (reference)", "cell"
+
+    def knobs(self) -> tuple[Any, ...]:
+        return self.cfg.rnn_cells
+
+    def hidden(self, cell: str) -> int:
+        target = sum(p.numel() for p in FullBandwidthLM(FullBandwidth(self.cfg, self.problems).config()).parameters())
+        return matched_rnn_hidden(self.problems.vocab_size, cell, target)
+
+    def build(self, knob: Any) -> nn.Module:
+        return RNNLM(self.problems.vocab_size, self.hidden(knob), knob)
+
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
+        return model(tokens)
+
+    def token_flops(self, knob: Any) -> float:
+        """Forward FLOPs of one token: the cell's gate matrices and the head."""
+        H, gates = self.hidden(knob), {"gru": 3, "lstm": 4}[knob]
+        return 2.0 * (gates * 2 * H * H + H * self.problems.vocab_size)
+
+    def train_flops(self, knob: Any) -> float:
+        return self.cfg.batch_size * self.train_T * 3 * self.token_flops(knob)
+
+    def inference_flops(self, knob: Any, n: int) -> float:
+        return (n + 1) * self.token_flops(knob)
+
+    def describe(self, knob: Any) -> str:
+        H = self.hidden(knob)
+        return f"{knob.upper()}, hidden {H} ({rnn_parameters(self.problems.vocab_size, H, knob):,} parameters)"
+
+
+ARM_TYPES: dict[str, type[Arm]] = {a.name: a for a in (Baseline, EqualFlops, Looped, RNN, FullBandwidth, Shift0)}
+
+
+def make_arm(name: str, cfg: ControlsConfig, problems: WordProblems) -> Arm:
+    return ARM_TYPES[name](cfg, problems)
+
+
+def parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

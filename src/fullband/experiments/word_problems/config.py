@@ -1,0 +1,133 @@
+"""``fullband eval-controls``: the settings of the controls study (torch-free, so ``--help`` and bad values are
+answered before torch loads). See :mod:`fullband.experiments.word_problems` for what the study does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from fullband.config import (
+    _is_int,
+    _is_number,
+    _require,
+    _require_ints,
+    apply_preset,
+    doc,
+    threads_field,
+    validate_device_name,
+    validate_threads,
+)
+
+GROUPS = ("s5", "a5")  # fullband.tasks.word_problems.GROUPS, repeated here to keep this module torch-free
+ARMS = ("baseline", "equal_flops", "looped", "rnn", "fullband")
+ABLATIONS = ("shift0",)
+EQUAL_FLOPS_SHAPES = ("deep", "wide")
+RNN_CELLS = ("gru", "lstm")
+
+# smoke: the tests (seconds); default: the committed report (hours on 2 CPU cores, resumable).
+PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": dict(groups=("s5",), train_length=3, test_lengths=(4, 6), steps=12, batch_size=8, seeds=2,
+                  learning_rates=(1e-3, 3e-3), d_model=16, n_heads=2, validation_problems=32, test_problems=32,
+                  eval_every=6),
+    "default": dict(),
+}
+
+
+@dataclass
+class ControlsConfig:
+    """``fullband eval-controls``: the full-bandwidth model against controls trained to win (DESIGN.md §7), on
+    ball-tracking word problems over S5 and A5 (fullband.tasks.word_problems)."""
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
+
+    preset: str = doc("default", f"Settings to start from: one of {tuple(PRESETS)}. smoke = seconds (plumbing "
+                      "only: its report gives no verdict); default = the committed report.")
+    out_dir: str = doc("runs/controls", "Run directory: runs/ (one folder per training run), results.json, "
+                       "report.md, PNGs.")
+    groups: tuple[str, ...] = doc(GROUPS, f"Word-problem groups, from {GROUPS}.")
+    arms: tuple[str, ...] = doc(ARMS, "Models compared, each tuned on its own grid: baseline (a 1-pass transformer, "
+                                "knob: weight decay), equal_flops (a plain transformer with the full-bandwidth "
+                                "model's training FLOPs, knob: deeper or wider), looped (the blocks looped "
+                                "loops_per_step x n times with input injection), rnn (GRU or LSTM with as many "
+                                "parameters as the full-bandwidth model), fullband (knob: the feedback passes' "
+                                "loss weight).")
+    ablations: tuple[str, ...] = doc(ABLATIONS, f"Ablations trained with the full-bandwidth model's chosen settings "
+                                     f"(not tuned), from {ABLATIONS}: shift0 = the pass loop with feedback_shift 0 "
+                                     "(pass k fuses a position's own state), decoded with its training's pass count.")
+    train_length: int = doc(6, "Steps of every training problem; its prefixes are the trained lengths 1..this.")
+    test_lengths: tuple[int, ...] = doc((8, 12, 16, 24, 32, 48, 64), "Unseen lengths reported in the tables; "
+                                        "accuracy is measured at every length up to the longest.")
+    steps: int = doc(2000, "1x training steps. Tuning scores each run at 1x and 2x (WSD: the 1x model is a "
+                     "cool-down branched off the 2x run, so both have a full schedule).")
+    batch_size: int = doc(64, "Problems per training step.")
+    learning_rates: tuple[float, ...] = doc((3e-4, 1e-3, 3e-3), "Peak AdamW learning rates of every arm's grid.")
+    warmup_fraction: float = doc(0.05, "Linear warmup over this fraction of 1x steps.")
+    cooldown_fraction: float = doc(0.25, "WSD: the learning rate decays linearly to 0 over this last fraction.")
+    d_model: int = doc(64, "Width of the transformers (baseline, looped, fullband; equal_flops' deep shape).")
+    n_layers: int = doc(2, "Blocks of the transformers (equal_flops' wide shape too).")
+    n_heads: int = doc(4, "Attention heads of every transformer.")
+    weight_decays: tuple[float, ...] = doc((0.0, 0.1), "baseline's knob: AdamW weight decay (the other arms: 0).")
+    equal_flops_shapes: tuple[str, ...] = doc(EQUAL_FLOPS_SHAPES, "equal_flops' knob: deep = d_model wide with "
+                                              "more blocks, wide = n_layers deep and wider.")
+    loops_per_step: tuple[int, ...] = doc((1, 2), "looped's knob: loops per problem step (k = this x n).")
+    rnn_cells: tuple[str, ...] = doc(RNN_CELLS, "rnn's knob: the recurrent cell.")
+    feedback_weights: tuple[float, ...] = doc((0.3, 1.0), "fullband's knob: lambda, the weight of the feedback "
+                                              "passes' mean loss against pass 1's.")
+    grad_passes: int = doc(8, "fullband: gradients through pass 1 and the last this many passes (the recipe's).")
+    fusion_lr_mult: float = doc(3.0, "fullband: the fusion's learning rate over the others' (the recipe's).")
+    seeds: int = doc(5, "Seeds 0..seeds-1 (training data and initial weights); the first one tunes every arm.")
+    validation_problems: int = doc(1000, "Held-out problems of the trained lengths that choose each arm's setting.")
+    test_problems: int = doc(1000, "Test problems, each as long as the longest test length (every prefix scored).")
+    eval_every: int = doc(200, "Validation during training every this many steps (the training curves).")
+    workers: int = doc(2, "Training runs at a time, each in its own process with the torch threads shared out. "
+                       "The numbers do not depend on it.")
+    threads: str = threads_field()
+    device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
+    progress: bool = doc(True, "Progress lines.")
+    resume: bool = doc(False, "Continue an interrupted study in out_dir: finished runs are read back, an "
+                       "unfinished one starts again (the same numbers as an uninterrupted study).")
+
+    def __post_init__(self) -> None:
+        validate_device_name(self.device)
+        apply_preset(self, self.PRESETS)
+        self.threads = validate_threads(self.threads)
+        for name in ("groups", "arms", "ablations", "test_lengths", "learning_rates", "weight_decays",
+                     "equal_flops_shapes", "loops_per_step", "rnn_cells", "feedback_weights"):
+            value = getattr(self, name)
+            setattr(self, name, (value,) if isinstance(value, (str, int, float)) else tuple(value))
+        self.validate()
+
+    def validate(self) -> None:
+        _require_ints(self, {"train_length": 1, "steps": 4, "batch_size": 1, "d_model": 8, "n_layers": 1,
+                             "n_heads": 1, "grad_passes": 1, "seeds": 1, "validation_problems": 1,
+                             "test_problems": 1, "eval_every": 1, "workers": 1})
+        for name, allowed in (("groups", GROUPS), ("arms", ARMS), ("ablations", ABLATIONS),
+                              ("equal_flops_shapes", EQUAL_FLOPS_SHAPES), ("rnn_cells", RNN_CELLS)):
+            value = getattr(self, name)
+            _require(all(v in allowed for v in value) and len(set(value)) == len(value), name, value,
+                     f"must be distinct names from {allowed}")
+        _require(len(self.groups) > 0, "groups", self.groups, f"name at least one of {GROUPS}")
+        _require("fullband" in self.arms and "baseline" in self.arms, "arms", self.arms,
+                 "must include fullband (the model under test) and baseline (the reference every control must "
+                 "match at the trained lengths)")
+        _require(len(self.test_lengths) > 0 and all(_is_int(n) and n > self.train_length for n in self.test_lengths),
+                 "test_lengths", self.test_lengths, f"must be integers > train_length={self.train_length}")
+        for name in ("learning_rates", "feedback_weights"):
+            value = getattr(self, name)
+            _require(len(value) > 0 and all(_is_number(v) and v > 0 for v in value), name, value,
+                     "must be a non-empty list of numbers > 0")
+        _require(len(self.weight_decays) > 0 and all(_is_number(v) and v >= 0 for v in self.weight_decays),
+                 "weight_decays", self.weight_decays, "must be a non-empty list of numbers >= 0")
+        _require(len(self.loops_per_step) > 0 and all(_is_int(v) and v >= 1 for v in self.loops_per_step),
+                 "loops_per_step", self.loops_per_step, "must be a non-empty list of integers >= 1")
+        _require(self.d_model % self.n_heads == 0 and (self.d_model // self.n_heads) % 2 == 0, "n_heads",
+                 self.n_heads, f"must divide d_model={self.d_model} into heads of even size (RoPE)")
+        for name in ("warmup_fraction", "cooldown_fraction"):
+            value = getattr(self, name)
+            _require(_is_number(value) and 0 <= value < 1, name, value, "must be in [0, 1)")
+        _require(self.warmup_fraction < 1 - self.cooldown_fraction, "warmup_fraction", self.warmup_fraction,
+                 f"must end before the cool-down starts (at {1 - self.cooldown_fraction:g} of the steps)")
+        _require(_is_number(self.fusion_lr_mult) and self.fusion_lr_mult > 0, "fusion_lr_mult", self.fusion_lr_mult,
+                 "must be > 0")
+        _require(isinstance(self.resume, bool), "resume", self.resume, "must be true or false")
+        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")

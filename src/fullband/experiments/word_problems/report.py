@@ -1,0 +1,280 @@
+"""report.md and the figures of ``fullband eval-controls``, from results.json alone (torch-free)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from fullband.experiments.plots import pyplot, save_figure
+from fullband.experiments.study import markdown_table, report_head
+from fullband.experiments.word_problems.analysis import (
+    BASELINE,
+    FIT_TOLERANCE,
+    KEEP,
+    MARGIN_TARGET,
+    MODEL,
+    REFERENCE,
+    selection_key,
+)
+
+ACCURACY_PLOT = "accuracy_vs_length.png"
+CURVES_PLOT = "training_curves.png"
+GROUP_TITLES = {"s5": "S5 (transpositions of 5 cups)", "a5": "A5 (three-cycles of 5 cups)"}
+
+
+def arm_title(arm: str) -> str:
+    return {"baseline": "baseline", "equal_flops": "equal-FLOPs transformer", "looped": "looped (input injection)",
+            "rnn": "RNN (reference)", "fullband": "full-bandwidth exact", "shift0": "shift-0 ablation"}.get(arm, arm)
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values)
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.2f}"
+
+
+def is_smoke(results: dict[str, Any]) -> bool:
+    return results["config"]["preset"] == "smoke"
+
+
+def verdict(results: dict[str, Any]) -> list[str]:
+    """One line per group: the target (margin at the longest n the model keeps >= 0.9) and the reference."""
+    if is_smoke(results):
+        return ["- The smoke preset checks the plumbing (every arm trains a few steps and is scored): it gives no "
+                "verdict."]
+    lines = []
+    for group, data in results["groups"].items():
+        a, cells = data["analysis"], data["cells"]
+        seeds = len(cells[MODEL])
+        target = a["target"]
+        title = GROUP_TITLES.get(group, group)
+        if target["n"] is None:
+            lines.append(f"- **{title}: target not met**: full-bandwidth exact reaches {KEEP} at no tested unseen "
+                         "length.")
+        else:
+            n = target["n"]
+            margin = a["margins"][str(n)]
+            best = sorted({arm_title(b) for b in margin["best_control"].values()})
+            lines.append(
+                f"- **{title}: target {'met' if target['met'] else 'not met'}**: at n = {n}, the longest tested "
+                f"unseen length where full-bandwidth exact averages >= {KEEP} ({target['model_accuracy']:.2f}), it "
+                f"leads each seed's best control ({', '.join(best)}) by {_signed(margin['mean'])} "
+                f"[{_signed(margin['low'])}, {_signed(margin['high'])}] (paired over {seeds} seeds, t 95%; target "
+                f"{_signed(MARGIN_TARGET)} with the interval above 0).")
+        kept = {arm: a["arms"][arm]["longest_kept"] for arm in cells}
+        lines.append("  Longest n kept at >= 0.9 (median over seeds): " + ", ".join(
+            f"{arm_title(arm)} {statistics.median(kept[arm].values()):g}" for arm in cells) + ".")
+        failed = {arm: a["arms"][arm]["failed_to_train"] for arm in cells if a["arms"][arm]["failed_to_train"]}
+        if failed:
+            lines.append("  Failed to train (below the baseline at a trained length, on seeds): " + "; ".join(
+                f"{arm_title(arm)} {', '.join(seeds)}" for arm, seeds in failed.items()) + ".")
+    return lines
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """What the command prints at the end: the verdict and where the report is."""
+    return verdict(results)
+
+
+def render(results: dict[str, Any], command: str, plots: bool) -> str:
+    cfg = results["config"]
+    seeds = cfg["seeds"]
+    lines = report_head(
+        "Controls trained to win: the full-bandwidth model on S5 and A5 word problems", command,
+        results["finished"], f" in {results.get('seconds', 0) / 60:.0f} min (this invocation; a resumed study reads "
+        f"its finished runs back) on {results['machine']['processor']}, torch {results['machine']['torch']}; every "
+        f"number below comes from `results.json` next to this file ({seeds} seeds).", verdict(results))
+    lines += _setup(cfg)
+    if plots:
+        lines += [f"![accuracy vs length]({ACCURACY_PLOT})", ""]
+    for group, data in results["groups"].items():
+        lines += _group_section(group, data, cfg)
+    if "cpu_spread" in results:
+        lines += _cpu_spread(results["cpu_spread"])
+    if plots:
+        lines += ["## Training curves", "", "Validation accuracy (mean over the trained lengths) of every seed's run "
+                  "at its chosen setting.", "", f"![training curves]({CURVES_PLOT})", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _setup(cfg: dict[str, Any]) -> list[str]:
+    L, steps = cfg["train_length"], cfg["steps"]
+    return [
+        "Ball-tracking word problems (`fullband.tasks.word_problems`): a ball under one of 5 cups, n steps that each "
+        "move the cups by a generator of the group (S5: the 10 transpositions; A5: the 20 three-cycles), answer = the "
+        "ball's cup. One token per step and no step names, so a longer problem differs from a shorter one in length "
+        f"only: every test token occurs in training. Training problems have {L} steps with the cup after every step "
+        f"as a label, so the trained lengths are 1..{L}; the test problems ({cfg['test_problems']} per group, the "
+        f"same for every arm and seed) have {max(cfg['test_lengths'])} steps and every prefix is scored as a problem "
+        "of its length (argmax over the cups). Answer-only: no model writes intermediate states.",
+        "",
+        "Every arm gets the same selection budget on seed 0: its knob x learning rates "
+        f"{', '.join(f'{lr:g}' for lr in cfg['learning_rates'])} x {{{steps}, {2 * steps}}} steps (AdamW, batch "
+        f"{cfg['batch_size']}, warmup {cfg['warmup_fraction']:g}, WSD cool-down over the last "
+        f"{cfg['cooldown_fraction']:g}; the {steps}-step model is a cool-down branched off the {2 * steps}-step run), "
+        f"chosen by mean validation accuracy on {cfg['validation_problems']} held-out problems of the trained "
+        "lengths (then validation loss, then fewer steps). The chosen setting then trains on seeds "
+        f"1..{cfg['seeds'] - 1} (training data and initial weights both seeded). Arms:",
+        "",
+        f"- **baseline**: a {cfg['n_layers']}-block transformer, d_model {cfg['d_model']}, one pass (knob: weight "
+        "decay);",
+        "- **equal-FLOPs transformer**: a plain transformer whose training FLOPs per step equal the full-bandwidth "
+        "model's (knob: deeper at the same width, or wider at the same depth);",
+        "- **looped (input injection)**: the baseline's blocks applied k = c x n times at every position, the token "
+        "embedding added to the state at every loop (Fan et al. 2024), the same rule in training and answering, "
+        "gradients through every loop (knob: c);",
+        "- **RNN (reference)**: a one-layer GRU or LSTM with the full-bandwidth model's parameter count (knob: the "
+        "cell): the known ceiling on word problems, reported apart, not a control to beat;",
+        f"- **full-bandwidth exact**: the full-bandwidth model trained on its exact recurrence (every pass up to the "
+        f"exact count, gradients through pass 1 and the last {cfg['grad_passes']}, fusion LR "
+        f"x{cfg['fusion_lr_mult']:g}), answering with exact (fully recurrent) prefill; its standard-mode answers "
+        "(no feedback) are shown beside "
+        "(knob: lambda, the feedback passes' loss weight);",
+        "- **shift-0 ablation** (not a control, not tuned): the same pass loop with feedback_shift 0 (pass k fuses a "
+        "position's own state), the full-bandwidth model's chosen setting, its training's pass count at every "
+        "length.",
+        "",
+        f"Statistics: the seed is the unit. A control that stays more than {FIT_TOLERANCE} below the baseline at a "
+        f"trained length on a seed failed to train there and is listed so. Solved = >= {KEEP} at every trained "
+        f"length. The margin at length n is full-bandwidth exact minus that seed's best control (baseline, "
+        "equal-FLOPs, looped), paired over seeds with a Student t 95% interval. Floors: the most common answer of "
+        f"each length in the test set, the start cup, and tracking the first {L} steps only. FLOPs as "
+        "`fullband.experiments.flops` counts them (2 per multiply-add, causal attention, 3x for a pass with "
+        "gradients).",
+        "",
+    ]
+
+
+def _group_section(group: str, data: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    L, tests = cfg["train_length"], cfg["test_lengths"]
+    cells, a, costs = data["cells"], data["analysis"], data["costs"]
+    lengths = [*range(1, L + 1), *tests]
+    header = [f"n={n}" + ("*" if n > L else "") for n in lengths]
+    base_flops = costs[BASELINE]["training_flops"]
+    lines = [f"## {GROUP_TITLES.get(group, group)}", "", "### Chosen settings and costs", ""]
+    rows = []
+    for arm, c in costs.items():
+        seconds = [curve["seconds"] for curve in data["curves"][arm].values()]
+        rows.append([arm_title(arm), c["describe"], f"{c['parameters']:,}", f"{c['lr']:g}", c["steps"],
+                     f"{c['training_flops']:.3g}", f"{c['training_flops'] / base_flops:.1f}x",
+                     f"{c['inference_flops'][str(max(tests))]:.3g}", f"{_mean(seconds):.0f}"])
+    lines += [markdown_table(["arm", "chosen model", "parameters", "lr", "steps", "training FLOPs", "x baseline",
+                              f"inference FLOPs (n = {max(tests)})", "training s (mean)"], rows), ""]
+    lines += ["### Accuracy by length: mean over seeds (worst seed)", ""]
+    rows = []
+    for arm, seeds in cells.items():
+        rows.append([arm_title(arm), *[_mean_worst([s["test"][n - 1] for s in seeds.values()]) for n in lengths]])
+        if "standard" in next(iter(seeds.values())):
+            rows.append([f"{arm_title(arm)}, decoded standard", *[
+                _mean_worst([s["standard"][n - 1] for s in seeds.values()]) for n in lengths]])
+    for name, values in data["floors"].items():
+        rows.append([f"floor: {name}", *[f"{values[n - 1]:.2f}" for n in lengths]])
+    lines += [markdown_table(["arm", *header], rows), "",
+              f"\\* never trained on. Uniform chance is 0.20. Test problems: {cfg['test_problems']} per length.", ""]
+    lines += ["### Longest length kept at >= 0.9, solved seeds, failed-to-train seeds", ""]
+    rows = []
+    for arm in cells:
+        info = a["arms"][arm]
+        kept = info["longest_kept"]
+        rows.append([arm_title(arm), ", ".join(str(v) for v in kept.values()), f"{statistics.median(kept.values()):g}",
+                     f"{len(info['solved'])}/{len(kept)}", ", ".join(info["failed_to_train"]) or "none"])
+    lines += [markdown_table(["arm", "longest n per seed", "median", "solved the trained lengths",
+                              "failed to train (seeds)"], rows), ""]
+    lines += ["### Paired margins per seed", "",
+              "Full-bandwidth exact minus each seed's best control (baseline, equal-FLOPs, looped), and minus the RNN.",
+              ""]
+    rows = []
+    for n in tests:
+        m, r = a["margins"][str(n)], a["reference_margins"].get(str(n))
+        rows.append([n, " ".join(_signed(v) for v in m["per_seed"].values()),
+                     f"{_signed(m['mean'])} [{_signed(m['low'])}, {_signed(m['high'])}]",
+                     ", ".join(arm_title(b) for b in m["best_control"].values()),
+                     f"{_signed(r['mean'])} [{_signed(r['low'])}, {_signed(r['high'])}]" if r else "-"])
+    lines += [markdown_table(["n", "margin per seed", "mean [t 95%]", "best control per seed",
+                              "minus the RNN: mean [t 95%]"], rows), ""]
+    lines += ["### Every seed", ""]
+    rows = [[arm_title(arm), seed, *[f"{cell['test'][n - 1]:.2f}" for n in lengths]]
+            for arm, seeds in cells.items() for seed, cell in seeds.items()]
+    lines += [markdown_table(["arm", "seed", *header], rows), ""]
+    lines += ["### Tuning grid (seed 0)", "",
+              "Chosen by validation on the trained lengths only; the test columns are shown for transparency and "
+              "played no part in the choice. ✓ = chosen.", ""]
+    rows = []
+    knob_names = data["knob_names"]
+    for point in sorted(data["grid"], key=lambda p: (list(cells).index(p["arm"]), selection_key(p))):
+        pick = data["chosen"][point["arm"]]
+        mark = "✓" if (point["knob"], point["lr"], point["steps"]) == (pick["knob"], pick["lr"], pick["steps"]) else ""
+        rows.append([arm_title(point["arm"]), f"{knob_names[point['arm']]} {point['knob']}", f"{point['lr']:g}",
+                     point["steps"], f"{point['validation_accuracy']:.3f}", f"{point['validation_loss']:.4f}",
+                     *[f"{point['test'][str(n)]:.2f}" for n in tests], mark])
+    lines += [markdown_table(["arm", "knob", "lr", "steps", "validation accuracy", "validation loss",
+                              *[f"test n={n}" for n in tests], ""], rows), ""]
+    return lines
+
+
+def _cpu_spread(spread: dict[str, Any]) -> list[str]:
+    env = " ".join(f"{k}={v}" for k, v in spread["environment"].items())
+    lines = ["## Across CPU kinds", "",
+             f"Seed {spread['seed']}'s chosen runs trained again on the same machine with `{env}` (the kernels of a "
+             "CPU without AVX-512; `python -m fullband.experiments.word_problems.cpu_spread`). The vector width "
+             "can change the order of float sums, which training can amplify: the spread to expect between CPU "
+             "kinds. Cells identical = the same accuracy at every length.", ""]
+    rows = [[group, arm_title(arm), f"{d['max_weight_difference']:.2g}", "yes" if d["identical"] else "no",
+             f"{d['max_abs_difference']:.3f}",
+             f"{d['mean_abs_difference']:.4f}", f"{d['longest_kept'][0]} / {d['longest_kept'][1]}"]
+            for group, arms in spread["groups"].items() for arm, d in arms.items()]
+    table = markdown_table(["group", "arm", "largest weight difference", "cells identical",
+                            "max abs. accuracy difference (any length)", "mean abs. difference",
+                            "longest n kept, native / AVX2"], rows)
+    return [*lines, table, ""]
+
+
+def _mean_worst(values: list[float]) -> str:
+    return f"{_mean(values):.2f} ({min(values):.2f})"
+
+
+def plot_accuracy(results: dict[str, Any], out_dir: Path) -> None:
+    """Accuracy against length (log axis), mean over seeds with the seeds' range shaded, one panel per group."""
+    plt = pyplot()
+    groups = results["groups"]
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.5), squeeze=False)
+    for ax, (group, data) in zip(axes[0], groups.items(), strict=True):
+        for arm, seeds in data["cells"].items():
+            curves = [s["test"] for s in seeds.values()]
+            n = list(range(1, len(curves[0]) + 1))
+            mean = [statistics.fmean(c[i] for c in curves) for i in range(len(n))]
+            line, = ax.plot(n, mean, label=arm_title(arm), linewidth=2.5 if arm == MODEL else 1.5,
+                            linestyle="--" if arm in (REFERENCE, "shift0") else "-")
+            ax.fill_between(n, [min(c[i] for c in curves) for i in range(len(n))],
+                            [max(c[i] for c in curves) for i in range(len(n))], color=line.get_color(), alpha=0.15)
+        ax.plot(n, data["floors"]["majority"], color="grey", linestyle=":", label="floor: most common answer")
+        ax.axvline(results["config"]["train_length"], color="black", linewidth=0.8)
+        ax.axhline(KEEP, color="black", linewidth=0.5, linestyle=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("problem length n (steps; the vertical line is the longest trained)")
+        ax.set_ylabel("answer accuracy (mean over seeds, range shaded)")
+        ax.set_title(GROUP_TITLES.get(group, group))
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=7)
+    save_figure(fig, out_dir / ACCURACY_PLOT)
+
+
+def plot_curves(results: dict[str, Any], out_dir: Path) -> None:
+    """Validation accuracy against steps of every seed's chosen run, one panel per group and arm."""
+    plt = pyplot()
+    groups = results["groups"]
+    arms = list(next(iter(groups.values()))["curves"])
+    fig, axes = plt.subplots(len(groups), len(arms), figsize=(2.6 * len(arms), 2.4 * len(groups)), squeeze=False,
+                             sharey=True)
+    for row, (group, data) in zip(axes, groups.items(), strict=True):
+        for ax, arm in zip(row, arms, strict=True):
+            for seed, curve in data["curves"][arm].items():
+                ax.plot(curve["step"], curve["validation_accuracy"], linewidth=1, label=f"seed {seed}")
+            ax.set_title(f"{group}: {arm_title(arm)}", fontsize=8)
+            ax.set_ylim(0, 1.02)
+            ax.tick_params(labelsize=7)
+    axes[0][0].legend(fontsize=6)
+    save_figure(fig, out_dir / CURVES_PLOT)

@@ -1,0 +1,163 @@
+"""``fullband eval-controls``: tune every arm on one seed, train the chosen settings on every seed, report.
+
+1. Tuning (the first seed): every arm x its knob values x the learning rates, each run scored at 1x and 2x steps
+   on the validation problems (the trained lengths only). Each arm keeps its best grid point
+   (:func:`~fullband.experiments.word_problems.analysis.choose`).
+2. Seeds: every arm's chosen setting on the other seeds; the ablations with the full-bandwidth model's chosen
+   setting on every seed.
+3. Analysis and report: accuracy at every length 1..max(test_lengths) on the test problems, per seed.
+
+Every run is a directory of its own under out_dir/runs/ whose result.json is written last: ``--resume true``
+reads finished runs back and trains the rest (an interrupted run starts again and computes the same numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fullband.configio import config_to_dict
+from fullband.experiments.parallel import map_jobs
+from fullband.experiments.study import Study, set_threads
+from fullband.experiments.word_problems.analysis import MODEL, analyse_group, choose
+from fullband.experiments.word_problems.config import ControlsConfig
+from fullband.experiments.word_problems.cpu_spread import SPREAD_FILE
+from fullband.experiments.word_problems.report import plot_accuracy, plot_curves, render
+from fullband.experiments.word_problems.train import RunSpec, test_set, train_run
+
+if TYPE_CHECKING:
+    from fullband.experiments.word_problems.arms import Arm
+
+
+class ControlsStudy(Study):
+    command = "eval-controls"
+    command_skip = ("resume", "workers", "progress", "threads")
+
+    def collect(self) -> dict[str, Any]:
+        cfg = self.cfg
+        set_threads(cfg.threads)
+        tuning_seed, single, double = 0, cfg.steps, 2 * cfg.steps
+        grid_specs = [RunSpec(group, arm, knob, lr, tuning_seed, (single, double))
+                      for group in cfg.groups for arm in cfg.arms for knob in self.arm(group, arm).knobs()
+                      for lr in cfg.learning_rates]
+        grid_runs = self.run_all(grid_specs, "tuning")
+        chosen = {group: {arm: choose(grid_points([r for r in grid_runs if r["group"] == group and r["arm"] == arm]))
+                          for arm in cfg.arms} for group in cfg.groups}
+        seed_specs = []
+        for group in cfg.groups:
+            for arm in (*cfg.arms, *cfg.ablations):
+                pick = chosen[group][MODEL if arm in cfg.ablations else arm]
+                seeds = range(cfg.seeds) if arm in cfg.ablations else range(1, cfg.seeds)
+                seed_specs += [RunSpec(group, arm, pick["knob"], pick["lr"], seed, (pick["steps"],)) for seed in seeds]
+        seed_runs = self.run_all(seed_specs, "seeds")
+        groups = {}
+        for group in cfg.groups:
+            runs = [r for r in grid_runs if r["group"] == group]
+            picked = [r for r in runs if r["seed"] == tuning_seed and
+                      (r["knob"], r["lr"]) == (chosen[group][r["arm"]]["knob"], chosen[group][r["arm"]]["lr"])]
+            groups[group] = assemble(cfg, group, runs, picked + [r for r in seed_runs if r["group"] == group],
+                                     chosen[group])
+        results = {"study": "controls", "config": config_to_dict(cfg), "groups": groups, "machine": machine()}
+        if (spread := self.out_dir / SPREAD_FILE).is_file():  # written by .cpu_spread after a finished study
+            results["cpu_spread"] = json.loads(spread.read_text())
+        return results
+
+    def arm(self, group: str, name: str) -> Arm:
+        from fullband.experiments.word_problems.arms import make_arm
+        from fullband.tasks.word_problems import WordProblems
+
+        return make_arm(name, self.cfg, WordProblems(group))
+
+    def run_all(self, specs: list[RunSpec], phase: str) -> list[dict[str, Any]]:
+        """Every run of ``specs`` (finished ones read back), ``workers`` at a time, the costliest first."""
+        root = Path(self.out_dir)
+        todo = [s for s in specs if not (s.directory(root) / "result.json").is_file()]
+        if self.cfg.progress:
+            print(f"{phase}: {len(specs)} runs, {len(specs) - len(todo)} already done", flush=True)
+        order = sorted(todo, key=lambda s: -self.arm(s.group, s.arm).train_flops(s.knob) * s.stops[-1])
+        for done, result in enumerate(map_jobs(train_run, [(self.cfg, s, str(root)) for s in order],
+                                               self.cfg.workers), start=1):
+            if self.cfg.progress:
+                print(f"[{phase} {done}/{len(order)}] {result['group']} {result['arm']} {result['describe']} lr "
+                      f"{result['lr']:g} seed {result['seed']}: {result['seconds']:.0f} s", flush=True)
+        return [json.loads((s.directory(root) / "result.json").read_text()) for s in specs]
+
+    def analyse(self, results: dict[str, Any]) -> dict[str, Any]:
+        cfg = self.cfg
+        for group in results["groups"].values():
+            group["analysis"] = analyse_group(group, cfg.arms, cfg.test_lengths, cfg.train_length)
+        return {}
+
+    def plot(self, results: dict[str, Any]) -> None:
+        plot_accuracy(results, self.out_dir)
+        plot_curves(results, self.out_dir)
+
+    def render(self, results: dict[str, Any], plots: bool) -> str:
+        return render(results, self.command_line(), plots)
+
+
+def grid_points(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every (knob, lr, steps) of an arm's tuning runs with its validation scores (the selection's inputs)."""
+    points = []
+    for run in runs:
+        for steps, scores in run["checkpoints"].items():
+            accuracy = scores["validation"]["accuracy"]
+            points.append({"knob": run["knob"], "lr": run["lr"], "steps": int(steps),
+                           "validation_accuracy": sum(accuracy) / len(accuracy),
+                           "validation_loss": scores["validation"]["loss"]})
+    return points
+
+
+def assemble(cfg: ControlsConfig, group: str, grid_runs: list[dict[str, Any]], picked: list[dict[str, Any]],
+             chosen: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One group's part of results.json: the grid, the choices, every arm's cells and curves per seed, the
+    floors, the costs."""
+    from fullband.experiments.word_problems.arms import make_arm
+    from fullband.tasks.word_problems import WordProblems, floors
+
+    grid = []
+    for run in grid_runs:
+        for point in grid_points([run]):
+            test = run["checkpoints"][str(point["steps"])]["test"]["accuracy"]
+            grid.append({"arm": run["arm"], **point, "test": {str(n): test[n - 1] for n in cfg.test_lengths}})
+    cells: dict[str, dict[str, Any]] = {}
+    curves: dict[str, dict[str, Any]] = {}
+    costs: dict[str, Any] = {}
+    for run in picked:
+        steps = chosen[MODEL if run["arm"] in cfg.ablations else run["arm"]]["steps"]
+        scores = run["checkpoints"][str(steps)]
+        cell = {"validation": scores["validation"]["accuracy"], "validation_loss": scores["validation"]["loss"],
+                "test": scores["test"]["accuracy"]}
+        cell |= {k.removesuffix("_accuracy"): v for k, v in scores["test"].items()
+                 if k.endswith("_accuracy") and k != "accuracy"}
+        cells.setdefault(run["arm"], {})[str(run["seed"])] = cell
+        curves.setdefault(run["arm"], {})[str(run["seed"])] = run["curve"] | {"seconds": run["seconds"]}
+        costs[run["arm"]] = {"describe": run["describe"], "parameters": run["parameters"], "steps": steps,
+                             "knob": run["knob"], "lr": run["lr"],
+                             "training_flops": run["train_flops_per_step"] * steps,
+                             "inference_flops": run["inference_flops"]}
+    problems = WordProblems(group)
+    test = test_set(cfg, problems)
+    return {"grid": grid, "chosen": chosen, "cells": {a: dict(sorted(c.items(), key=lambda kv: int(kv[0])))
+                                                      for a, c in cells.items()},
+            "curves": curves, "costs": costs, "floors": floors(problems, test, cfg.train_length),
+            "knob_names": {a: make_arm(a, cfg, problems).knob_name for a in (*cfg.arms, *cfg.ablations)}}
+
+
+def machine() -> dict[str, Any]:
+    """Where the study ran: the CPU kind decides the last bits of every float (results.json records it)."""
+    import torch
+
+    from fullband.devices import cpu_flags, cpu_name
+
+    return {"processor": cpu_name(), "avx512_bf16": "avx512_bf16" in cpu_flags(), "python": platform.python_version(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY", "default")}
+
+
+def run_controls(cfg: ControlsConfig) -> dict[str, Any]:
+    """The whole study (see the module docstring); returns what results.json holds."""
+    return ControlsStudy(cfg, cfg.progress).run()

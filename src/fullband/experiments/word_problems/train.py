@@ -1,0 +1,164 @@
+"""One training run of ``fullband eval-controls``: one arm, one knob value, one learning rate, one seed, scored at
+one or more step counts. Every arm trains in this one loop, on the same batches for the same seed.
+
+Schedule: AdamW, linear warmup, then WSD (constant, then a linear cool-down to 0 over the last
+``cooldown_fraction``). A run scored at several step counts (the tuning grid's 1x and 2x) trains the longest
+schedule and branches each shorter one off it where that one's cool-down starts: the branch cools down to its own
+end, is scored, and the main run goes on from the state before the branch. Both schedules are then complete, and a
+later run of only the shorter count computes the same numbers (batches are a function of the seed and the step).
+
+What a run leaves in its directory: ``result.json`` (written last: a directory without it is an unfinished run) and
+``model-<steps>.safetensors`` for each scored step count.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_model
+
+from fullband.devices import resolve_device
+from fullband.experiments.results import write_json
+from fullband.experiments.word_problems.arms import Arm, make_arm, parameters
+from fullband.experiments.word_problems.config import ControlsConfig
+from fullband.model.recurrence import ntp_loss
+from fullband.tasks.word_problems import WordBatch, WordProblems, accuracy_by_length
+from fullband.training.optim import lr_at, set_lr
+from fullband.training.sections import OptimConfig
+
+RESULT = "result.json"
+GRAD_CLIP = 1.0  # fullband train's default
+VALIDATION_SEED, TEST_SEED = 1_000_003, 2_000_003  # the held-out sets: the same for every seed and arm
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one run trains: ``arm`` with ``knob`` at peak ``lr`` on ``seed``'s batches, scored after each of
+    ``stops`` steps."""
+
+    group: str
+    arm: str
+    knob: Any
+    lr: float
+    seed: int
+    stops: tuple[int, ...]
+
+    def directory(self, root: Path) -> Path:
+        knob = f"{self.knob:g}" if isinstance(self.knob, float) else str(self.knob)
+        return root / "runs" / self.group / self.arm / f"{knob}-lr{self.lr:g}" / f"seed{self.seed}-{self.stops[-1]}"
+
+
+def validation_set(cfg: ControlsConfig, problems: WordProblems) -> WordBatch:
+    return problems.batch(cfg.validation_problems, cfg.train_length, torch.Generator().manual_seed(VALIDATION_SEED))
+
+
+def test_set(cfg: ControlsConfig, problems: WordProblems) -> WordBatch:
+    return problems.batch(cfg.test_problems, max(cfg.test_lengths), torch.Generator().manual_seed(TEST_SEED))
+
+
+def training_batch(cfg: ControlsConfig, problems: WordProblems, seed: int, step: int) -> WordBatch:
+    """The batch of ``step`` for ``seed``: every arm of a seed trains on the same batches."""
+    generator = torch.Generator().manual_seed(seed * 1_000_033 + step)
+    return problems.batch(cfg.batch_size, cfg.train_length, generator)
+
+
+@torch.no_grad()
+def score(arm: Arm, model: torch.nn.Module, knob: Any, batch: WordBatch, rows: int = 250) -> dict[str, Any]:
+    """Accuracy at every length of ``batch`` and the loss over its labels, in chunks of ``rows`` problems."""
+    model.eval()
+    logits = torch.cat([arm.logits(model, batch.tokens[i : i + rows], knob) for i in range(0, len(batch.tokens), rows)])
+    out = {"accuracy": accuracy_by_length(logits, batch).tolist(), "loss": ntp_loss(logits, batch.labels).item()}
+    for mode in arm.other_modes:  # the same model answering another way (fullband: without its feedback)
+        other = torch.cat([arm.mode_logits(mode, model, batch.tokens[i : i + rows])
+                           for i in range(0, len(batch.tokens), rows)])
+        out[f"{mode}_accuracy"] = accuracy_by_length(other, batch).tolist()
+    model.train()
+    return out
+
+
+def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
+    """Train ``spec`` (or read back its finished result) -> its result (what result.json holds)."""
+    directory = spec.directory(Path(root))
+    if (directory / RESULT).is_file():
+        import json
+
+        return json.loads((directory / RESULT).read_text())
+    directory.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    device = resolve_device(cfg.device)
+    problems = WordProblems(spec.group)
+    arm = make_arm(spec.arm, cfg, problems)
+    torch.manual_seed(10_007 * spec.seed + 1)  # the initial weights: one per seed, the same for every lr
+    model = arm.build(spec.knob).to(device)
+    optim_cfg = OptimConfig(optimizer="adamw", lr=spec.lr, warmup_steps=round(cfg.warmup_fraction * cfg.steps),
+                            schedule="wsd", decay_fraction=cfg.cooldown_fraction, min_lr_ratio=0.0)
+    optimizer = torch.optim.AdamW(arm.optimizer_groups(model, spec.knob), lr=spec.lr, betas=optim_cfg.betas,
+                                  eps=optim_cfg.eps)
+    validation = _to(validation_set(cfg, problems), device)
+    test = _to(test_set(cfg, problems), device)
+    curve: dict[str, list[float]] = {"step": [], "train_loss": [], "validation_accuracy": [], "validation_loss": []}
+    checkpoints: dict[str, Any] = {}
+    last = spec.stops[-1]
+    branches = {round((1 - cfg.cooldown_fraction) * s): s for s in spec.stops[:-1]}  # branch step -> its end
+    losses: list[float] = []
+
+    def steps_to(begin: int, end: int, total: int, record: bool) -> None:
+        for step in range(begin, end):
+            set_lr(optimizer, lr_at(step, optim_cfg, total))
+            loss = arm.loss(model, _to(training_batch(cfg, problems, spec.seed, step), device), spec.knob)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+            optimizer.step()
+            if record:
+                losses.append(loss.item())
+                if (step + 1) % cfg.eval_every == 0:
+                    val = score(arm, model, spec.knob, validation)
+                    curve["step"].append(step + 1)
+                    curve["train_loss"].append(sum(losses) / len(losses))
+                    curve["validation_accuracy"].append(sum(val["accuracy"]) / len(val["accuracy"]))
+                    curve["validation_loss"].append(val["loss"])
+                    losses.clear()
+                    _progress(cfg, spec, step + 1, curve)
+
+    def checkpoint(steps: int) -> None:
+        checkpoints[str(steps)] = {"validation": score(arm, model, spec.knob, validation),
+                                   "test": score(arm, model, spec.knob, test)}
+        save_model(model, str(directory / f"model-{steps}.safetensors"))
+
+    step = 0
+    for branch_at in sorted(branches):
+        steps_to(step, branch_at, last, record=True)
+        saved = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+        steps_to(branch_at, branches[branch_at], branches[branch_at], record=False)
+        checkpoint(branches[branch_at])
+        model.load_state_dict(saved[0])
+        optimizer.load_state_dict(saved[1])
+        step = branch_at
+    steps_to(step, last, last, record=True)
+    checkpoint(last)
+    result = {"group": spec.group, "arm": spec.arm, "knob": spec.knob, "lr": spec.lr, "seed": spec.seed,
+              "stops": list(spec.stops), "checkpoints": checkpoints, "curve": curve, "parameters": parameters(model),
+              "describe": arm.describe(spec.knob), "train_flops_per_step": arm.train_flops(spec.knob),
+              "inference_flops": {str(n): arm.inference_flops(spec.knob, n) for n in cfg.test_lengths},
+              "seconds": time.perf_counter() - start, "threads": torch.get_num_threads()}
+    write_json(directory / RESULT, result)
+    return result
+
+
+def _to(batch: WordBatch, device: torch.device) -> WordBatch:
+    if device.type == "cpu":
+        return batch
+    return WordBatch(*(getattr(batch, f).to(device) for f in ("tokens", "labels", "starts", "steps", "cups")))
+
+
+def _progress(cfg: ControlsConfig, spec: RunSpec, step: int, curve: dict[str, list[float]]) -> None:
+    if cfg.progress:
+        print(f"  {spec.group} {spec.arm} {spec.knob} lr {spec.lr:g} seed {spec.seed}: step {step}/{spec.stops[-1]} "
+              f"loss {curve['train_loss'][-1]:.4f} validation accuracy {curve['validation_accuracy'][-1]:.3f}",
+              flush=True)
