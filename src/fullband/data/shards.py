@@ -25,7 +25,7 @@ import torch
 from fullband.data.cache import atomic_write, atomic_write_json, cache_dir
 from fullband.data.corpus import load_corpus
 from fullband.data.errors import DataError
-from fullband.data.splits import normalize_split
+from fullband.data.splits import HELD_OUT, normalize_split
 from fullband.data.tokenizer import Tokenizer
 
 
@@ -68,13 +68,15 @@ def encode_documents(texts: Sequence[str], tokenizer: Tokenizer) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
 
-def load_tokens(source: str | Path, split: str, tokenizer: Tokenizer, *, cache: str | Path | None = None) -> TokenSplit:
-    """The tokenized ``split`` of corpus ``source`` (any ``load_corpus`` source), built once and cached.
+def load_tokens(source: str | Path, split: str, tokenizer: Tokenizer, *, cache: str | Path | None = None,
+                held_out: tuple[float, float] = HELD_OUT) -> TokenSplit:
+    """The tokenized ``split`` of corpus ``source`` (any ``load_corpus`` source, split with ``held_out``), built once
+    and cached.
 
     ``cache`` overrides the cache root (default: ``cache_dir()``).
     """
     split = normalize_split(split)
-    texts = load_corpus(source, split)
+    texts = load_corpus(source, split, held_out)
     key = hashlib.sha256()
     for t in texts:  # length-prefixed so document boundaries are part of the key
         b = t.encode("utf-8")

@@ -23,6 +23,7 @@ from fullband.config import (
     validate_device_name,
     validate_threads,
 )
+from fullband.data.splits import HELD_OUT
 from fullband.integrations.families import FamilyOptions, source_help
 from fullband.training.recipes import TRAIN_PRESETS
 from fullband.training.sections import (  # noqa: F401  (the sections' public home stays this module)
@@ -102,6 +103,14 @@ class DataConfig:
     curriculum: float = doc(
         0.0, "sft: over the first this fraction of the steps, batches come from a prefix of the file that grows "
         "linearly to all of it (so the file's order is the difficulty order); 0 = uniform throughout, in [0, 1].")
+    val_fraction: float = doc(
+        HELD_OUT[0], "Share of a text source held out for validation, in (0, 0.5]: a text file is cut at line starts "
+        "into train, then validation, then test; a directory of 3 or more files, a dataset of one split and the "
+        "embedded corpus hold out that share of their documents (ranked by a fixed hash). Sources with their own "
+        "splits (split directories, dataset splits, prepared shards: fullband prepare --val_fraction) keep them.")
+    test_fraction: float = doc(
+        HELD_OUT[1], "Share of a text source held out for testing (fullband compare scores it), in [0, 0.5], cut "
+        "as val_fraction's.")
 
     def __post_init__(self) -> None:
         _require(isinstance(self.source, str) and bool(self.source), "data.source", self.source,
@@ -113,6 +122,14 @@ class DataConfig:
                  self.bpe_vocab_size, "must be an integer in 260..1000000")
         _require(_is_number(self.curriculum) and 0 <= self.curriculum <= 1, "data.curriculum", self.curriculum,
                  "must be in [0, 1] (0 = no curriculum)")
+        _require(_is_number(self.val_fraction) and 0 < self.val_fraction <= 0.5, "data.val_fraction",
+                 self.val_fraction, "must be in (0, 0.5]")
+        _require(_is_number(self.test_fraction) and 0 <= self.test_fraction <= 0.5, "data.test_fraction",
+                 self.test_fraction, "must be in [0, 0.5]")
+
+    def held_out(self) -> tuple[float, float]:
+        """(validation, test) shares of a text source split here (fullband.data.splits)."""
+        return float(self.val_fraction), float(self.test_fraction)
 
 
 @dataclass
