@@ -14,8 +14,10 @@ import dataclasses
 import difflib
 import functools
 import json
+import os
 import re
 import sys
+import tempfile
 import types
 import typing
 from pathlib import Path
@@ -195,29 +197,45 @@ def _instantiate(cls: type[T], tree: dict[str, Any], prefix: str, base: Any) -> 
 def build_config(cls: type[T], file_data: dict[str, Any] | None,
                  overrides: dict[str, Any] | argparse.Namespace) -> T:
     """Defaults, then the file's nested mapping, then dotted CLI overrides; validated."""
-    tree = _file_tree(cls, file_data, "") if file_data else {}
-    if isinstance(overrides, argparse.Namespace):
-        overrides = {k[len(_DEST):]: v for k, v in vars(overrides).items() if k.startswith(_DEST)}
-    for key, value in overrides.items():  # written into the file's tree: the command line wins
-        _set_override(cls, key, value, tree)
-    with explicit_keys(_dotted_keys(tree)):  # a preset never replaces what the file or command line set
+    tree = _given_tree(cls, file_data, overrides)
+    with explicit_keys(_flat(tree)):  # a preset never replaces what the file or command line set
         return _instantiate(cls, tree, "", None)
 
 
-def _dotted_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
-    keys = []
+def _given_tree(cls: type, file_data: dict[str, Any] | None,
+                overrides: dict[str, Any] | argparse.Namespace) -> dict[str, Any]:
+    """The typed values the file and the overrides set, nested by section (the command line wins)."""
+    tree = _file_tree(cls, file_data, "") if file_data else {}
+    if isinstance(overrides, argparse.Namespace):
+        overrides = {k[len(_DEST):]: v for k, v in vars(overrides).items() if k.startswith(_DEST)}
+    for key, value in overrides.items():
+        _set_override(cls, key, value, tree)
+    return tree
+
+
+def given_values(cls: type, args: argparse.Namespace, config_path_attr: str = "config") -> dict[str, Any]:
+    """{dotted key: typed value} of what ``args``' config file and command line set, as :func:`config_from_args`
+    reads them (the command line wins): what a user asked for, as opposed to defaults and presets. Not yet checked
+    together: :func:`build_config` (``cls``, None, these) builds and validates them."""
+    path = getattr(args, config_path_attr, None)
+    return _flat(_given_tree(cls, load_config_file(path) if path else None, args))
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for key, value in tree.items():
-        keys += _dotted_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
-    return keys
+        out |= _flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
+    return out
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
+    """A config value as the command line spells it (``none``, ``true``, ``0,1,2``)."""
     if value is None:
         return "none"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (list, tuple)):
-        return ",".join(map(_show, value))
+        return ",".join(map(show_value, value))
     return str(value)
 
 
@@ -247,7 +265,7 @@ def _add_arguments(parser: argparse.ArgumentParser, group: Any, cls: type, prefi
             _add_arguments(parser, parser.add_argument_group(prefix + name, desc), tp, f"{prefix}{name}.", sub_base)
             continue
         dotted = prefix + name
-        shown = "required" if default is dataclasses.MISSING else f"default: {_show(default)}"
+        shown = "required" if default is dataclasses.MISSING else f"default: {show_value(default)}"
         help_text = f"{f.metadata.get('help', '')} ({shown})".strip().replace("%", "%%")
         common = {"dest": _DEST + dotted, "default": argparse.SUPPRESS, "metavar": _metavar(tp)}
         group.add_argument(f"--{dotted}", help=help_text, **common)
@@ -339,11 +357,20 @@ def _toml_lines(data: dict[str, Any], table: str) -> list[str]:
 
 
 def save_resolved_config(instance: Any, path: str | Path) -> None:
-    """Write every resolved key: TOML for a .toml path, JSON otherwise; loads back to an equal config."""
+    """Write every resolved key: TOML for a .toml path, JSON otherwise; loads back to an equal config. Atomic."""
     path = Path(path)
     if path.suffix.lower() == ".toml":
         # TOML has no null: write "none", which the loader turns back into None for an optional field.
         text = "\n".join(_toml_lines(_plain(instance, "none", saving=True), "")) + "\n"
     else:
         text = json.dumps(_plain(instance, None, saving=True), indent=2) + "\n"
-    path.write_text(text, encoding="utf-8")
+    # Atomically (a temporary file renamed over it): a run's config.toml is never left half written.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -30,6 +30,7 @@ from fullband.training.sections import (  # noqa: F401  (the sections' public ho
     AUTOCAST,
     COMPILE,
     COMPILE_MIN_CPU_STEPS,
+    COMPILE_MIN_CPU_WORK,
     LR_SCHEDULES,
     NS_DTYPES,
     OPTIMIZERS,

@@ -13,7 +13,10 @@ LR_SCHEDULES = ("cosine", "wsd", "constant")
 Z_LOSS_WHEN = ("always", "cooldown", "off")
 AUTOCAST = ("auto", "bf16", "off")
 COMPILE = ("auto", "true", "false")
-COMPILE_MIN_CPU_STEPS = 100  # compile="auto" on a CPU: runs this long earn back the compile (step_setup.should_compile)
+# compile="auto" on a CPU (step_setup.should_compile): a study's runs, which share one compile cache, compile when its
+# shortest run has this many steps; a single run when its work (step_setup.compile_work) reaches COMPILE_MIN_CPU_WORK.
+COMPILE_MIN_CPU_STEPS = 100
+COMPILE_MIN_CPU_WORK = 6e8
 PARALLEL = ("ddp", "fsdp")
 
 
@@ -150,9 +153,11 @@ class TrainConfig:
     compile: str = doc(
         "auto",
         "torch.compile each transformer block for the training forward (the Python loop over passes, evaluation and "
-        "decoding stay eager): 'auto' = on CUDA, and on a CPU for runs of at least 100 steps (the compile takes "
-        "~18 s there the first time, 2-3 s from inductor's disk cache after); 'true'; 'false'. If compiling fails, "
-        "or the first compiled step's loss is not finite, the run trains eagerly and says so.",
+        "decoding stay eager): 'auto' = on CUDA, and on a CPU where it pays for the run's length: when max_steps x "
+        "batch_size x seq_len x grad_accum x d_model x n_layers (x 2 with feedback) reaches 6e8, about where the "
+        "time compiled blocks save covers a 15-18 s compile (fullband compare and recipe decide once per study: "
+        "runs of 100+ steps, which share the compile cache); 'true'; 'false'. If compiling fails, or the first "
+        "compiled step's loss is not finite, the run trains eagerly and says so.",
     )
     activation_checkpointing: bool = doc(
         False,
