@@ -129,7 +129,7 @@ def run_prepare(cfg: PrepareConfig) -> None:
 def run_check(cfg: CheckConfig) -> None:
     from fullband.selfcheck import run_check as check
 
-    if not check(cfg.seq_len, cfg.plain_prefix, cfg.seed):
+    if not check(cfg.seq_len, cfg.plain_prefix, cfg.seed, cfg.device):
         raise SystemExit(1)
 
 

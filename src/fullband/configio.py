@@ -131,9 +131,16 @@ def _lookup(cls: type, key: str, prefix: str, dash: str) -> Any:
     raise ConfigError(f"unknown key {dash}{prefix}{key}{hint} (valid keys in {where}: {', '.join(fields)})")
 
 
-def _aliases(cls: type) -> dict[str, str]:
-    """A config class's earlier flat option names -> the ``section.key`` they now set (``ALIASES``, if any)."""
+def _retired(cls: type) -> dict[str, str]:
+    """A config class's retired flat option names -> the ``section.key`` that replaced each (``ALIASES``, if any):
+    given, they are refused with a one-line hint naming it."""
     return getattr(cls, "ALIASES", {})
+
+
+def _renamed(flat: str, dotted: str, dash: str) -> ConfigError:
+    section, name = dotted.split(".")
+    where = f"--{dotted}" if dash else f"{dotted} ([{section}] {name} in a config file)"
+    return ConfigError(f"{dash}{flat} is now {where}")
 
 
 def _file_tree(cls: type, data: Any, prefix: str) -> dict[str, Any]:
@@ -142,10 +149,8 @@ def _file_tree(cls: type, data: Any, prefix: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: expected a mapping of {cls.__name__} keys, got {type(data).__name__}")
     out: dict[str, Any] = {}
     for key, value in data.items():
-        if not prefix and str(key) in _aliases(cls):  # an earlier flat name: into its section
-            section, name = _aliases(cls)[str(key)].split(".")
-            out.setdefault(section, {}).update(_file_tree(cls, {section: {name: value}}, "")[section])
-            continue
+        if not prefix and str(key) in _retired(cls):
+            raise _renamed(str(key), _retired(cls)[str(key)], "")
         tp = _lookup(cls, str(key), prefix, "")
         dotted = f"{prefix}{key}"
         out[key] = _file_tree(tp, value, dotted + ".") if _is_section(tp) else _typed(value, tp, dotted)
@@ -154,7 +159,8 @@ def _file_tree(cls: type, data: Any, prefix: str) -> dict[str, Any]:
 
 def _set_override(cls: type, key: str, value: Any, tree: dict[str, Any]) -> None:
     key = key.lstrip("-").replace("-", "_")
-    key = _aliases(cls).get(key, key)
+    if key in _retired(cls):
+        raise _renamed(key, _retired(cls)[key], "--")
     parts = key.split(".")
     prefix = ""
     for part in parts[:-1]:
@@ -247,12 +253,24 @@ def _metavar(tp: Any) -> str:
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add ``--section.key VALUE`` (and ``--key`` for top-level leaves) for every leaf field of ``cls``, and its
-    ``ALIASES`` (earlier flat names of section keys) hidden from ``--help``."""
+    """Add ``--section.key VALUE`` (and ``--key`` for top-level leaves) for every leaf field of ``cls``; its retired
+    flat names (``ALIASES``), hidden from ``--help``, stop the parse with a line naming the sectioned flag."""
     _add_arguments(parser, parser, cls, "", None)
-    for alias, dotted in _aliases(cls).items():
-        for spelling in {alias, alias.replace("_", "-")}:
-            parser.add_argument(f"--{spelling}", dest=_DEST + dotted, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    for flat, dotted in _retired(cls).items():
+        for spelling in {flat, flat.replace("_", "-")}:
+            parser.add_argument(f"--{spelling}", action=_Retired, nargs="?", dotted=dotted, help=argparse.SUPPRESS)
+
+
+class _Retired(argparse.Action):
+    """A retired flat option: parsing it is an error that names the sectioned flag to use instead."""
+
+    def __init__(self, option_strings: list[str], dest: str, dotted: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, **kwargs)
+        self.dotted = dotted
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(str(_renamed((option_string or "").lstrip("-"), self.dotted, "--")))
 
 
 def _add_arguments(parser: argparse.ArgumentParser, group: Any, cls: type, prefix: str, base: Any) -> None:
@@ -260,7 +278,8 @@ def _add_arguments(parser: argparse.ArgumentParser, group: Any, cls: type, prefi
         default = getattr(base, name) if base is not None else _default(f)
         if _is_section(tp):
             own_doc = (tp.__doc__ or "").strip()
-            desc = None if own_doc.startswith(tp.__name__ + "(") else own_doc.split("\n")[0]  # skip auto __doc__
+            # The docstring's first paragraph, lines joined (dataclass's generated __doc__ is no description).
+            desc = None if own_doc.startswith(tp.__name__ + "(") else " ".join(own_doc.split("\n\n")[0].split())
             sub_base = None if default is dataclasses.MISSING else default
             _add_arguments(parser, parser.add_argument_group(prefix + name, desc), tp, f"{prefix}{name}.", sub_base)
             continue

@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass, field
 
 from fullband.config import (
-    BOOL_WORDS,
     HF_PREFIX,
     ConfigError,
     ModelConfig,
@@ -21,6 +20,7 @@ from fullband.config import (
     doc,
     threads_field,
     validate_device_name,
+    validate_resume,
     validate_threads,
 )
 from fullband.data.splits import HELD_OUT
@@ -45,20 +45,6 @@ from fullband.training.sections import (  # noqa: F401  (the sections' public ho
 )
 
 # ---------------------------------------------------------------------------------------------- fullband train
-
-RESUME = ("false", "true", "auto")
-
-
-def validate_resume(value: object) -> str:
-    """``resume`` as one of RESUME: true/false (a bool from Python or a file, or yes/no/1/0) or auto."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    word = value.lower() if isinstance(value, str) else value
-    word = str(BOOL_WORDS[word]).lower() if word in BOOL_WORDS else word
-    _require(word in RESUME, "resume", value, "use true (continue; an error when there is nothing to resume), auto "
-             "(continue if there is a checkpoint, else start) or false")
-    return word
-
 
 TOKENIZERS = ("byte", "bpe")
 DATA_FORMATS = ("text", "sft")

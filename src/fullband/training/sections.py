@@ -28,7 +28,7 @@ class ScheduleConfig:
         0.0,
         "Fraction of all training steps after which multi-pass batches start; before it every batch is "
         "single-pass. 0 = feedback from the first step (the recipe: docs/results/recipe), 0.75 = the paper's late "
-        "start (--preset paper), 1 = never.",
+        "start (fullband train --preset paper), 1 = never.",
     )
     feedback_end: float = doc(
         1.0,
@@ -178,7 +178,7 @@ class TrainConfig:
     )
     feedback_weight: float = doc(1.0, "λ in L = NTP(pass 1) + λ * mean_{k>=2} NTP(pass k); >= 0 (the paper uses 1).")
     jitter: float = doc(0.02, "σ of the Uniform(-σ, σ) noise on carried states before fusing; >= 0. Applies with "
-                              "grad_passes too (the reasoning studies set 0 there, as their reports were trained).")
+                              "grad_passes too (fullband eval-reasoning sets 0 there unless given).")
     detach_passes: bool = doc(
         False, "Stop gradients between passes (saves memory; the paper backpropagates through all passes)."
     )
