@@ -132,7 +132,7 @@ def shard_check(device: torch.device) -> dict:
             records = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
             steps = [r for r in records if r["kind"] == "train"]
             result["runs"][name] = {
-                "losses": [r["loss"] for r in steps], "validation": trained.validation,
+                "losses": [r["objective"] for r in steps], "validation": trained.validation,
                 "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in steps[2:] or steps),
                 "median_mfu": statistics.median(r["mfu"] for r in steps[2:] or steps) if "mfu" in steps[-1] else None,
                 "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,

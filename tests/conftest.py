@@ -34,6 +34,18 @@ def pytest_configure(config):
         shutil.copytree(users_corpus, corpus_dir())
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which turns these options into workers
+def pytest_cmdline_main(config):
+    """The test files in worker processes (`-n auto --maxprocesses 4 --dist loadfile`) unless a -n was given: set
+    here rather than in pyproject's addopts, so that `-p no:xdist` still runs (in one process)."""
+    option = config.option
+    worker = hasattr(config, "workerinput")  # a worker runs this hook too, with numprocesses None
+    if config.pluginmanager.hasplugin("xdist") and not worker and getattr(option, "numprocesses", 0) is None:
+        option.numprocesses = "auto"
+        option.maxprocesses = option.maxprocesses or 4
+        option.dist = "loadfile" if option.dist == "no" else option.dist
+
+
 def pytest_unconfigure(config):
     if SESSION_CACHE is not None:
         shutil.rmtree(SESSION_CACHE, ignore_errors=True)

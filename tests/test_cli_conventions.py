@@ -2,6 +2,7 @@
 sectioned flags where a command trains, and --resume true that fails in one line when there is nothing to resume."""
 
 import argparse
+import re
 
 import pytest
 
@@ -36,6 +37,30 @@ def test_every_command_defaults_to_device_auto_and_threads_auto(command):
     if "--device" in shown:
         assert "(default: auto)" in shown["--device"], command
     assert "--config" in shown
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c != "prepare"])  # prepare tokenizes: no model
+def test_every_command_that_runs_a_model_takes_device(command):
+    assert "(default: auto)" in options(command)["--device"]
+
+
+def test_check_runs_on_the_device_given(capsys):
+    assert main(["check", "--device", "cpu", "--seq_len", "12", "--plain_prefix", "4", "--threads", "1"]) == 0
+    assert "float64 on cpu" in capsys.readouterr().out
+
+
+def test_section_descriptions_in_help_are_whole_sentences():
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
+    descriptions = {g.title: g.description for g in sub._action_groups if g.description}
+    assert descriptions["optim"].endswith("see fullband.training.recipes."), descriptions["optim"]
+    assert all(d.endswith((".", ")")) for d in descriptions.values()), descriptions
+
+
+def test_help_texts_tell_no_history():
+    history = re.compile(r"issue \d|earlier name|the default before|\(--preset paper\)", re.IGNORECASE)
+    for command in COMMANDS:
+        told = [f"{flag}: {text}" for flag, text in options(command).items() if history.search(text or "")]
+        assert not told, (command, told)
 
 
 def test_train_resume_true_with_nothing_to_resume_fails_in_one_line(tmp_path, capsys):
@@ -74,23 +99,45 @@ def test_study_resume_true_with_nothing_to_resume_fails_in_one_line(tmp_path, ca
 
 
 @pytest.mark.parametrize("command", ["eval-reasoning", "eval-state"])
-def test_synthetic_studies_take_the_training_sections_and_the_earlier_flat_names(command):
+def test_synthetic_studies_take_the_training_sections_and_refuse_the_retired_flat_names(command, capsys):
     shown = options(command)
     for flag in ("--model.d_model", "--train.max_steps", "--train.batch_size", "--optim.lr", "--optim.optimizer",
                  "--schedule.feedback_start", "--schedule.pass_mix"):
         assert flag in shown, flag
-    assert "--d_model" not in shown and "--steps" not in shown and "--lr" not in shown  # hidden aliases
     config_cls = COMMANDS[command][0]
     sectioned = ["--model.d_model", "48", "--train.max_steps", "7", "--optim.lr", "0.01", "--train.seed", "3",
                  "--schedule.feedback_start", "0.5"]
-    flat = ["--d_model", "48", "--steps", "7", "--lr", "0.01", "--seed", "3", "--feedback_start", "0.5"]
-    configs = [build_config(config_cls, None, build_parser().parse_args([command, "--preset", "smoke", *argv]))
-               for argv in (sectioned, flat)]
-    assert configs[0] == configs[1]
-    cfg = configs[0]
+    cfg = build_config(config_cls, None, build_parser().parse_args([command, "--preset", "smoke", *sectioned]))
     assert (cfg.model.d_model, cfg.train.max_steps, cfg.optim.lr, cfg.seed, cfg.schedule.feedback_start) == (
         48, 7, 0.01, 3, 0.5)
     assert cfg.model.n_layers == config_cls(preset="smoke").model.n_layers  # the rest from the preset
+    # The flat names they took before: one line naming the flag that replaced each, on the command line and in a file.
+    for flat, dotted in (("--steps", "--train.max_steps"), ("--d_model", "--model.d_model"), ("--lr", "--optim.lr")):
+        assert "--" + flat[2:] not in shown
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--preset", "smoke", flat, "7"])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"{flat} is now {dotted}" in err, err
+    with pytest.raises(ConfigError, match=r"steps is now train.max_steps \(\[train\] max_steps in a config file\)"):
+        build_config(config_cls, {"steps": 7}, {})
+
+
+@pytest.mark.parametrize("command", ["train", "compare", "recipe", "eval-reasoning", "eval-state"])
+def test_every_command_that_resumes_takes_true_auto_and_false(command, tmp_path):
+    config_cls = COMMANDS[command][0]
+    words = {}
+    for word in ("true", "auto", "false", "yes", "no"):
+        args = build_parser().parse_args([command, "--out_dir", str(tmp_path / "new"), "--resume", word])
+        words[word] = build_config(config_cls, None, args).resume
+    if command == "train":  # the trainer decides auto by the checkpoints it finds
+        assert words == {"true": "true", "auto": "auto", "false": "false", "yes": "true", "no": "false"}
+    else:  # a study: auto continues when out_dir holds a study (its config.toml), here none
+        assert words == {"true": True, "auto": False, "false": False, "yes": True, "no": False}
+        (tmp_path / "old").mkdir()
+        (tmp_path / "old" / "config.toml").write_text("")
+        args = build_parser().parse_args([command, "--out_dir", str(tmp_path / "old"), "--resume", "auto"])
+        assert build_config(config_cls, None, args).resume is True
 
 
 @pytest.mark.parametrize("flag", ["--model.max_seq_len", "--train.seq_len", "--optim.warmup_steps"])

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from fullband.bench.config import BenchConfig
 from fullband.config import CheckConfig, ConfigError
-from fullband.configio import add_dataclass_arguments, config_from_args
+from fullband.configio import add_dataclass_arguments, config_from_args, given_values
 from fullband.data.config import PrepareConfig
 from fullband.experiments.config import CompareConfig, ReasoningConfig, RecipeConfig, StateTrackingConfig
 from fullband.experiments.word_problems.config import ControlsConfig
@@ -21,6 +21,7 @@ from fullband.generation.config import GenerateConfig
 from fullband.integrations.lm_eval.config import LmEvalConfig
 from fullband.serve.config import ServeConfig
 from fullband.training.config import TrainRunConfig
+from fullband.training.resume import train_config
 from fullband.version import __version__
 
 
@@ -97,11 +98,13 @@ def _speculative(cfg: GenerateConfig, model):
 def run_train(cfg: TrainRunConfig) -> None:
     from fullband.training.run import run_train as train
 
-    result = train(cfg)
-    if result is None:
-        return
+    result = train(cfg, announce=True)
     print(f"\ntrained {result.steps} steps, {result.tokens:,} tokens ({result.token_equiv_compute:,} "
-          f"token-equivalent compute) in {result.seconds:.0f} s; final train loss {result.final_loss:.4f}")
+          f"token-equivalent compute) in {result.seconds:.0f} s")
+    if result.final_pass_losses is not None:  # next-token losses, as val_loss_kpass measures them
+        losses = result.final_pass_losses
+        last = f", pass {len(losses)} {losses[-1]:.4f}" if len(losses) > 1 else ""
+        print(f"last step's next-token loss: pass 1 {losses[0]:.4f}{last}; objective {result.final_loss:.4f}")
     for name, value in sorted(result.validation.items()):
         print(f"  {name:<20} {value:.4f}")
     print(f"model: {result.model_dir}   (fullband generate --checkpoint {result.model_dir} --prompt ...)")
@@ -126,7 +129,7 @@ def run_prepare(cfg: PrepareConfig) -> None:
 def run_check(cfg: CheckConfig) -> None:
     from fullband.selfcheck import run_check as check
 
-    if not check(cfg.seq_len, cfg.plain_prefix, cfg.seed):
+    if not check(cfg.seq_len, cfg.plain_prefix, cfg.seed, cfg.device):
         raise SystemExit(1)
 
 
@@ -274,7 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     config_cls, handler, _ = COMMANDS[args.command]
     try:  # options first: a bad one is answered before torch is even imported
-        cfg = config_from_args(config_cls, args)
+        if config_cls is TrainRunConfig:  # --resume takes the run's own settings (fullband.training.resume)
+            cfg = train_config(given_values(config_cls, args))
+        else:
+            cfg = config_from_args(config_cls, args)
     except ConfigError as err:
         return _fail(args.command, err)
     from fullband.data.errors import DataError

@@ -63,8 +63,8 @@ class ModelConfig:
         "Which inputs of the stack go through the input RMSNorm (DESIGN.md section 1): 'fused' = fused inputs only, "
         "plain positions take the raw embedding in every pass, so pass 1 and standard decoding are the baseline's "
         "computation; 'paper' = the paper's literal App. C code, which also normalises the plain-prefix positions "
-        "of training passes >= 2 (raw in pass 1 and at inference); 'all' = every input, plain or fused (the default "
-        "before 2026-12-04). true/false (older configs and checkpoints) mean 'all'/'fused'.",
+        "of training passes >= 2 (raw in pass 1 and at inference); 'all' = every input, plain or fused. true and "
+        "false read as 'all' and 'fused' (as configs and checkpoints that say so were trained).",
     )
     input_norm_init: float | None = doc(
         None,
@@ -186,6 +186,36 @@ def validate_threads(value: Any, field: str = "threads") -> str:
 # What a boolean option accepts as text (the command line, YAML's strings), lower-cased.
 BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
+# ``--resume`` in every command that resumes: true = continue (an error when there is nothing to continue), auto =
+# continue when there is something to, else start, false = start (an error when out_dir already holds a run).
+RESUME = ("false", "true", "auto")
+
+
+def validate_resume(value: object, field: str = "resume") -> str:
+    """``resume`` as one of RESUME: true/false (a bool from Python or a file, or yes/no/1/0) or auto."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    word = value.lower() if isinstance(value, str) else value
+    word = str(BOOL_WORDS[word]).lower() if word in BOOL_WORDS else word
+    _require(word in RESUME, field, value, "use true (continue; an error when there is nothing to resume), auto "
+             "(continue if there is something to, else start) or false")
+    return word
+
+
+def resume_field(what: str) -> Any:
+    """The ``resume`` option of a study that continues ``what`` in its out_dir (see :func:`study_resumes`)."""
+    return doc("false", f"Continue an interrupted study in out_dir: true = continue ({what}), an error when out_dir "
+               "holds none; auto = continue one if out_dir holds it (its config.toml), else start; false = start, "
+               "in an empty out_dir.")
+
+
+def study_resumes(value: object, out_dir: str) -> bool:
+    """Whether a study continues the one in ``out_dir``: ``value`` is its resume option (true, false or auto; auto =
+    whether ``out_dir`` holds a study's config.toml)."""
+    word = validate_resume(value)
+    return word == "true" or (word == "auto" and (Path(out_dir) / "config.toml").is_file())
+
+
 
 def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
     if not ok:
@@ -267,10 +297,13 @@ class CheckConfig:
     seq_len: int = doc(48, "Tokens in the test sequence.")
     plain_prefix: int = doc(8, "Plain positions before the fused ones.")
     seed: int = doc(0, "Seed of the random model and tokens.")
+    device: str = doc("auto", "Torch device the float64 model runs on: auto (cuda when available, else cpu), cpu, "
+                      "cuda or cuda:N (mps has no float64).")
     threads: str = threads_field()
 
     def __post_init__(self) -> None:
         self.threads = validate_threads(self.threads)
+        validate_device_name(self.device)
         _require(_is_int(self.seq_len) and 2 <= self.seq_len <= 512, "seq_len", self.seq_len, "must be in 2..512")
         _require(_is_int(self.plain_prefix) and 1 <= self.plain_prefix < self.seq_len, "plain_prefix",
                  self.plain_prefix, f"must be in 1..seq_len-1={self.seq_len - 1}")

@@ -14,8 +14,10 @@ import dataclasses
 import difflib
 import functools
 import json
+import os
 import re
 import sys
+import tempfile
 import types
 import typing
 from pathlib import Path
@@ -129,9 +131,16 @@ def _lookup(cls: type, key: str, prefix: str, dash: str) -> Any:
     raise ConfigError(f"unknown key {dash}{prefix}{key}{hint} (valid keys in {where}: {', '.join(fields)})")
 
 
-def _aliases(cls: type) -> dict[str, str]:
-    """A config class's earlier flat option names -> the ``section.key`` they now set (``ALIASES``, if any)."""
+def _retired(cls: type) -> dict[str, str]:
+    """A config class's retired flat option names -> the ``section.key`` that replaced each (``ALIASES``, if any):
+    given, they are refused with a one-line hint naming it."""
     return getattr(cls, "ALIASES", {})
+
+
+def _renamed(flat: str, dotted: str, dash: str) -> ConfigError:
+    section, name = dotted.split(".")
+    where = f"--{dotted}" if dash else f"{dotted} ([{section}] {name} in a config file)"
+    return ConfigError(f"{dash}{flat} is now {where}")
 
 
 def _file_tree(cls: type, data: Any, prefix: str) -> dict[str, Any]:
@@ -140,10 +149,8 @@ def _file_tree(cls: type, data: Any, prefix: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: expected a mapping of {cls.__name__} keys, got {type(data).__name__}")
     out: dict[str, Any] = {}
     for key, value in data.items():
-        if not prefix and str(key) in _aliases(cls):  # an earlier flat name: into its section
-            section, name = _aliases(cls)[str(key)].split(".")
-            out.setdefault(section, {}).update(_file_tree(cls, {section: {name: value}}, "")[section])
-            continue
+        if not prefix and str(key) in _retired(cls):
+            raise _renamed(str(key), _retired(cls)[str(key)], "")
         tp = _lookup(cls, str(key), prefix, "")
         dotted = f"{prefix}{key}"
         out[key] = _file_tree(tp, value, dotted + ".") if _is_section(tp) else _typed(value, tp, dotted)
@@ -152,7 +159,8 @@ def _file_tree(cls: type, data: Any, prefix: str) -> dict[str, Any]:
 
 def _set_override(cls: type, key: str, value: Any, tree: dict[str, Any]) -> None:
     key = key.lstrip("-").replace("-", "_")
-    key = _aliases(cls).get(key, key)
+    if key in _retired(cls):
+        raise _renamed(key, _retired(cls)[key], "--")
     parts = key.split(".")
     prefix = ""
     for part in parts[:-1]:
@@ -195,29 +203,45 @@ def _instantiate(cls: type[T], tree: dict[str, Any], prefix: str, base: Any) -> 
 def build_config(cls: type[T], file_data: dict[str, Any] | None,
                  overrides: dict[str, Any] | argparse.Namespace) -> T:
     """Defaults, then the file's nested mapping, then dotted CLI overrides; validated."""
-    tree = _file_tree(cls, file_data, "") if file_data else {}
-    if isinstance(overrides, argparse.Namespace):
-        overrides = {k[len(_DEST):]: v for k, v in vars(overrides).items() if k.startswith(_DEST)}
-    for key, value in overrides.items():  # written into the file's tree: the command line wins
-        _set_override(cls, key, value, tree)
-    with explicit_keys(_dotted_keys(tree)):  # a preset never replaces what the file or command line set
+    tree = _given_tree(cls, file_data, overrides)
+    with explicit_keys(_flat(tree)):  # a preset never replaces what the file or command line set
         return _instantiate(cls, tree, "", None)
 
 
-def _dotted_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
-    keys = []
+def _given_tree(cls: type, file_data: dict[str, Any] | None,
+                overrides: dict[str, Any] | argparse.Namespace) -> dict[str, Any]:
+    """The typed values the file and the overrides set, nested by section (the command line wins)."""
+    tree = _file_tree(cls, file_data, "") if file_data else {}
+    if isinstance(overrides, argparse.Namespace):
+        overrides = {k[len(_DEST):]: v for k, v in vars(overrides).items() if k.startswith(_DEST)}
+    for key, value in overrides.items():
+        _set_override(cls, key, value, tree)
+    return tree
+
+
+def given_values(cls: type, args: argparse.Namespace, config_path_attr: str = "config") -> dict[str, Any]:
+    """{dotted key: typed value} of what ``args``' config file and command line set, as :func:`config_from_args`
+    reads them (the command line wins): what a user asked for, as opposed to defaults and presets. Not yet checked
+    together: :func:`build_config` (``cls``, None, these) builds and validates them."""
+    path = getattr(args, config_path_attr, None)
+    return _flat(_given_tree(cls, load_config_file(path) if path else None, args))
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for key, value in tree.items():
-        keys += _dotted_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
-    return keys
+        out |= _flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
+    return out
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
+    """A config value as the command line spells it (``none``, ``true``, ``0,1,2``)."""
     if value is None:
         return "none"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (list, tuple)):
-        return ",".join(map(_show, value))
+        return ",".join(map(show_value, value))
     return str(value)
 
 
@@ -229,12 +253,24 @@ def _metavar(tp: Any) -> str:
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add ``--section.key VALUE`` (and ``--key`` for top-level leaves) for every leaf field of ``cls``, and its
-    ``ALIASES`` (earlier flat names of section keys) hidden from ``--help``."""
+    """Add ``--section.key VALUE`` (and ``--key`` for top-level leaves) for every leaf field of ``cls``; its retired
+    flat names (``ALIASES``), hidden from ``--help``, stop the parse with a line naming the sectioned flag."""
     _add_arguments(parser, parser, cls, "", None)
-    for alias, dotted in _aliases(cls).items():
-        for spelling in {alias, alias.replace("_", "-")}:
-            parser.add_argument(f"--{spelling}", dest=_DEST + dotted, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    for flat, dotted in _retired(cls).items():
+        for spelling in {flat, flat.replace("_", "-")}:
+            parser.add_argument(f"--{spelling}", action=_Retired, nargs="?", dotted=dotted, help=argparse.SUPPRESS)
+
+
+class _Retired(argparse.Action):
+    """A retired flat option: parsing it is an error that names the sectioned flag to use instead."""
+
+    def __init__(self, option_strings: list[str], dest: str, dotted: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, **kwargs)
+        self.dotted = dotted
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(str(_renamed((option_string or "").lstrip("-"), self.dotted, "--")))
 
 
 def _add_arguments(parser: argparse.ArgumentParser, group: Any, cls: type, prefix: str, base: Any) -> None:
@@ -242,12 +278,13 @@ def _add_arguments(parser: argparse.ArgumentParser, group: Any, cls: type, prefi
         default = getattr(base, name) if base is not None else _default(f)
         if _is_section(tp):
             own_doc = (tp.__doc__ or "").strip()
-            desc = None if own_doc.startswith(tp.__name__ + "(") else own_doc.split("\n")[0]  # skip auto __doc__
+            # The docstring's first paragraph, lines joined (dataclass's generated __doc__ is no description).
+            desc = None if own_doc.startswith(tp.__name__ + "(") else " ".join(own_doc.split("\n\n")[0].split())
             sub_base = None if default is dataclasses.MISSING else default
             _add_arguments(parser, parser.add_argument_group(prefix + name, desc), tp, f"{prefix}{name}.", sub_base)
             continue
         dotted = prefix + name
-        shown = "required" if default is dataclasses.MISSING else f"default: {_show(default)}"
+        shown = "required" if default is dataclasses.MISSING else f"default: {show_value(default)}"
         help_text = f"{f.metadata.get('help', '')} ({shown})".strip().replace("%", "%%")
         common = {"dest": _DEST + dotted, "default": argparse.SUPPRESS, "metavar": _metavar(tp)}
         group.add_argument(f"--{dotted}", help=help_text, **common)
@@ -339,11 +376,20 @@ def _toml_lines(data: dict[str, Any], table: str) -> list[str]:
 
 
 def save_resolved_config(instance: Any, path: str | Path) -> None:
-    """Write every resolved key: TOML for a .toml path, JSON otherwise; loads back to an equal config."""
+    """Write every resolved key: TOML for a .toml path, JSON otherwise; loads back to an equal config. Atomic."""
     path = Path(path)
     if path.suffix.lower() == ".toml":
         # TOML has no null: write "none", which the loader turns back into None for an optional field.
         text = "\n".join(_toml_lines(_plain(instance, "none", saving=True), "")) + "\n"
     else:
         text = json.dumps(_plain(instance, None, saving=True), indent=2) + "\n"
-    path.write_text(text, encoding="utf-8")
+    # Atomically (a temporary file renamed over it): a run's config.toml is never left half written.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

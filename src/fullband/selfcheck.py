@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 import fullband.generation.decoding  # noqa: F401 (binds generate / stream)
-from fullband.config import ModelConfig
+from fullband.config import ConfigError, ModelConfig
 from fullband.model import FullBandwidthLM, LMOutput
 
 
@@ -24,13 +24,18 @@ def _timed(fn: Callable[[], LMOutput]) -> tuple[LMOutput, float]:
 
 
 @torch.no_grad()
-def run_check(seq_len: int = 48, plain_prefix: int = 8, seed: int = 0) -> bool:
+def run_check(seq_len: int = 48, plain_prefix: int = 8, seed: int = 0, device: str | torch.device = "cpu") -> bool:
+    device = torch.device(device)
+    if device.type == "mps":
+        raise ConfigError("device='mps' is invalid for fullband check: it runs in float64, which MPS lacks; use "
+                          "--device cpu")
     torch.manual_seed(seed)
     cfg = ModelConfig(vocab_size=128, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, max_seq_len=seq_len + 16)
-    model = FullBandwidthLM(cfg).double().eval()
-    tokens = torch.randint(0, cfg.vocab_size, (2, seq_len))
+    model = FullBandwidthLM(cfg).double().eval().to(device)
+    tokens = torch.randint(0, cfg.vocab_size, (2, seq_len)).to(device)
     T, p = seq_len, plain_prefix
-    print(f"model: {model.num_parameters():,} parameters, float64; sequence {T} tokens, plain_prefix={p}\n")
+    print(f"model: {model.num_parameters():,} parameters, float64 on {device}; sequence {T} tokens, "
+          f"plain_prefix={p}\n")
     model.forward_exact(tokens[:, :4], 1)  # warm-up: first calls pay for kernel/allocator set-up
     reference, ref_s = _timed(lambda: model.forward_exact(tokens, p))
     runs = {

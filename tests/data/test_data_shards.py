@@ -78,6 +78,32 @@ def test_token_batches_deterministic_and_rank_slices():
     assert set(ends.tolist()) == {0, 1, 2}
 
 
+@pytest.mark.parametrize("lengths", [(20, 17, 16, 40), (16, 30), (5, 25, 3, 18)])
+def test_a_global_start_maps_to_a_window_inside_one_shard_at_every_shard_boundary(lengths):
+    """The first and last window of each shard, and the start after a shard's last window, which must open the
+    next shard (with windows) rather than run across the boundary. Shards shorter than a window hold none."""
+    seq_len = 16
+    shards = [np.arange(1000 * i, 1000 * i + n, dtype=np.uint16) for i, n in enumerate(lengths)]
+    tb = TokenBatches(shards, seq_len, batch_size=4)
+    counts = [max(0, n - seq_len + 1) for n in lengths]
+    assert tb.n_windows == sum(counts)
+    with_windows = [i for i, c in enumerate(counts) if c]
+    before = 0
+    for i in with_windows:
+        first, last = before, before + counts[i] - 1
+        assert tb.locate(np.array([first, last])) == [(i, 0), (i, lengths[i] - seq_len)]
+        if last + 1 < tb.n_windows:  # one past the last window of shard i: the first window of the next one
+            following = with_windows[with_windows.index(i) + 1]
+            assert tb.locate(np.array([last + 1])) == [(following, 0)]
+        before += counts[i]
+    # Every global start, in order, is every window of every shard exactly once; each row read from one shard.
+    every = tb.locate(np.arange(tb.n_windows))
+    assert every == [(i, s) for i in with_windows for s in range(counts[i])]
+    for part, start in every:
+        row = shards[part][start : start + seq_len].astype(np.int64)
+        assert len(row) == seq_len and (np.diff(row) == 1).all() and row[0] // 1000 == part
+
+
 def test_token_batches_errors():
     tokens = np.arange(100, dtype=np.uint16)
     with pytest.raises(DataError, match="not divisible by world_size 3"):

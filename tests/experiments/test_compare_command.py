@@ -12,6 +12,7 @@ from fullband.experiments.compare import plan_runs, preset_config, shortest_run_
 from fullband.experiments.config import COMPARE_PRESETS, CompareConfig
 from fullband.experiments.records import CompareResults, ModeScore, RunRecord, key_problems
 from fullband.experiments.report import write_report
+from fullband.experiments.study import SMOKE_NOTE
 from fullband.training import step_setup
 from fullband.training.config import COMPILE_MIN_CPU_STEPS
 
@@ -45,6 +46,7 @@ def test_smoke_preset_writes_report_results_and_plots(tmp_path, capsys, monkeypa
     assert all(len(c["loss"]) == len(c["delta_mean"]) == 7 for c in curves.values())
     assert curves["feedback"]["passes"] == list(range(1, 8))
     report = (out / "report.md").read_text()
+    assert report.splitlines()[2] == SMOKE_NOTE and "None: a smoke run checks the plumbing." in report
     assert "## Effective token multiplier" in report
     assert f"fullband compare --preset smoke --stability_passes 7 --out_dir {out}" in report
     assert (out / "seed0" / "baseline-2x" / "model" / "model.safetensors").is_file()

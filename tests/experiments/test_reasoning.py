@@ -16,6 +16,7 @@ from fullband.experiments.reasoning_data import build_data, context_length
 from fullband.experiments.reasoning_eval import equal_accuracy, over_seeds, pooled
 from fullband.experiments.reasoning_report import chance, verdict
 from fullband.experiments.records import Cell, ReasoningResults, key_problems
+from fullband.experiments.study import SMOKE_NOTE
 from fullband.tasks.reasoning import sample_problems
 from fullband.training.config import TrainConfig
 
@@ -88,31 +89,31 @@ def test_config_rejects_bad_values_by_name():
     with pytest.raises(ConfigError, match=r"answer_share=0\.5 is invalid"):
         ReasoningConfig(preset="smoke", strides=(1, 2), answer_share=0.5)
     with pytest.raises(ConfigError, match="optimizer='sgd' is invalid"):
-        build_config(ReasoningConfig, None, {"preset": "smoke", "optimizer": "sgd"})
+        build_config(ReasoningConfig, None, {"preset": "smoke", "optim.optimizer": "sgd"})
     with pytest.raises(ConfigError, match="curriculum=2 is invalid"):
         ReasoningConfig(preset="smoke", curriculum=2)
     serial = ReasoningConfig(preset="exact-recurrence")
     assert (serial.passes, serial.train.grad_passes, serial.train.prefix_mixin) == (32, 4, False)
-    assert ReasoningConfig(preset="serial") == serial  # the earlier name, in committed reports' commands
-    # as from the command line (the earlier flat spelling too): the pass mix again
-    shallow = build_config(ReasoningConfig, None, {"preset": "serial", "passes": 0, "--grad_passes": "0"})
+    assert ReasoningConfig(preset="serial") == serial  # the other name, in committed reports' commands
+    # as from the command line: the pass mix again
+    shallow = build_config(ReasoningConfig, None, {"preset": "serial", "passes": 0, "--train.grad_passes": "0"})
     assert (shallow.passes, shallow.train.grad_passes) == (0, 0)
     # Truncated gradients train without jitter in these studies (as the committed reports were trained), unless
-    # train.jitter is given: the presets and --grad_passes say so in the run config.
+    # train.jitter is given: the presets and --train.grad_passes say so in the run config.
     assert serial.train.jitter == 0.0 and shallow.train.jitter == TrainConfig().jitter > 0
-    given = build_config(ReasoningConfig, None, {"preset": "smoke", "grad_passes": 2})
+    given = build_config(ReasoningConfig, None, {"preset": "smoke", "train.grad_passes": 2})
     assert given.train.jitter == 0.0
-    noisy = build_config(ReasoningConfig, None, {"preset": "smoke", "grad_passes": 2, "train.jitter": 0.05})
+    noisy = build_config(ReasoningConfig, None, {"preset": "smoke", "train.grad_passes": 2, "train.jitter": 0.05})
     assert noisy.train.jitter == 0.05
     with pytest.raises(ConfigError, match="passes=1 is invalid"):
         ReasoningConfig(preset="smoke", passes=1)
     with pytest.raises(ConfigError, match="grad_passes=-1 is invalid"):
         build_config(ReasoningConfig, None, {"preset": "smoke", "train.grad_passes": -1})
     with pytest.raises(ConfigError, match=r"feedback_weight=-1\.0 is invalid"):
-        build_config(ReasoningConfig, None, {"preset": "smoke", "feedback_weight": -1})
+        build_config(ReasoningConfig, None, {"preset": "smoke", "train.feedback_weight": -1})
     with pytest.raises(ConfigError, match="workers=0 is invalid"):
         ReasoningConfig(preset="smoke", workers=0)
-    # issue 17's result: exact-recurrence on sum, λ = 0.3, 2 seeds at once
+    # the tuned result: exact-recurrence on sum, λ = 0.3, 2 seeds at once
     recurrent = ReasoningConfig(preset="exact-recurrence-tuned")
     assert (recurrent.family, recurrent.train.feedback_weight, recurrent.train.max_steps, recurrent.train.grad_passes,
             recurrent.seeds, recurrent.workers, recurrent.passes) == ("sum", 0.3, 3000, 8, 2, 2, 32)
@@ -124,8 +125,9 @@ def test_config_rejects_bad_values_by_name():
 def test_deep_truncated_passes_reach_the_training_run(tmp_path):
     out = tmp_path / "study"
     assert main(["eval-reasoning", "--preset", "smoke", "--out_dir", str(out), "--progress", "false", "--modes",
-                 "exact", "--feedback_start", "0", "--passes", "40", "--grad_passes", "2", "--prefix_mixin", "false",
-                 "--feedback_weight", "2"]) == 0
+                 "exact", "--schedule.feedback_start", "0", "--passes", "40", "--train.grad_passes", "2",
+                 "--train.prefix_mixin", "false",
+                 "--train.feedback_weight", "2"]) == 0
     records = [json.loads(line) for line in (out / "fullband" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     # Every batch runs to its exact count (its length: no prefix mixin) with 3 scored passes (1 and the last 2).
@@ -139,7 +141,8 @@ def test_deep_truncated_passes_reach_the_training_run(tmp_path):
 def test_eval_reasoning_smoke_runs_end_to_end(tmp_path, capsys):
     out = tmp_path / "study"
     args = ["eval-reasoning", "--preset", "smoke", "--out_dir", str(out), "--progress", "false", "--test_lengths",
-            "6", "--optimizer", "muon", "--feedback_start", "0", "--pass_mix", "0,1", "--fused_passes", "1,3"]
+            "6", "--optim.optimizer", "muon", "--schedule.feedback_start", "0", "--schedule.pass_mix", "0,1",
+            "--fused_passes", "1,3"]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "equal_accuracy:" in printed and "fullband exact" in printed
@@ -158,9 +161,10 @@ def test_eval_reasoning_smoke_runs_end_to_end(tmp_path, capsys):
     for plot in ("accuracy_vs_trace_length.png", "accuracy_vs_length.png"):
         assert (out / plot).stat().st_size > 10_000
     report = (out / "report.md").read_text()
-    assert report.splitlines()[5] == "## Verdict" and "Answer-only accuracy with exact prefill" in report
+    assert report.splitlines()[2] == SMOKE_NOTE  # a smoke run checks the plumbing and says so under the title
+    assert report.splitlines()[7] == "## Verdict" and "Answer-only accuracy with exact prefill" in report
     assert "Unseen lengths (never trained on): n=6" in report and "## Equal accuracy" in report
-    assert "Past the trained lengths it" in report.splitlines()[7]  # the verdict's first line
+    assert "Past the trained lengths it" in report.splitlines()[9]  # the verdict's first line
     assert "- Wall time of this command: " in report and "the seeds one after the other" in report
     assert "the baseline's tokens × passes (pass mix" in report  # FLOPs are counted with controls only
     # Ahead of the baseline but no better than a guess is "at chance", not "beats".

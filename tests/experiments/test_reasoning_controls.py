@@ -19,8 +19,8 @@ from fullband.experiments.records import Cell, ControlsResults, ReasoningResults
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ARGS = ["eval-reasoning", "--preset", "smoke", "--progress", "false", "--controls", "looped,equal_flops",
-        "--modes", "standard,exact", "--feedback_start", "0", "--passes", "6", "--grad_passes", "2",
-        "--prefix_mixin", "false", "--test_lengths", "6", "--steps", "4"]
+        "--modes", "standard,exact", "--schedule.feedback_start", "0", "--passes", "6", "--train.grad_passes", "2",
+        "--train.prefix_mixin", "false", "--test_lengths", "6", "--train.max_steps", "4"]
 
 
 def untimed(cells):
@@ -145,7 +145,7 @@ def test_a_run_killed_mid_training_continues_from_its_checkpoint(tmp_path, monke
     """kill -9 while the full-bandwidth model trains: the resumed study continues that run from its latest
     checkpoint (not from scratch) and ends with the uninterrupted study's numbers."""
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    args = [*ARGS[:5], *ARGS[7:], "--family", "swaps5", "--steps", "6"]  # no controls: one pair of models
+    args = [*ARGS[:5], *ARGS[7:], "--family", "swaps5", "--train.max_steps", "6"]  # no controls: one pair of models
     assert main([*args, "--out_dir", str(whole)]) == 0
     revive = kill_training_at(monkeypatch, "fullband", 4)
     with pytest.raises(Killed):

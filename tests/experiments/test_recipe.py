@@ -7,6 +7,8 @@ import pytest
 from fullband.cli import main
 from fullband.config import ConfigError
 from fullband.experiments.config import RECIPE_VARIANTS, RecipeConfig
+from fullband.experiments.recipe_report import verdict
+from fullband.experiments.study import SMOKE_NOTE
 
 
 def test_smoke_study_writes_every_row_width_and_curve(tmp_path, capsys):
@@ -15,8 +17,10 @@ def test_smoke_study_writes_every_row_width_and_curve(tmp_path, capsys):
             "--variants", "best,input-norm-all,2-pass-only", "--widths", "16", "--train_eval_points", "2"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "fused(1)-vs-standard gap" in printed and "report:" in printed
+    assert "None: a smoke run checks the plumbing." in printed and "report:" in printed  # no verdict on 4-step runs
     results = json.loads((out / "results.json").read_text())
+    as_if_not_smoke = {**results, "config": {**results["config"], "preset": "default"}}
+    assert any("fused(1)-vs-standard gap" in line for line in verdict(as_if_not_smoke))
     names = {r["name"] for r in results["runs"]}
     assert names == {"baseline-1x", "baseline-1.5x", "baseline-2x", "best", "input-norm-all",
                      "baseline-input-norm-all", "2-pass-only", "baseline-d16", "best-d16"}
@@ -36,8 +40,10 @@ def test_smoke_study_writes_every_row_width_and_curve(tmp_path, capsys):
     for name in ("report.md", "gap_by_variant.png", "gap_vs_width.png", "gap_vs_steps.png", "config.toml"):
         assert (out / name).stat().st_size > 0, name
     report = (out / "report.md").read_text()
+    assert report.splitlines()[2] == SMOKE_NOTE and "None: a smoke run checks the plumbing." in report
     assert "## Verdict" in report and "`2-pass-only`" in report and "| 16 |" in report
-    assert "Stability, `best`" in report and "Stability, `2-pass-only`" in report
+    said = "\n".join(verdict(as_if_not_smoke))
+    assert "Stability, `best`" in said and "Stability, `2-pass-only`" in said
     # The report is a function of the recorded runs: rewriting it from results.json gives the same analysis.
     (out / "report.md").unlink()
     assert main(["recipe", "--out_dir", str(out), "--report_only", "true", "--preset", "smoke"]) == 0

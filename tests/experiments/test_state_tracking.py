@@ -78,7 +78,7 @@ def test_a_killed_study_resumes_to_the_numbers_of_an_uninterrupted_one(tmp_path,
     a second resume reads every cell back instead of probing again."""
     from fullband.experiments import state_tracking
 
-    args = ["eval-state", "--preset", "smoke", "--steps", "6", "--progress", "false"]
+    args = ["eval-state", "--preset", "smoke", "--train.max_steps", "6", "--progress", "false"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert main([*args, "--out_dir", str(whole)]) == 0
     revive = kill_training_at(monkeypatch, "fullband", 4)

@@ -149,14 +149,14 @@ def test_resumed_run_reproduces_the_uninterrupted_losses(hf_dir, text_file, tmp_
     shutil.rmtree(out / "checkpoints" / "step-0000004")  # interrupted after step 2
     assert train(out, hf_dir, *args, "--resume", "true") == 0
     resumed = records(out)
-    assert [r["loss"] for r in resumed] == [r["loss"] for r in uninterrupted]
+    assert [r["objective"] for r in resumed] == [r["objective"] for r in uninterrupted]
     assert [r["pass_losses"] for r in resumed] == [r["pass_losses"] for r in uninterrupted]
     # A corrupted retrofit checkpoint is skipped, not loaded: the run resumes from the one before.
     fusion = out / "checkpoints" / "step-0000004" / "fusion.safetensors"
     fusion.write_bytes(fusion.read_bytes()[:-8])
     with pytest.warns(UserWarning, match="fusion.safetensors has"):
         assert train(out, hf_dir, *args, "--resume", "true") == 0
-    assert [r["loss"] for r in records(out)] == [r["loss"] for r in uninterrupted]
+    assert [r["objective"] for r in records(out)] == [r["objective"] for r in uninterrupted]
 
 
 def test_init_from_a_retrofitted_model_continues_it(hf_dir, text_file, tmp_path):

@@ -28,7 +28,7 @@ BAD = [
     ({"prompt": [1, 2], "max_tokens": "5"}, "max_tokens"),
     ({"prompt": [1, 2], "temperature": "hot"}, "temperature"),
     ({"prompt": [1] * 64, "max_tokens": 1}, "prompt"),
-    ({"prompt": [1] * 60, "max_tokens": 10}, "max_tokens"),
+    ({"prompt": [1, 2], "max_tokens": 64}, "max_tokens"),  # more than the context could hold after any prompt
     ({"prompt": [1, VOCAB], "max_tokens": 2}, "prompt"),
     ({"prompt": [1, -1], "max_tokens": 2}, "prompt"),
     ({"prompt": 3.5}, "prompt"),

@@ -10,9 +10,9 @@ from torch._inductor.exc import InductorError
 from fullband import FullBandwidthLM
 from fullband.config import ConfigError
 from fullband.training import step_setup
-from fullband.training.config import COMPILE_MIN_CPU_STEPS, TrainConfig
+from fullband.training.config import COMPILE_MIN_CPU_STEPS, COMPILE_MIN_CPU_WORK, TrainConfig
 from fullband.training.errors import NonFiniteLossError
-from fullband.training.trainer import should_compile
+from fullband.training.step_setup import compile_work, should_compile
 
 
 def test_compiled_blocks_train_like_eager_blocks_within_float_tolerance(tmp_path):
@@ -25,7 +25,7 @@ def test_compiled_blocks_train_like_eager_blocks_within_float_tolerance(tmp_path
     assert {r["passes"] for r in expected} == {1, 2, 3}  # multi-pass steps, jitter and prefixes went through them
     for a, b in zip(expected, got, strict=True):
         assert a["step"] == b["step"] and a["passes"] == b["passes"]
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert b["objective"] == pytest.approx(a["objective"], rel=1e-5)
         assert b["pass_losses"] == pytest.approx(a["pass_losses"], rel=1e-5)
     for a, b in zip(eager.raw_model.parameters(), compiled.raw_model.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
@@ -104,12 +104,19 @@ def test_errors_that_are_not_the_compilers_are_not_swallowed(tmp_path, monkeypat
         make_trainer(tmp_path / "run", compile="true").fit()
 
 
-def test_auto_compiles_on_cuda_and_for_long_cpu_runs_only(monkeypatch):
+def test_auto_compiles_on_cuda_and_where_it_pays_for_the_run_on_a_cpu(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(step_setup, "_cxx_compiler", lambda: "/usr/bin/g++")
-    assert should_compile("auto", cuda, 10)
+    assert should_compile("auto", cuda, 10) and should_compile("auto", cuda, 10, work=1.0)
+    # A study's runs (they share the compile cache): by their length.
     assert not should_compile("auto", cpu, COMPILE_MIN_CPU_STEPS - 1)
     assert should_compile("auto", cpu, COMPILE_MIN_CPU_STEPS)
+    # One run: by its work. fullband train's defaults (d_model 256, 4 layers, 1000 steps of 8 x 256 tokens) compile;
+    # the same run at d_model 32 does not, nor the default model for 100 steps.
+    default = compile_work(1000, 8 * 256, 256, 4, feedback=True)
+    assert default >= COMPILE_MIN_CPU_WORK and should_compile("auto", cpu, 1000, default)
+    assert not should_compile("auto", cpu, 1000, compile_work(1000, 8 * 256, 32, 4, feedback=True))
+    assert not should_compile("auto", cpu, 100, compile_work(100, 8 * 256, 256, 4, feedback=True))
     assert should_compile("true", cpu, 1) and not should_compile("false", cuda, 10**6)
     monkeypatch.setattr(step_setup, "_cxx_compiler", lambda: None)
     assert not should_compile("auto", cpu, 10**6)  # no C++ compiler: inductor could not build CPU kernels

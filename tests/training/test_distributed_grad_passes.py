@@ -26,7 +26,7 @@ from fullband.training.distributed import wrap_ddp, wrap_fsdp
 
 GLOBAL_ROWS, T, STEPS, GRAD_PASSES = 4, 10, 3, 2
 REGIMES = {"fixed": False, "mixed": True}  # regime -> prefix_mixin
-KEYS = ("step", "passes", "tokens", "loss", "pass_losses", "grad_norm")
+KEYS = ("step", "passes", "tokens", "objective", "pass_losses", "grad_norm")
 
 
 def rank_rows(step: int, rank: int, world_size: int):
@@ -94,7 +94,7 @@ def test_grad_passes_on_two_processes_match_one_process(runs, regime, parallel):
     assert all(len(r["pass_losses"]) == 1 + GRAD_PASSES for r in expected[1:])  # pass 1 and the last m scored
     for a, b in zip(expected, got, strict=True):
         assert a["tokens"] == b["tokens"]
-        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+        assert b["objective"] == pytest.approx(a["objective"], abs=1e-5)
         assert b["pass_losses"] == pytest.approx(a["pass_losses"], abs=1e-5)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
     trained = FullBandwidthLM.from_pretrained(checkpoint_path(runs / f"{regime}-{parallel}", STEPS))

@@ -80,7 +80,7 @@ def runs(tmp_path_factory) -> Path:
 
 def losses(out: Path) -> list[dict]:
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: r[k] for k in ("step", "passes", "tokens", "loss", "pass_losses", "grad_norm")} for r in lines]
+    return [{k: r[k] for k in ("step", "passes", "tokens", "objective", "pass_losses", "grad_norm")} for r in lines]
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # gloo/DDP chatter on CPU
@@ -89,7 +89,7 @@ def test_two_gloo_processes_match_one_process(runs):
     assert [r["passes"] for r in got] == [r["passes"] for r in expected] and max(r["passes"] for r in got) > 1
     for a, b in zip(expected, got, strict=True):
         assert a["tokens"] == b["tokens"]
-        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+        assert b["objective"] == pytest.approx(a["objective"], abs=1e-5)
         assert b["pass_losses"] == pytest.approx(a["pass_losses"], abs=1e-5)
         # The mean gradient over ranks, not their sum: the parameters alone would not show it (clipping and
         # Adam's scale invariance absorb a factor of world_size).

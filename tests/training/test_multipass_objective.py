@@ -47,7 +47,7 @@ def test_loss_is_pass_one_plus_weighted_mean_of_later_passes(batch):
     torch.testing.assert_close(torch.stack(metrics["pass_losses"]), torch.stack(manual), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(loss, manual[0] + 0.5 * (manual[1] + manual[2]) / 2, rtol=1e-12, atol=1e-12)
     assert metrics["passes"] == 3 and metrics["tokens"] == B * T and metrics["token_equiv_compute"] == 3 * B * T
-    assert loss.requires_grad and not metrics["loss"].requires_grad
+    assert loss.requires_grad and not metrics["objective"].requires_grad
 
 
 def test_without_prefix_mixin_every_row_has_prefix_one(batch):

@@ -125,5 +125,7 @@ def test_refuses_to_save_a_non_finite_loss(tmp_path, loss):
 def test_model_mismatch_is_a_clear_error(tmp_path):
     model, optimizer = trained_pair()
     path = save(tmp_path, model, optimizer, step=1)
-    with pytest.raises(CheckpointError, match="holds a model with config"):
+    with pytest.raises(CheckpointError, match="holds another model") as error:
         load_checkpoint(path, make_model(dtype=torch.float32, d_model=64))
+    message = str(error.value)
+    assert "d_model=32 there, 64 here" in message and "--resume true" in message and len(message) < 300 + len(str(path))

@@ -1,6 +1,7 @@
 """``fullband train`` end to end on the embedded corpus: run, outputs, resume, SFT, init_from, errors."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -8,7 +9,11 @@ import torch
 
 from fullband import FullBandwidthLM
 from fullband.cli import main
+from fullband.configio import build_config, load_config_file
 from fullband.data import ByteTokenizer
+from fullband.training.config import TrainRunConfig
+from fullband.training.run import build_batches, build_model, build_tokenizer
+from fullband.training.validation import loss_eval
 
 TINY = ["--model.d_model", "32", "--model.n_layers", "2", "--model.n_heads", "2", "--train.batch_size", "2",
         "--train.seq_len", "32", "--train.eval_batches", "2", "--optim.warmup_steps", "2", "--optim.lr", "3e-3"]
@@ -49,6 +54,29 @@ def test_train_on_shakespeare_writes_a_usable_run(tmp_path, capsys):
     assert capsys.readouterr().out == "KING:" + tok.decode([t for t in new if t != tok.eos_id]) + "\n"
 
 
+def test_the_printed_loss_is_val_loss_1pass_on_the_training_batch(tmp_path, capsys):
+    """What the final line (and the progress bar) calls the loss is the next-token loss of pass 1 by val_loss_1pass's
+    definition (training.validation.loss_eval), on the step's batch; the objective, about twice it with feedback on,
+    is printed under its own name."""
+    out = tmp_path / "run"
+    assert train(out, "--train.max_steps", "1", "--train.eval_every", "0") == 0
+    printed = capsys.readouterr().out
+    line = next(line for line in printed.splitlines() if line.startswith("last step's next-token loss"))
+    numbers = re.findall(r"\d+\.\d{4}", line)
+    shown_pass1, shown_objective = float(numbers[0]), float(numbers[-1])
+    # Step 0 trains the initial weights on batch 0: rebuild both as the run did and measure.
+    cfg = build_config(TrainRunConfig, load_config_file(out / "config.toml"), {})
+    tokenizer = build_tokenizer(cfg, None, True, lambda value: value)
+    model = build_model(cfg, tokenizer, torch.device("cpu"))
+    batch = build_batches(cfg, tokenizer, 1).batch_fn
+    with torch.no_grad():
+        expected = loss_eval(lambda index, rank, world: batch(0, rank, world), 1, (1,))(model, 0)["val_loss_1pass"]
+    assert shown_pass1 == pytest.approx(expected, abs=5e-5)
+    record = records(out)[0]
+    assert record["pass_losses"][0] == pytest.approx(expected, abs=1e-6)
+    assert shown_objective == pytest.approx(record["objective"], abs=5e-5) and shown_objective > 1.5 * shown_pass1
+
+
 def test_resumed_run_reproduces_the_uninterrupted_metrics(tmp_path):
     out = tmp_path / "run"
     args = ["--train.max_steps", "6", "--train.checkpoint_every", "3", "--train.log_every", "1"]
@@ -57,10 +85,10 @@ def test_resumed_run_reproduces_the_uninterrupted_metrics(tmp_path):
     # Interrupted after step 3: the last checkpoint is gone and the log holds a partial extra line.
     shutil.rmtree(out / "checkpoints" / "step-0000006")
     with open(out / "metrics.jsonl", "a") as log:
-        log.write('{"kind": "train", "step": 4, "loss": 123')
+        log.write('{"kind": "train", "step": 4, "objective": 123')
     assert train(out, *args, "--resume", "true") == 0
     resumed = records(out)
-    assert [r["loss"] for r in resumed] == [r["loss"] for r in uninterrupted]
+    assert [r["objective"] for r in resumed] == [r["objective"] for r in uninterrupted]
     assert [r["pass_losses"] for r in resumed] == [r["pass_losses"] for r in uninterrupted]
 
 

@@ -15,7 +15,7 @@ from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 
 VOCAB, T = 61, 16
 # Deterministic quantities of a step (timing-based ones like tokens_per_s are left out).
-EXACT_KEYS = ("step", "loss", "ntp_loss", "z_loss", "pass_losses", "lr", "passes", "tokens", "token_equiv_compute",
+EXACT_KEYS = ("step", "objective", "ntp_loss", "z_loss", "pass_losses", "lr", "passes", "tokens", "token_equiv_compute",
               "grad_norm")
 
 
@@ -141,7 +141,7 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     small = make_trainer(tmp_path / "small", batch_size=2, grad_accum=2, max_steps=3, jitter=0.0)
     small.fit()
     for a, b in zip(records(tmp_path / "big"), records(tmp_path / "small"), strict=True):
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["objective"] == pytest.approx(b["objective"], rel=1e-5)
         assert a["tokens"] == b["tokens"]
         # The parameters alone cannot tell: clipping and Adam's scale invariance hide a gradient off by a factor.
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
@@ -167,7 +167,7 @@ def test_metrics_log_and_validation(tmp_path):
     assert set(evals[0]) == {"kind", "step", "val_loss_1pass", "val_loss_3pass"}
     # TensorBoard (a dev extra) mirrors the log.
     shown = tensorboard_scalars(tmp_path / "tensorboard")
-    assert shown["train/loss"] == [(r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in train]
+    assert shown["train/objective"] == [(r["step"], pytest.approx(r["objective"], rel=1e-6)) for r in train]
     assert shown["eval/val_loss_3pass"] == [(r["step"], pytest.approx(r["val_loss_3pass"], rel=1e-6)) for r in evals]
 
 

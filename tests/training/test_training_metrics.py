@@ -48,7 +48,13 @@ def tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-def test_tensorboard_mirrors_the_log_and_a_resume_replaces_the_rerun_steps(tmp_path):
+def test_tensorboard_mirrors_the_log_and_a_resume_replaces_the_rerun_steps(tmp_path, monkeypatch):
+    # The case that failed by chance: both writers within one second, their event files numbered 9 and 10 by
+    # tensorboard's process-wide counter, which names compare as text ("10" < "9"). The mirror must not care.
+    from tensorboard.summary.writer import event_file_writer
+
+    monkeypatch.setattr(event_file_writer.time, "time", lambda: 1_800_000_000.0)
+    monkeypatch.setattr(event_file_writer, "_global_uid", event_file_writer.AtomicCounter(9))
     # Values exact in float32, as TensorBoard stores them.
     path, tb = tmp_path / "metrics.jsonl", tmp_path / "tb"
     log = MetricsLog(path, tensorboard_dir=tb)
@@ -61,6 +67,7 @@ def test_tensorboard_mirrors_the_log_and_a_resume_replaces_the_rerun_steps(tmp_p
     resumed.write({"kind": "train", "step": 1, "loss": 1.375, "pass_losses": [1.5, 1.125], "tokens": 128})
     resumed.write({"kind": "eval", "step": 1, "val_loss_1pass": 2.5})
     resumed.close()
+    assert [f.name.rsplit(".", 1)[1] for f in tb.iterdir()] == ["10"]  # one file: the log rewritten, then appended
     assert tensorboard_scalars(tb) == {
         "train/loss": [(0, 2.0), (1, 1.375)],
         "train/pass_losses_1": [(0, 2.0), (1, 1.5)],

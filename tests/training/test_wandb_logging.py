@@ -34,7 +34,7 @@ def test_wandb_logger_writes_an_offline_run_with_every_record(corpus, tmp_path, 
     (log,) = (out / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
     data = log.read_bytes()
     # Four train records and two validations, each logged under kind/name as in TensorBoard.
-    assert data.count(b"train/loss") >= 4 and data.count(b"eval/val_loss_1pass") >= 2
+    assert data.count(b"train/objective") >= 4 and data.count(b"eval/val_loss_1pass") >= 2
     assert b"fullband-test" in data
 
 

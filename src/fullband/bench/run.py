@@ -107,7 +107,7 @@ class Bench:
                  "llama": flops_per_token(sum(p.numel() for p in llama.parameters()), c.n_layers, c.d_model, c.seq_len),
                  "gpt2": flops_per_token(sum(p.numel() for p in gpt2.parameters()), c.n_layers, c.d_model, c.seq_len)}
         flops["fullband-eager"] = flops["fullband"]
-        how = f"compiled blocks, as training runs of {COMPILE_MIN_CPU_STEPS}+ steps" if compiled else "eager"
+        how = f"compiled blocks, as a study's runs of {COMPILE_MIN_CPU_STEPS}+ steps" if compiled else "eager"
         labels = {"fullband": f"fullband train step (1 pass, bare, {how})",
                   "fullband-eager": "fullband train step (1 pass, bare, eager)",
                   "llama": "LlamaForCausalLM train step, same weights", "gpt2": "GPT2LMHeadModel train step, same dims"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fullband.config import _is_int, _is_number, _require, doc, threads_field, validate_threads
+from fullband.data.splits import HELD_OUT
 
 SHARD_DTYPES = ("auto", "uint16", "uint32")
 # The layout fullband prepare writes and training reads (data/prepare.py, data/prepared.py).
@@ -31,8 +32,9 @@ class PrepareConfig:
     hf_config: str | None = doc(None, "hf: datasets: the dataset configuration (subset) name.")
     split: str = doc("train", "hf: datasets: the split to read.")
     val_fraction: float = doc(
-        0.01, "Held-out validation split: the first documents holding this fraction of the input (by bytes for files, "
-        "a text file cut at a line end; by rows for datasets). 0 = no validation split.")
+        HELD_OUT[0], "Share of the input held out for validation, in [0, 0.5]: the first documents holding it (by "
+        "bytes for files, a text file cut at a line end; by rows for datasets); 0 = none. The same default as "
+        "fullband train's --data.val_fraction; prepared data has no test split.")
     shard_tokens: int = doc(100_000_000, "Tokens per shard file (a shard ends at the first chunk end past this).")
     chunk_bytes: int = doc(1 << 20, "Text per work unit in bytes; a large text file is tokenized in pieces of about "
                            "this size cut at line ends.")

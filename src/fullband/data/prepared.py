@@ -16,7 +16,7 @@ import numpy as np
 from fullband.data.config import INDEX_FILE, PROGRESS_FILE, SHARDS_FORMAT, TOKENIZER_DIR
 from fullband.data.errors import DataError
 from fullband.data.shards import TokenSplit, bits_per_byte, load_tokens
-from fullband.data.splits import normalize_split
+from fullband.data.splits import HELD_OUT, normalize_split
 from fullband.data.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -96,13 +96,14 @@ def scored_split(source: str | Path) -> str:
     return "validation" if is_prepared(source) else "test"
 
 
-def load_flat_split(source: str | Path, split: str, tokenizer: Tokenizer) -> TokenSplit:
+def load_flat_split(source: str | Path, split: str, tokenizer: Tokenizer,
+                    held_out: tuple[float, float] = HELD_OUT) -> TokenSplit:
     """``split`` of any text source (prepared shards too) as one flat token array, for evaluation windows.
 
     A prepared split of one shard stays a memory map; several are joined in memory, which evaluation splits (the
     held-out share, ``--val_fraction``) are small enough for."""
     if not is_prepared(source):
-        return load_tokens(source, split, tokenizer)
+        return load_tokens(source, split, tokenizer, held_out=held_out)
     shards = load_prepared(source, split, tokenizer)
     if not shards.n_tokens:
         raise DataError(f"{source} has an empty {normalize_split(split)!r} split (prepared with --val_fraction 0); "

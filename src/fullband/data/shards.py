@@ -25,7 +25,7 @@ import torch
 from fullband.data.cache import atomic_write, atomic_write_json, cache_dir
 from fullband.data.corpus import load_corpus
 from fullband.data.errors import DataError
-from fullband.data.splits import normalize_split
+from fullband.data.splits import HELD_OUT, normalize_split
 from fullband.data.tokenizer import Tokenizer
 
 
@@ -68,13 +68,15 @@ def encode_documents(texts: Sequence[str], tokenizer: Tokenizer) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
 
-def load_tokens(source: str | Path, split: str, tokenizer: Tokenizer, *, cache: str | Path | None = None) -> TokenSplit:
-    """The tokenized ``split`` of corpus ``source`` (any ``load_corpus`` source), built once and cached.
+def load_tokens(source: str | Path, split: str, tokenizer: Tokenizer, *, cache: str | Path | None = None,
+                held_out: tuple[float, float] = HELD_OUT) -> TokenSplit:
+    """The tokenized ``split`` of corpus ``source`` (any ``load_corpus`` source, split with ``held_out``), built once
+    and cached.
 
     ``cache`` overrides the cache root (default: ``cache_dir()``).
     """
     split = normalize_split(split)
-    texts = load_corpus(source, split)
+    texts = load_corpus(source, split, held_out)
     key = hashlib.sha256()
     for t in texts:  # length-prefixed so document boundaries are part of the key
         b = t.encode("utf-8")
@@ -157,13 +159,25 @@ class TokenBatches:
     def offsets(self, step: int) -> np.ndarray:
         """Start positions of the global batch's windows at ``step``, counted over all parts' possible starts."""
         rng = np.random.default_rng([self.seed, step])
-        return rng.integers(0, int(self._starts[-1]), size=self.batch_size)
+        return rng.integers(0, self.n_windows, size=self.batch_size)
+
+    @property
+    def n_windows(self) -> int:
+        """How many windows (global starts) all parts hold together."""
+        return int(self._starts[-1])
+
+    def locate(self, starts: np.ndarray) -> list[tuple[int, int]]:
+        """``(part, start)`` of each global start in ``starts`` (each in ``0..n_windows-1``): the window lies inside
+        that part, and a part too short for one window is skipped."""
+        starts = np.asarray(starts, dtype=np.int64)
+        # side="right": a start equal to the count before part i belongs to part i (or to the next part that
+        # has windows, when part i has none and so repeats that count).
+        part = np.searchsorted(self._starts, starts, side="right") - 1
+        return [(int(p), int(s - self._starts[p])) for p, s in zip(part, starts, strict=True)]
 
     def windows(self, step: int, rank: int = 0, world_size: int = 1) -> list[tuple[int, int]]:
         """``(part, start)`` of each window this rank trains on at ``step``."""
-        starts = self.offsets(step)[rank_slice(self.batch_size, rank, world_size)]
-        part = np.searchsorted(self._starts, starts, side="right") - 1
-        return [(int(p), int(s - self._starts[p])) for p, s in zip(part, starts, strict=True)]
+        return self.locate(self.offsets(step)[rank_slice(self.batch_size, rank, world_size)])
 
     def batch(self, step: int, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, labels)``, each LongTensor[batch_size // world_size, seq_len], for this rank."""

@@ -4,11 +4,14 @@ Two rules, both independent of Python/NumPy RNG implementations so a split never
 versions:
 
 - ``split_names``: split whole documents by name. Each name is ranked by ``sha256(seed + name)``;
-  the first ``max(1, round(5%))`` go to test, the next ``max(1, round(5%))`` to validation, the
-  rest to train. Splitting by document (a play, a file) keeps validation text out of training.
-- ``split_text``: split one text into contiguous pieces, first 90% train, next 5% validation,
-  last 5% test, with cuts moved forward to the next line start. Used when there are too few
-  documents to split by document.
+  the first ``max(1, round(test_fraction * n))`` go to test, the next ``max(1, round(val_fraction * n))``
+  to validation, the rest to train (a fraction of 0 holds out none). Splitting by document (a play, a
+  file) keeps validation text out of training.
+- ``split_text``: split one text into contiguous pieces: train first, then validation, then test, each
+  cut moved forward to the next line start. Used when there are too few documents to split by document.
+
+The fractions are ``HELD_OUT`` = (validation, test) = (0.05, 0.05) unless given (``fullband train``'s
+``--data.val_fraction`` and ``--data.test_fraction``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from fullband.data.errors import DataError
 
 SPLITS = ("train", "validation", "test")
 SPLIT_SEED = "fullband-split-v1"
-HELDOUT_FRACTION = 0.05  # each of validation and test
+HELD_OUT = (0.05, 0.05)  # the shares of validation and test: fullband train's --data.val_fraction, --data.test_fraction
 
 _ALIASES = {
     "train": "train",
@@ -40,21 +43,25 @@ def normalize_split(split: str) -> str:
         raise DataError(f"unknown split {split!r}: expected one of {', '.join(SPLITS)}") from None
 
 
-def split_names(names: Iterable[str], seed: str = SPLIT_SEED) -> dict[str, list[str]]:
+def split_names(names: Iterable[str], seed: str = SPLIT_SEED,
+                held_out: tuple[float, float] = HELD_OUT) -> dict[str, list[str]]:
     """Assign each name to one split (see module doc); each split's names come back sorted."""
     names = sorted(set(names))
     if len(names) < 3:
         raise DataError(f"need at least 3 documents to split by document, got {len(names)}")
     ranked = sorted(names, key=lambda n: hashlib.sha256(f"{seed}\0{n}".encode()).hexdigest())
-    n_held = max(1, round(len(names) * HELDOUT_FRACTION))
+    n_val, n_test = (max(1, round(len(names) * fraction)) if fraction > 0 else 0 for fraction in held_out)
+    if n_val + n_test >= len(names):
+        raise DataError(f"{len(names)} documents leave none for training after holding out {n_val} for validation "
+                        f"and {n_test} for test; lower the held-out fractions or give more documents")
     return {
-        "test": sorted(ranked[:n_held]),
-        "validation": sorted(ranked[n_held : 2 * n_held]),
-        "train": sorted(ranked[2 * n_held :]),
+        "test": sorted(ranked[:n_test]),
+        "validation": sorted(ranked[n_test : n_test + n_val]),
+        "train": sorted(ranked[n_test + n_val :]),
     }
 
 
-def split_text(text: str) -> dict[str, str]:
+def split_text(text: str, held_out: tuple[float, float] = HELD_OUT) -> dict[str, str]:
     """Cut one text into contiguous train/validation/test pieces at line starts (see module doc)."""
 
     def cut(fraction: float) -> int:
@@ -62,5 +69,6 @@ def split_text(text: str) -> dict[str, str]:
         nl = text.find("\n", pos)
         return len(text) if nl < 0 else nl + 1
 
-    a, b = cut(1 - 2 * HELDOUT_FRACTION), cut(1 - HELDOUT_FRACTION)
+    val, test = held_out
+    a, b = cut(1 - (val + test)), cut(1 - test)
     return {"train": text[:a], "validation": text[a:b], "test": text[b:]}

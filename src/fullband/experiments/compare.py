@@ -301,7 +301,7 @@ def evaluate_run(cfg: CompareConfig, record: RunRecord, model_dir: Path, device:
     model = load_any(model_dir, device=device).eval()
     tokenizer = load_tokenizer(model_dir)
     split = scored_split(cfg.data.source)  # prepared shards: their validation split (they have no test split)
-    test = load_flat_split(cfg.data.source, split, tokenizer)
+    test = load_flat_split(cfg.data.source, split, tokenizer, cfg.data.held_out())
     batches = [w.to(device) for w in eval_windows(test.tokens, cfg.train.seq_len, cfg.eval_windows,
                                                   cfg.eval_batch_size)]
     method = cfg.exact_method
@@ -322,7 +322,8 @@ def evaluate_run(cfg: CompareConfig, record: RunRecord, model_dir: Path, device:
     if model.fusion is None:
         return
     t0 = time.perf_counter()
-    val = test if split == "validation" else load_flat_split(cfg.data.source, "validation", tokenizer)
+    val = test if split == "validation" else load_flat_split(cfg.data.source, "validation", tokenizer,
+                                                              cfg.data.held_out())
     seq_len = cfg.stability_seq_len or cfg.train.seq_len
     windows = [w.to(device) for w in eval_windows(val.tokens, seq_len, cfg.stability_windows, cfg.eval_batch_size)]
     curve = stability_curve(model, windows, val, cfg.stability_passes, progress=progress,

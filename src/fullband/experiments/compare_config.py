@@ -12,6 +12,8 @@ from fullband.config import (
     _require,
     apply_preset,
     doc,
+    resume_field,
+    study_resumes,
     threads_field,
     validate_device_name,
     validate_threads,
@@ -111,14 +113,15 @@ class CompareConfig:
         "small models use one core poorly). The numbers do not depend on it.")
     out_dir: str = doc("runs/compare", "Run directory: one sub-directory per training run, report.md, "
                        "results.json and the plots.")
-    resume: bool = doc(
-        False, "Continue an interrupted study in out_dir (same settings): runs it finished and evaluated are kept, "
-        "and a run it was training continues from its latest checkpoint (train.checkpoint_every), bit for bit.")
+    resume: str = resume_field(
+        "with the same settings: runs it finished and evaluated are kept, and a run it was training continues from "
+        "its latest checkpoint (train.checkpoint_every), bit for bit")
     device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
     threads: str = threads_field()
 
     def __post_init__(self) -> None:
         self.threads = validate_threads(self.threads)
+        self.resume = study_resumes(self.resume, self.out_dir)  # from here on a bool: whether the study continues
         apply_preset(self, COMPARE_PRESETS)
         self.budgets = tuple(sorted(float(b) for b in self.budgets))
         self.fused_passes = tuple(self.fused_passes)

@@ -105,7 +105,7 @@ def batch_lengths(run_cfg: Any) -> list[int]:
     from fullband.data import ByteTokenizer
     from fullband.training.run import build_batches
 
-    batch_fn, _ = build_batches(run_cfg, ByteTokenizer(), 1)
+    batch_fn = build_batches(run_cfg, ByteTokenizer(), 1).batch_fn
     return [batch_fn(step, 0, 1)[0].shape[1] for step in range(run_cfg.train.total_steps(1))]
 
 

@@ -5,7 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fullband.config import _is_int, _require, _require_ints, apply_preset, doc, threads_field, validate_threads
+from fullband.config import (
+    _is_int,
+    _require,
+    _require_ints,
+    apply_preset,
+    doc,
+    resume_field,
+    study_resumes,
+    threads_field,
+    validate_threads,
+)
 from fullband.experiments.compare_config import COMPARE_PRESETS
 from fullband.training.config import DataConfig
 
@@ -57,12 +67,13 @@ class RecipeConfig:
     workers: int = doc(2, "Training runs at a time (see fullband compare --workers).")
     out_dir: str = doc("runs/recipe", "Run directory: runs, report.md, results.json, plots.")
     report_only: bool = doc(False, "Analyse the results.json in out_dir again and rewrite its report (no training).")
-    resume: bool = doc(False, "Continue an interrupted study in out_dir: runs it finished and evaluated are kept.")
+    resume: str = resume_field("runs it finished and evaluated are kept")
     device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
     threads: str = threads_field()
 
     def __post_init__(self) -> None:
         self.threads = validate_threads(self.threads)
+        self.resume = study_resumes(self.resume, self.out_dir)  # from here on a bool: whether the study continues
         apply_preset(self, RECIPE_PRESETS)
         self.variants, self.widths = tuple(self.variants), tuple(self.widths)
         _require(self.compare_preset in COMPARE_PRESETS, "compare_preset", self.compare_preset,

@@ -10,7 +10,7 @@ from fullband.experiments.multiplier import against_one
 from fullband.experiments.plots import pyplot, save_figure
 from fullband.experiments.report import _row, input_text
 from fullband.experiments.results import finished_at, mean_sd, mode_label
-from fullband.experiments.study import report_head
+from fullband.experiments.study import is_smoke, report_head
 
 GAPS_PLOT = "gap_by_variant.png"
 WIDTH_PLOT = "gap_vs_width.png"
@@ -38,7 +38,9 @@ def _modes(results: dict[str, Any]) -> list[str]:
 
 
 def verdict(results: dict[str, Any]) -> list[str]:
-    """The answer in plain words, computed from the numbers."""
+    """The answer in plain words, computed from the numbers; none for a smoke run."""
+    if is_smoke(results):
+        return ["None: a smoke run checks the plumbing."]
     lines = []
     best = results["variants"].get("best")
     if best is not None:

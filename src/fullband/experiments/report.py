@@ -15,7 +15,7 @@ from fullband.experiments import trend
 from fullband.experiments.multiplier import BETTER_THAN_LARGEST, INTERPOLATED, WORSE_THAN_SMALLEST, against_one
 from fullband.experiments.records import CompareResults, RunRecord
 from fullband.experiments.results import finished_at, mean_sd, mode_label, modes_of, run_names, runs_named
-from fullband.experiments.study import report_head, write_study
+from fullband.experiments.study import is_smoke, report_head, write_study
 
 LOSS_PLOT = "loss_vs_tokens.png"
 STABILITY_PLOT = "stability.png"
@@ -221,7 +221,9 @@ def timing_section(results: CompareResults) -> list[str]:
 
 
 def verdict(results: CompareResults) -> list[str]:
-    """Plain statements computed from the numbers (no judgement beyond comparing them)."""
+    """Plain statements computed from the numbers (no judgement beyond comparing them); none for a smoke run."""
+    if is_smoke(results):
+        return ["None: a smoke run checks the plumbing."]
     out = []
     for name, by_mode in results["multipliers"].items():
         parts = []

@@ -109,9 +109,21 @@ class Study:
                                   skip=self.command_skip)
 
 
+# Every study's smoke preset trains tiny models for a few steps: its report checks that each part runs, no more.
+SMOKE = "smoke"
+SMOKE_NOTE = ("**Smoke preset: this report checks the plumbing (every part of the study runs) on tiny models "
+              "trained for a few steps. It gives no verdict: its numbers answer no question.**")
+
+
+def is_smoke(results: dict[str, Any]) -> bool:
+    """Whether ``results`` come from a study's smoke preset."""
+    return results.get("config", {}).get("preset") == SMOKE
+
+
 def write_study(out_dir: Path, results: dict[str, Any], plot: Callable[[dict[str, Any]], None],
                 render: Callable[[dict[str, Any], bool], str], plots: bool | None = None) -> None:
-    """results.json, then the plots (skipped, with a warning, without matplotlib), then report.md."""
+    """results.json, then the plots (skipped, with a warning, without matplotlib), then report.md (a smoke preset's
+    says under its title that it checks the plumbing and gives no verdict)."""
     write_json(out_dir / RESULTS, results)
     if plots is None:
         plots = plotting.have_matplotlib()
@@ -120,7 +132,11 @@ def write_study(out_dir: Path, results: dict[str, Any], plot: Callable[[dict[str
                           stacklevel=3)
     if plots:
         plot(results)
-    (out_dir / REPORT).write_text(render(results, plots))
+    text = render(results, plots)
+    if is_smoke(results):
+        title, _, rest = text.partition("\n")
+        text = f"{title}\n\n{SMOKE_NOTE}\n{rest}"
+    (out_dir / REPORT).write_text(text)
 
 
 def equivalent_command(cfg: Any, command: str, base: Any, skip: tuple[str, ...] = ()) -> str:

@@ -19,11 +19,14 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fullband.data.tokenizer import Tokenizer
+from fullband.serve.body_limit import BodyLimit, drain
 from fullband.serve.engine import (
     Engine,
     FinishEvent,
@@ -33,7 +36,15 @@ from fullband.serve.engine import (
     SamplingParams,
 )
 from fullband.serve.responses import Builder
-from fullband.serve.schema import APIError, ChatBody, CommonBody, CompletionBody, validation_error
+from fullband.serve.schema import (
+    APIError,
+    ChatBody,
+    CommonBody,
+    CompletionBody,
+    ErrorBody,
+    document_limits,
+    validation_error,
+)
 from fullband.serve.text import TextStream, chat_prompt
 
 
@@ -164,17 +175,19 @@ def create_app(
 
     app = FastAPI(title="fullband", lifespan=lifespan)
     app.state.engine = engine
+    # The most tokens a request may ask for: the server's cap, else what the context leaves after a one-token prompt.
+    max_tokens_allowed = limits.max_tokens or engine.context - 1
+    max_tokens_why = "this server's limit" if limits.max_tokens else "what the model's context leaves after the prompt,"
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Callable[[Request], Any]) -> Any:
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > limits.max_body_bytes:
-            return _error(request, APIError(413, f"the request body has {length} bytes, over this server's limit of "
-                                                 f"{limits.max_body_bytes} (fullband serve --max_body_bytes): send a "
-                                                 "shorter request", None, code="request_too_large"))
-        return await call_next(request)
+    async def refuse_body(scope: dict[str, Any], receive: Any, send: Any, size: int) -> None:
+        response = _error(Request(scope), APIError(
+            413, f"the request body has {size} bytes, over this server's limit of {limits.max_body_bytes} (fullband "
+                 "serve --max_body_bytes): send a shorter request", None, code="request_too_large"))
+        await response(scope, receive, send)
 
-    if api_key is not None:  # added after limit_body, so it runs first: a stranger learns no limits
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes, refuse=refuse_body)
+
+    if api_key is not None:  # added after the body limit, so it runs first: a stranger learns no limits
         expected = f"Bearer {api_key}".encode()
 
         @app.middleware("http")
@@ -183,6 +196,7 @@ def create_app(
             # compare_digest: the time taken does not tell how much of a guessed key was right.
             if request.url.path != "/health" and not hmac.compare_digest(given, expected):
                 what = "a wrong API key" if given else "no API key"
+                await drain(request.receive)  # so that a client sending its body before it reads gets the answer
                 return _error(request, APIError(401, f"the request carries {what}: send the header "
                                                "`Authorization: Bearer <key>` with the server's key",
                                                code="invalid_api_key"))
@@ -196,6 +210,14 @@ def create_app(
     async def on_api_error(request: Request, err: APIError) -> JSONResponse:
         return _error(request, err)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        # What Starlette and FastAPI answer themselves (an unknown path, a wrong method, a body that does not parse)
+        # gets the same error body as every other answer; its headers (Allow) are kept.
+        response = _error(request, APIError(err.status_code, str(err.detail), None))
+        response.headers.update(err.headers or {})
+        return response
+
     def _error(request: Request, err: APIError) -> JSONResponse:
         requests_total.labels(request.url.path, str(err.status)).inc()
         # A full queue drains within a few decoding steps: tell clients to retry soon rather than give up.
@@ -206,16 +228,17 @@ def create_app(
               renamed: dict[str, str] | None = None) -> _Run:
         mode = body.mode if body.mode is not None else defaults.mode
         max_tokens = body.max_tokens if body.max_tokens is not None else defaults.max_tokens
-        if limits.max_tokens and max_tokens > limits.max_tokens:
-            raise APIError(400, f"max_tokens={max_tokens} is over this server's limit of {limits.max_tokens}: ask "
-                                f"for at most {limits.max_tokens}", "max_tokens")
+        if max_tokens > max_tokens_allowed:
+            raise APIError(400, f"max_tokens={max_tokens} is over {max_tokens_why} of {max_tokens_allowed}: ask for "
+                                f"at most {max_tokens_allowed}", "max_tokens")
         temperature = body.temperature if body.temperature is not None else defaults.temperature
         stop_ids = (tokenizer.eos_id,) if tokenizer is not None and tokenizer.eos_id is not None else ()
         requests = [
             GenerationRequest(
                 tuple(prompt), mode,
-                SamplingParams(max_tokens, temperature, body.top_p, body.top_k,
-                               body.seed + choice if body.seed is not None else None, stop_ids, logprobs),
+                # More tokens than the prompt leaves room for in the context: up to its end (finish_reason length).
+                SamplingParams(min(max_tokens, max(engine.context - len(prompt), 1)), temperature, body.top_p,
+                               body.top_k, body.seed + choice if body.seed is not None else None, stop_ids, logprobs),
                 body.prefill_passes if body.prefill_passes is not None else defaults.prefill_passes,
             )
             for prompt in prompts for choice in range(body.n)
@@ -227,6 +250,11 @@ def create_app(
             raise APIError(400, str(err).replace(f"{err.param}", f"{param}", 1), param) from None
         except QueueFull as err:
             raise APIError(429, str(err), None, "requests", "rate_limit_exceeded") from None
+
+    def check_model(body: CommonBody) -> None:
+        if body.model is not None and body.model != model_name:  # as vLLM answers
+            raise APIError(404, f"The model `{body.model}` does not exist: this server serves `{model_name}`",
+                           "model", code="model_not_found")
 
     def stop_strings(stop: str | list[str] | None) -> list[str]:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
@@ -278,8 +306,22 @@ def create_app(
         done("200")
         return builder.full(run)
 
-    @app.post("/v1/completions")
+    # What each path may answer, in its OpenAPI schema: every error with OpenAI's error body.
+    guarded = {401: "No or a wrong API key (`Authorization: Bearer KEY`)."} if api_key is not None else {}
+    generation = _documented({
+        200: None, 400: "A field out of range or a request the model cannot run; `param` names the field.",
+        404: "`model` names another model than the one served.", 413: "The body is over --max_body_bytes.",
+        429: "The queue is full: retry (Retry-After).", 500: "The engine failed.",
+        503: "The server shut down before the request finished.", 504: "Past --request_timeout.", **guarded})
+    # A stream's events (schemathesis reads an event-stream schema per event): data = a JSON chunk, the error body
+    # that ends a cut-short stream, or [DONE].
+    event = {"type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}
+    generation[200]["content"] = {"application/json": {"schema": {"type": "object"}},
+                                  "text/event-stream": {"schema": event}}
+
+    @app.post("/v1/completions", responses=generation)
     async def completions(body: CompletionBody, request: Request) -> Any:
+        check_model(body)
         if body.echo:
             raise APIError(400, "echo: echoing the prompt is not supported", "echo")
         raw = body.prompt
@@ -290,16 +332,15 @@ def create_app(
                            sum(len(p) for p in prompt_ids), body.logprobs is not None, body)
         return await respond("/v1/completions", request, run, body.stream, builder)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=generation)
     async def chat(body: ChatBody, request: Request) -> Any:
+        check_model(body)
         try:
             prompt, extra_stops = chat_prompt(tokenizer, [m.model_dump() for m in body.messages])
         except ValueError as err:
             raise APIError(400, f"messages: {err}", "messages") from None
         if body.max_tokens is None and body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        if body.top_logprobs is not None and not body.logprobs:
-            raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         run = start(body, [prompt], stop_strings(body.stop) + extra_stops, logprobs,
                     {"logprobs": "top_logprobs", "prompt": "messages"})
@@ -307,7 +348,7 @@ def create_app(
                            body.logprobs, body)
         return await respond("/v1/chat/completions", request, run, body.stream, builder)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=_documented(guarded))
     async def models() -> dict[str, Any]:
         config = engine.model.config
         return {"object": "list", "data": [{
@@ -320,11 +361,31 @@ def create_app(
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": model_name, "active": engine.active, "queued": engine.queue_depth}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses=_documented(guarded))
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
+    def openapi() -> dict[str, Any]:
+        """FastAPI's schema, less its 422 (validation errors answer 400), with this model's limits."""
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            for unused in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(unused, None)
+            document_limits(schema, model_name, engine.vocab_size, engine.context, max_tokens_allowed)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _documented(statuses: dict[int, str | None]) -> dict[int | str, dict[str, Any]]:
+    """FastAPI ``responses`` for these statuses: errors (with their description) in OpenAI's error body."""
+    return {status: {"description": "OK"} if status < 400 else {"model": ErrorBody, "description": why}
+            for status, why in statuses.items()}
 
 
 class _EngineCollector:

@@ -39,11 +39,15 @@ class ServeConfig:
                                    "stalls the running streams).")
     max_tokens: int = doc(16, "Default max_tokens of a request that gives none (the OpenAI default).")
     temperature: float = doc(1.0, "Default temperature of a request that gives none (the OpenAI default).")
-    model_name: str = doc("", "Model id reported by /v1/models and in responses (default: the checkpoint name).")
+    model_name: str = doc("", "The served model's name: /v1/models and the responses report it, and a request whose "
+                          "`model` names another gets 404 (as vLLM's --served-model-name); default: the checkpoint "
+                          "directory's name.")
     graceful_timeout: float = doc(10.0, "Shutdown grace: after Ctrl-C / SIGTERM new connections are refused and "
                                   "in-flight requests get this many seconds to finish; the rest are cut off (never "
                                   "marked complete); SIGTERM then exits 0.")
     log_level: str = doc("info", "uvicorn log level: critical | error | warning | info | debug.")
+    access_log: bool = doc(False, "Log one line per request (client, method, path, status) on stderr, whatever "
+                           "log_level says.")
     device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
     dtype: str = doc("float32", f"Model and KV-cache dtype: one of {SERVE_DTYPES} (bfloat16 halves the memory; fast on "
                      "CUDA and on CPUs with avx512_bf16 or AMX, emulated and slow on other CPUs).")
@@ -82,6 +86,7 @@ class ServeConfig:
         _require(isinstance(self.graceful_timeout, (int, float)) and self.graceful_timeout >= 0, "graceful_timeout",
                  self.graceful_timeout, "must be >= 0 seconds")
         _require(self.log_level in LOG_LEVELS, "log_level", self.log_level, f"must be one of {LOG_LEVELS}")
+        _require(isinstance(self.access_log, bool), "access_log", self.access_log, "must be true or false")
         _require(isinstance(self.api_key, str) and self.api_key == self.api_key.strip(), "api_key", "<hidden>",
                  "must be a string without surrounding spaces")
         validate_device_name(self.device)

@@ -2,13 +2,16 @@
 
 Every operation the app documents gets requests that fit its schema (positive) and, where it takes a body, requests
 that do not (negative), sent in process over ASGI. The report counts responses by operation, mode and status; a
-5xx, an exception out of the app, or a stream that ends in a server error is a failure. Used by the test suite's
-short run (``tests/serve/test_serve_fuzz.py``) and the long one (``benchmarks/serve_fuzz.py``).
+5xx, an exception out of the app, or a stream that ends in a server error is a failure. Every response also goes
+through every schemathesis check (``st run --checks all``): the report counts their failures by code (ST103 an
+undocumented status, ST105 an undocumented content type, ST202 a schema-valid request refused, ...). Used by the
+test suite's run (``tests/serve/test_serve_fuzz.py``) and the longer one (``benchmarks/serve_fuzz.py``).
 """
 
 from __future__ import annotations
 
 import collections
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +22,8 @@ class FuzzReport:
     counts: collections.Counter = field(default_factory=collections.Counter)  # (operation, mode, status) -> n
     failures: list[tuple[str, Any, int, str]] = field(default_factory=list)  # (operation, body, status, text)
     health_after: int = 0  # /health's status once the run is over
+    check_failures: collections.Counter = field(default_factory=collections.Counter)  # failure code -> n
+    check_examples: dict[str, str] = field(default_factory=dict)  # failure code -> its first report
 
     @property
     def requests(self) -> int:
@@ -39,6 +44,7 @@ def fuzz_app(app: Any, examples: int, seed: int = 0) -> FuzzReport:
     from schemathesis import GenerationMode
 
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    schema.config.checks.update(included_check_names=["all"])
     report = FuzzReport()
     for result in schema.get_all_operations():
         operation = result.ok()
@@ -62,6 +68,8 @@ def _sender(label: str, mode: str, report: FuzzReport) -> Callable[[Any], None]:
 
 
 def _send(case: Any, label: str, mode: str, report: FuzzReport) -> None:
+    from schemathesis.core.failures import FailureGroup
+
     try:
         response = case.call()
     except Exception as err:  # an exception out of the app: what a client sees as a 500 or a dropped connection
@@ -76,3 +84,10 @@ def _send(case: Any, label: str, mode: str, report: FuzzReport) -> None:
     report.counts[(label, mode, status)] += 1
     if status >= 500:
         report.failures.append((label, case.body, status, text[:500]))
+    try:
+        case.validate_response(response)
+    except FailureGroup as group:
+        for failure in group.exceptions:
+            report.check_failures[failure.code] += 1
+            report.check_examples.setdefault(failure.code, f"{label} {json.dumps(case.body, default=str)[:300]} -> "
+                                                           f"{status} {text[:200]}: {failure.title}")

@@ -7,8 +7,11 @@ shutdown closes the engine.
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,17 +52,43 @@ def build_app(cfg: ServeConfig) -> Any:
 def uvicorn_server(app: Any, cfg: ServeConfig) -> Any:
     import uvicorn
 
-    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=cfg.access_log,
                             timeout_graceful_shutdown=cfg.graceful_timeout or None, lifespan="on")
+    if cfg.access_log:  # uvicorn gives its access logger the log level: one line per request whatever it says
+        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
     return uvicorn.Server(config)
 
 
+def listen(cfg: ServeConfig) -> socket.socket:
+    """The listening socket of ``--host`` and ``--port``, bound before the model loads: a port in use is one line
+    and exit status 2 (ConfigError), as every bad option is."""
+    try:
+        family = socket.getaddrinfo(cfg.host, cfg.port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as err:
+        raise ConfigError(f"host={cfg.host!r} is invalid: {err.strerror or err}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # what uvicorn sets: a restart binds at once
+        sock.bind((cfg.host, cfg.port))
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port={cfg.port} is in use on {cfg.host}: stop what listens there or pick another "
+                              "--port (0 = any free port)") from None
+        raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port}: {err.strerror or err}") from None
+    return sock
+
+
 def run_serve(cfg: ServeConfig) -> None:
-    app = build_app(cfg)
-    # uvicorn re-raises the signal it shut down for once it is done; after a graceful shutdown SIGTERM then
-    # exits with status 0 (Ctrl-C keeps Python's KeyboardInterrupt: the CLI's status 130).
-    signal.signal(signal.SIGTERM, _exit_after_shutdown)
-    uvicorn_server(app, cfg).run()  # returns after Ctrl-C / SIGTERM, once shut down
+    sock = listen(cfg)
+    try:
+        app = build_app(cfg)
+        # uvicorn re-raises the signal it shut down for once it is done; after a graceful shutdown SIGTERM then
+        # exits with status 0 (Ctrl-C keeps Python's KeyboardInterrupt: the CLI's status 130).
+        signal.signal(signal.SIGTERM, _exit_after_shutdown)
+        uvicorn_server(app, cfg).run(sockets=[sock])  # returns after Ctrl-C / SIGTERM, once shut down
+    finally:
+        sock.close()
 
 
 def _exit_after_shutdown(signum: int, frame: object) -> None:

@@ -17,6 +17,7 @@ then covers the shards too. A sharded checkpoint loads at any world size, or int
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -200,6 +201,15 @@ def prune_checkpoints(out_dir: str | Path, keep_last: int) -> None:
 # ---------------------------------------------------------------------------------------------- loading
 
 
+def _differences(saved: Any, built: Any, most: int = 3) -> str:
+    """``field=saved there, built here`` for the first fields two model configs differ in."""
+    if not (dataclasses.is_dataclass(saved) and dataclasses.is_dataclass(built)):
+        return f"{saved} there, {built} here"
+    names = [f.name for f in dataclasses.fields(saved)]
+    differ = [n for n in names if getattr(saved, n, None) != getattr(built, n, None)]
+    return "; ".join(f"{n}={getattr(saved, n, None)} there, {getattr(built, n, None)} here" for n in differ[:most])
+
+
 def load_checkpoint(
     path: str | Path,
     model: torch.nn.Module,
@@ -226,7 +236,9 @@ def load_checkpoint(
     if family.name != model.family:
         raise CheckpointError(f"{path} holds {family.description}; it cannot be loaded into a {type(model).__name__}")
     if (saved_config := family.model_class().saved_config(path)) != model.config:
-        raise CheckpointError(f"{path} holds a model with config {saved_config}, not {model.config}")
+        differences = _differences(saved_config, model.config)
+        raise CheckpointError(f"{path} holds another model than this run builds ({differences}): resume with the "
+                              "run's own settings (fullband train --out_dir DIR --resume true)")
     if is_sharded_checkpoint(path):
         load_sharded(path / SHARDED, model, optimizer)
     elif is_sharded(model):

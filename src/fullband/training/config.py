@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass, field
 
 from fullband.config import (
-    BOOL_WORDS,
     HF_PREFIX,
     ConfigError,
     ModelConfig,
@@ -21,14 +20,17 @@ from fullband.config import (
     doc,
     threads_field,
     validate_device_name,
+    validate_resume,
     validate_threads,
 )
+from fullband.data.splits import HELD_OUT
 from fullband.integrations.families import FamilyOptions, source_help
 from fullband.training.recipes import TRAIN_PRESETS
 from fullband.training.sections import (  # noqa: F401  (the sections' public home stays this module)
     AUTOCAST,
     COMPILE,
     COMPILE_MIN_CPU_STEPS,
+    COMPILE_MIN_CPU_WORK,
     LR_SCHEDULES,
     NS_DTYPES,
     OPTIMIZERS,
@@ -43,20 +45,6 @@ from fullband.training.sections import (  # noqa: F401  (the sections' public ho
 )
 
 # ---------------------------------------------------------------------------------------------- fullband train
-
-RESUME = ("false", "true", "auto")
-
-
-def validate_resume(value: object) -> str:
-    """``resume`` as one of RESUME: true/false (a bool from Python or a file, or yes/no/1/0) or auto."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    word = value.lower() if isinstance(value, str) else value
-    word = str(BOOL_WORDS[word]).lower() if word in BOOL_WORDS else word
-    _require(word in RESUME, "resume", value, "use true (continue; an error when there is nothing to resume), auto "
-             "(continue if there is a checkpoint, else start) or false")
-    return word
-
 
 TOKENIZERS = ("byte", "bpe")
 DATA_FORMATS = ("text", "sft")
@@ -102,6 +90,14 @@ class DataConfig:
     curriculum: float = doc(
         0.0, "sft: over the first this fraction of the steps, batches come from a prefix of the file that grows "
         "linearly to all of it (so the file's order is the difficulty order); 0 = uniform throughout, in [0, 1].")
+    val_fraction: float = doc(
+        HELD_OUT[0], "Share of a text source held out for validation, in (0, 0.5]: a text file is cut at line starts "
+        "into train, then validation, then test; a directory of 3 or more files, a dataset of one split and the "
+        "embedded corpus hold out that share of their documents (ranked by a fixed hash). Sources with their own "
+        "splits (split directories, dataset splits, prepared shards: fullband prepare --val_fraction) keep them.")
+    test_fraction: float = doc(
+        HELD_OUT[1], "Share of a text source held out for testing (fullband compare scores it), in [0, 0.5], cut "
+        "as val_fraction's.")
 
     def __post_init__(self) -> None:
         _require(isinstance(self.source, str) and bool(self.source), "data.source", self.source,
@@ -113,6 +109,14 @@ class DataConfig:
                  self.bpe_vocab_size, "must be an integer in 260..1000000")
         _require(_is_number(self.curriculum) and 0 <= self.curriculum <= 1, "data.curriculum", self.curriculum,
                  "must be in [0, 1] (0 = no curriculum)")
+        _require(_is_number(self.val_fraction) and 0 < self.val_fraction <= 0.5, "data.val_fraction",
+                 self.val_fraction, "must be in (0, 0.5]")
+        _require(_is_number(self.test_fraction) and 0 <= self.test_fraction <= 0.5, "data.test_fraction",
+                 self.test_fraction, "must be in [0, 0.5]")
+
+    def held_out(self) -> tuple[float, float]:
+        """(validation, test) shares of a text source split here (fullband.data.splits)."""
+        return float(self.val_fraction), float(self.test_fraction)
 
 
 @dataclass

@@ -57,7 +57,7 @@ class MetricsLog:
         else:
             self._truncate(resume_bytes)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self._tb = _summary_writer(tensorboard_dir, start_step) if tensorboard_dir is not None else None
+        self._tb = _summary_writer(tensorboard_dir, self.path) if tensorboard_dir is not None else None
         self._wandb = (WandbSink(wandb_project, self.path.parent, wandb_config or {}, start_step)
                        if wandb_project else None)
 
@@ -132,10 +132,26 @@ class WandbSink:
     def close(self) -> None:
         self.run.finish()
 
-def _summary_writer(log_dir: str | Path, start_step: int) -> Any:
+def _summary_writer(log_dir: str | Path, metrics_path: Path) -> Any:
+    """A TensorBoard writer into ``log_dir`` holding exactly what ``metrics_path`` holds so far, or None without the
+    tensorboard package.
+
+    The directory is rebuilt from the log (its old event files removed, the log's records written again) rather than
+    appended to: TensorBoard reads a directory's event files in file-name order, and names made within one second
+    order by a counter compared as text, so a resumed run's second file could be read before the first. One file
+    per directory, rewritten from metrics.jsonl (already cut back to the checkpoint), depends on neither."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # the tensorboard package is optional
         return None
-    # purge_step drops events a crashed run logged past the checkpoint we resume from.
-    return SummaryWriter(str(log_dir), purge_step=start_step or None)
+    log_dir = Path(log_dir)
+    for old in log_dir.glob("events.out.tfevents.*"):
+        old.unlink()
+    writer = SummaryWriter(str(log_dir))
+    with open(metrics_path, encoding="utf-8") as lines:
+        for line in lines:
+            record = json.loads(line)
+            for tag, item in scalars(record).items():
+                writer.add_scalar(tag, item, record["step"])
+    writer.flush()
+    return writer

@@ -89,5 +89,5 @@ def multipass_loss(
         z = z_loss(out.logits, labels)
         loss = loss + z_loss_weight * z
         metrics["z_loss"] = z.detach()
-    metrics["loss"] = loss.detach()
+    metrics["objective"] = loss.detach()  # what is backpropagated; pass_losses[0] is pass 1's next-token loss
     return loss, metrics

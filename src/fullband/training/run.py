@@ -16,10 +16,12 @@ directory PATH latent feedback (its options section, [retrofit]) and tokenizes w
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib.util
 import json
 import os
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,8 +55,11 @@ from fullband.model import hub
 from fullband.model.serialization import CheckpointError
 from fullband.model_io import AnyLM, build_from_source, load_any, model_class
 from fullband.training.checkpoint import save_model
+from fullband.training.checkpoint_layout import latest_good_checkpoint, list_checkpoints
 from fullband.training.config import TrainRunConfig
 from fullband.training.distributed import cleanup_distributed, init_distributed, wrap_ddp, wrap_fsdp
+from fullband.training.errors import TrainingError
+from fullband.training.resume import SETTINGS_FILE
 from fullband.training.trainer import Trainer
 from fullband.training.validation import loss_eval
 
@@ -68,21 +73,43 @@ class TrainResult:
     steps: int
     tokens: int
     token_equiv_compute: int
-    final_loss: float | None
+    final_loss: float | None  # the objective of the last step: NTP(pass 1) + feedback_weight * mean(later passes)
     validation: dict[str, float]
     seconds: float  # wall time of this invocation
     train_seconds: float  # time in training steps and validation, summed over every invocation of the run
+    final_pass_losses: list[float] | None = None  # next-token loss of each pass of the last step this invocation ran
 
 
 def check_writable(directory: Path) -> None:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise ConfigError(f"out_dir={str(directory)!r} is not writable ({err.strerror}); pick another "
-                          "--out_dir") from None
+    """ConfigError unless ``directory`` can be created or written to; writes nothing (a run writes only once its
+    checks have passed)."""
+    existing = directory.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    why = ("not a directory" if not existing.is_dir() else
+           "permission denied" if not os.access(existing, os.W_OK | os.X_OK) else None)
+    if why is not None:
+        raise ConfigError(f"out_dir={str(directory)!r} is not writable ({existing}: {why}); pick another --out_dir")
+
+
+def check_run_directory(cfg: TrainRunConfig) -> bool:
+    """Whether the run continues from a checkpoint in ``out_dir``: TrainingError when it holds checkpoints and the
+    run does not resume (nothing of that run is touched), or resume=true and it holds none."""
+    out_dir = Path(cfg.out_dir)
+    check_writable(out_dir)
+    has_checkpoints = bool(list_checkpoints(out_dir))
+    if cfg.resume == "false" and has_checkpoints:
+        raise TrainingError(f"{out_dir} already holds checkpoints: continue that run with `{resume_command(out_dir)}`, "
+                            "or pick a new --out_dir")
+    if cfg.resume == "true" and not has_checkpoints:
+        raise TrainingError(f"resume=true, but {out_dir} holds no complete checkpoint to resume: check out_dir, or use "
+                            "--resume auto to start from scratch when there is none")
+    return has_checkpoints and cfg.resume != "false"
+
+
+def resume_command(out_dir: Path) -> str:
+    """The command that continues the run in ``out_dir`` (its settings come from the run: fullband.training.resume)."""
+    return f"fullband train --out_dir {shlex.quote(str(out_dir))} --resume true"
 
 
 def hf_init_path(cfg: TrainRunConfig) -> Path | None:
@@ -97,11 +124,14 @@ def hf_init_path(cfg: TrainRunConfig) -> Path | None:
     return path
 
 
-def build_tokenizer(cfg: TrainRunConfig, out_dir: Path, is_main: bool, barrier: Callable[[], None]) -> Tokenizer:
-    """The run's tokenizer: the one saved in out_dir (resume), the init_from model's, or a new one."""
+def build_tokenizer(cfg: TrainRunConfig, resume_dir: Path | None, is_main: bool,
+                    share: Callable[[Any], Any]) -> Tokenizer:
+    """The run's tokenizer: the one saved in ``resume_dir`` (the run being resumed), the init_from model's, or a new
+    one. ``share(x)`` gives every process rank 0's ``x``: a BPE tokenizer is trained once, by rank 0, and handed to
+    the others in memory (nothing is written into out_dir before the run's checks pass)."""
     hf_path = hf_init_path(cfg)
     init_dir = Path(cfg.init_from) if cfg.init_from and hf_path is None else None
-    for directory in (out_dir / "tokenizer", init_dir):
+    for directory in (resume_dir / "tokenizer" if resume_dir is not None else None, init_dir):
         if directory is not None and (tokenizer := load_tokenizer(directory)) is not None:
             return tokenizer
     if hf_path is not None:
@@ -119,11 +149,11 @@ def build_tokenizer(cfg: TrainRunConfig, out_dir: Path, is_main: bool, barrier: 
     if cfg.data.format == "sft":
         raise ConfigError("data.tokenizer='bpe' is invalid with data.format='sft': fine-tune a pretrained model "
                           "with --init_from DIR (its tokenizer is used) or use data.tokenizer='byte'")
-    # BPE is trained once, by rank 0, on the train split; the other processes load what it saved.
+    trained = None
     if is_main:
-        train_bpe(load_corpus(cfg.data.source, "train"), vocab_size=cfg.data.bpe_vocab_size).save(out_dir / "tokenizer")
-    barrier()
-    return load_tokenizer(out_dir / "tokenizer")
+        trained = train_bpe(load_corpus(cfg.data.source, "train", held_out=cfg.data.held_out()),
+                            vocab_size=cfg.data.bpe_vocab_size)
+    return share(trained)
 
 
 def _prepared_tokenizer(cfg: TrainRunConfig) -> Tokenizer:
@@ -192,28 +222,41 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) -> tuple[BatchFn, Callable | None]:
-    """(train batch_fn, eval_fn) for the data section."""
+@dataclass
+class RunData:
+    """What ``build_batches`` gives a run: its batches, its validation (or None) and the tokens of each split."""
+
+    batch_fn: BatchFn
+    eval_fn: Callable | None
+    train_tokens: int
+    validation_tokens: int
+
+
+def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) -> RunData:
+    """The train batches and validation of the data section."""
     t = cfg.train
     rows = t.batch_size * t.grad_accum * world_size  # global rows of one optimizer step
     if cfg.data.format == "sft":
         pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
-        train = SFTBatches(load_sft(cfg.data.source, tokenizer, t.seq_len), rows, pad, seed=t.seed,
+        examples = load_sft(cfg.data.source, tokenizer, t.seq_len)
+        train = SFTBatches(examples, rows, pad, seed=t.seed,
                            curriculum_steps=round(cfg.data.curriculum * t.total_steps(world_size)))
-        evaluate = None
+        evaluate, val_tokens = None, 0
         if cfg.data.validation_source:
-            val = SFTBatches(load_sft(cfg.data.validation_source, tokenizer, t.seq_len), t.batch_size, pad,
-                             seed=t.seed + 1)
-            evaluate = loss_eval(val.batch, t.eval_batches, cfg.eval_passes)
-        return train.batch, evaluate
+            held_out = load_sft(cfg.data.validation_source, tokenizer, t.seq_len)
+            val = SFTBatches(held_out, t.batch_size, pad, seed=t.seed + 1)
+            evaluate, val_tokens = loss_eval(val.batch, t.eval_batches, cfg.eval_passes), _sft_tokens(held_out)
+        return RunData(train.batch, evaluate, _sft_tokens(examples), val_tokens)
     if is_prepared(cfg.data.source):  # token shards: memory maps, the held-out split from the index
         train_split = load_prepared(cfg.data.source, "train", tokenizer)
         val_split = load_prepared(cfg.data.source, "validation", tokenizer)
         if not val_split.n_tokens:  # prepared with val_fraction=0
-            return TokenBatches(train_split.tokens, t.seq_len, rows, seed=t.seed).batch, None
+            return RunData(TokenBatches(train_split.tokens, t.seq_len, rows, seed=t.seed).batch, None,
+                           train_split.n_tokens, 0)
     else:
-        train_split = load_tokens(cfg.data.source, "train", tokenizer)
-        val_split = load_tokens(cfg.data.source, "validation", tokenizer)
+        held_out = cfg.data.held_out()
+        train_split = load_tokens(cfg.data.source, "train", tokenizer, held_out=held_out)
+        val_split = load_tokens(cfg.data.source, "validation", tokenizer, held_out=held_out)
     train = TokenBatches(train_split.tokens, t.seq_len, rows, seed=t.seed)
     val = TokenBatches(val_split.tokens, t.seq_len, t.batch_size, seed=t.seed + 1)
     losses = loss_eval(val.batch, t.eval_batches, cfg.eval_passes)
@@ -224,22 +267,25 @@ def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) ->
         bpb = {k.replace("val_loss", "val_bpb"): val_split.bits_per_byte(v) for k, v in results.items()}
         return {**results, **bpb}
 
-    return train.batch, evaluate
+    return RunData(train.batch, evaluate, train_split.n_tokens, val_split.n_tokens)
 
 
-def run_train(cfg: TrainRunConfig, progress: bool = True) -> TrainResult:
-    """Train as configured (DDP or FSDP when launched by torchrun); returns where the final model is."""
-    return _run_train(cfg, progress)
+def _sft_tokens(examples: Any) -> int:
+    return sum(len(example.input_ids) for example in examples)
 
 
-def _run_train(cfg: TrainRunConfig, progress: bool) -> TrainResult:
+def run_train(cfg: TrainRunConfig, progress: bool = True, announce: bool = False) -> TrainResult:
+    """Train as configured (DDP or FSDP when launched by torchrun); returns where the final model is.
+
+    Nothing is written into ``out_dir`` before the run's checks have passed (options, data, model, checkpoints
+    there). ``announce``: print what the run trains (parameters, device, threads, data) before its first step, and
+    on Ctrl-C finish the step, save a checkpoint and print the command that resumes it (``fullband train``)."""
     start = time.perf_counter()
     env = init_distributed()
     try:
         device = resolve_device(cfg.device, env.local_rank)
         out_dir = Path(cfg.out_dir)
-        if env.is_main:
-            check_writable(out_dir)
+        resuming = check_run_directory(cfg)
         if cfg.train.wandb_project and importlib.util.find_spec("wandb") is None:
             raise ConfigError(f"train.wandb_project={cfg.train.wandb_project!r} needs the wandb package: pip install "
                               "'fullband[wandb]' (or leave train.wandb_project unset)")
@@ -248,39 +294,59 @@ def _run_train(cfg: TrainRunConfig, progress: bool) -> TrainResult:
             if env.world_size > 1:
                 torch.distributed.barrier()
 
-        tokenizer = build_tokenizer(cfg, out_dir, env.is_main, barrier)
+        def share(value: Any) -> Any:  # rank 0's value on every process
+            if env.world_size == 1:
+                return value
+            holder = [value]
+            torch.distributed.broadcast_object_list(holder, src=0)
+            return holder[0]
+
+        tokenizer = build_tokenizer(cfg, out_dir if resuming else None, env.is_main, share)
         model = build_model(cfg, tokenizer, device)
         if env.world_size > 1 and cfg.train.parallel == "fsdp" and not model.shardable:
             raise ConfigError(f"train.parallel='fsdp' is invalid for {families.family_named(model.family).description} "
                               f"(init_from={cfg.init_from!r}): FSDP shards native models only; use 'ddp'")
         if env.is_main:  # data caches (download, tokenization) are filled once, then read by everyone
-            batch_fn, eval_fn = build_batches(cfg, tokenizer, env.world_size)
+            data = build_batches(cfg, tokenizer, env.world_size)
         barrier()
         if not env.is_main:
-            batch_fn, eval_fn = build_batches(cfg, tokenizer, env.world_size)
-        if env.is_main:
-            save_resolved_config(cfg, out_dir / "config.toml")
-            tokenizer.save(out_dir / "tokenizer")
+            data = build_batches(cfg, tokenizer, env.world_size)
         trainer = Trainer(
-            model, cfg.train, cfg.optim, cfg.schedule, batch_fn, eval_fn, out_dir,
+            model, cfg.train, cfg.optim, cfg.schedule, data.batch_fn, data.eval_fn, out_dir,
             rank=env.rank, world_size=env.world_size, progress=progress and env.is_main,
             run_config=_run_config(cfg, tokenizer), write_extra=tokenizer.save,
         )
+        if announce and env.is_main:
+            print(_summary(cfg, model, tokenizer, data, device, env.world_size), flush=True)
+        # The run's checks have passed: from here on it writes into out_dir.
+        if env.is_main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            # The settings the run trains with (a resumed run's are its own: fullband.training.resume), written
+            # atomically and saying resume=false, so that `--config` with them trains the run again from scratch.
+            save_resolved_config(dataclasses.replace(cfg, resume="false"), out_dir / SETTINGS_FILE)
+            tokenizer.save(out_dir / "tokenizer")
+        barrier()
         if env.world_size > 1:
             (wrap_fsdp if cfg.train.parallel == "fsdp" else wrap_ddp)(trainer)
-        state = trainer.fit(resume=cfg.resume)
+        try:
+            state = trainer.fit(resume=cfg.resume, stop_on_interrupt=announce and env.world_size == 1)
+        except KeyboardInterrupt:
+            if announce and env.is_main:
+                _say_how_to_resume(out_dir)
+            raise
         validation: dict[str, float] = {}
-        if eval_fn is not None and cfg.train.eval_every:
+        if data.eval_fn is not None and cfg.train.eval_every:
             validation = _last_eval(out_dir)  # the Trainer validated (and logged) at the last step
-        elif eval_fn is not None:  # no periodic validation: still report one at the end (not logged)
+        elif data.eval_fn is not None:  # no periodic validation: still report one at the end (not logged)
             model.eval()
             with torch.no_grad():
-                validation = eval_fn(model, state.step)
+                validation = data.eval_fn(model, state.step)
         model_dir = out_dir / "model"
         save_model(model, model_dir, env.rank)  # under FSDP every process takes part in gathering the weights
         if env.is_main:
             tokenizer.save(model_dir)
             _record_training(model_dir, cfg, state)
+        last = trainer.last_record
         # Free DDP's reducer while the process group is still alive and every process is here: destroyed after
         # the group (or after a peer has exited) its gloo destructor can wait forever.
         trainer.model = trainer.raw_model
@@ -288,9 +354,39 @@ def _run_train(cfg: TrainRunConfig, progress: bool) -> TrainResult:
         gc.collect()
         barrier()
         return TrainResult(out_dir, model_dir, state.step, state.tokens, state.token_equiv_compute, state.loss,
-                           validation, time.perf_counter() - start, state.train_seconds)
+                           validation, time.perf_counter() - start, state.train_seconds,
+                           last["pass_losses"] if last is not None else None)
     finally:
         cleanup_distributed()
+
+
+def _summary(cfg: TrainRunConfig, model: AnyLM, tokenizer: Tokenizer, data: RunData, device: torch.device,
+             world_size: int) -> str:
+    """What the run trains, before its first step: the model, where, on what data, for how long."""
+    c, t = model.config, cfg.train
+    feedback = "full-bandwidth (latent feedback)" if c.feedback else "baseline (no feedback)"
+    size = f", d_model {c.d_model}, {c.n_layers} layers" if hasattr(c, "d_model") and hasattr(c, "n_layers") else ""
+    processes = f" x {world_size} processes" if world_size > 1 else ""
+    held_out = f", {data.validation_tokens:,} validation tokens" if data.eval_fn is not None else ", no validation"
+    every = f"every {t.checkpoint_every} steps and " if t.checkpoint_every else ""
+    return "\n".join([
+        f"model: {model.num_parameters():,} parameters, {feedback}{size}",
+        f"device: {device}, {torch.get_num_threads()} threads{processes}",
+        f"data: {cfg.data.source} ({tokenizer.config()['type']} tokenizer, {tokenizer.vocab_size:,} ids): "
+        f"{data.train_tokens:,} training tokens{held_out}",
+        f"run: {t.total_steps(world_size):,} steps of {t.tokens_per_step(world_size):,} tokens; checkpoints "
+        f"{every}at the end in {cfg.out_dir}",
+    ])
+
+
+def _say_how_to_resume(out_dir: Path) -> None:
+    """After Ctrl-C: the last complete checkpoint and the command that continues from it."""
+    last = latest_good_checkpoint(out_dir)
+    if last is None:
+        print(f"\ninterrupted before the first checkpoint: {out_dir} holds nothing to resume", flush=True)
+    else:
+        print(f"\ninterrupted: the last checkpoint is {last}; continue the run with:\n  {resume_command(out_dir)}",
+              flush=True)
 
 
 def _record_training(model_dir: Path, cfg: TrainRunConfig, state: Any) -> None:

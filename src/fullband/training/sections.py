@@ -13,7 +13,10 @@ LR_SCHEDULES = ("cosine", "wsd", "constant")
 Z_LOSS_WHEN = ("always", "cooldown", "off")
 AUTOCAST = ("auto", "bf16", "off")
 COMPILE = ("auto", "true", "false")
-COMPILE_MIN_CPU_STEPS = 100  # compile="auto" on a CPU: runs this long earn back the compile (step_setup.should_compile)
+# compile="auto" on a CPU (step_setup.should_compile): a study's runs, which share one compile cache, compile when its
+# shortest run has this many steps; a single run when its work (step_setup.compile_work) reaches COMPILE_MIN_CPU_WORK.
+COMPILE_MIN_CPU_STEPS = 100
+COMPILE_MIN_CPU_WORK = 6e8
 PARALLEL = ("ddp", "fsdp")
 
 
@@ -25,7 +28,7 @@ class ScheduleConfig:
         0.0,
         "Fraction of all training steps after which multi-pass batches start; before it every batch is "
         "single-pass. 0 = feedback from the first step (the recipe: docs/results/recipe), 0.75 = the paper's late "
-        "start (--preset paper), 1 = never.",
+        "start (fullband train --preset paper), 1 = never.",
     )
     feedback_end: float = doc(
         1.0,
@@ -150,9 +153,11 @@ class TrainConfig:
     compile: str = doc(
         "auto",
         "torch.compile each transformer block for the training forward (the Python loop over passes, evaluation and "
-        "decoding stay eager): 'auto' = on CUDA, and on a CPU for runs of at least 100 steps (the compile takes "
-        "~18 s there the first time, 2-3 s from inductor's disk cache after); 'true'; 'false'. If compiling fails, "
-        "or the first compiled step's loss is not finite, the run trains eagerly and says so.",
+        "decoding stay eager): 'auto' = on CUDA, and on a CPU where it pays for the run's length: when max_steps x "
+        "batch_size x seq_len x grad_accum x d_model x n_layers (x 2 with feedback) reaches 6e8, about where the "
+        "time compiled blocks save covers a 15-18 s compile (fullband compare and recipe decide once per study: "
+        "runs of 100+ steps, which share the compile cache); 'true'; 'false'. If compiling fails, or the first "
+        "compiled step's loss is not finite, the run trains eagerly and says so.",
     )
     activation_checkpointing: bool = doc(
         False,
@@ -173,7 +178,7 @@ class TrainConfig:
     )
     feedback_weight: float = doc(1.0, "λ in L = NTP(pass 1) + λ * mean_{k>=2} NTP(pass k); >= 0 (the paper uses 1).")
     jitter: float = doc(0.02, "σ of the Uniform(-σ, σ) noise on carried states before fusing; >= 0. Applies with "
-                              "grad_passes too (the reasoning studies set 0 there, as their reports were trained).")
+                              "grad_passes too (fullband eval-reasoning sets 0 there unless given).")
     detach_passes: bool = doc(
         False, "Stop gradients between passes (saves memory; the paper backpropagates through all passes)."
     )

@@ -10,26 +10,37 @@ from typing import Any
 import torch
 
 from fullband.config import ConfigError
-from fullband.training.config import COMPILE_MIN_CPU_STEPS
+from fullband.training.config import COMPILE_MIN_CPU_STEPS, COMPILE_MIN_CPU_WORK
 
 
-def should_compile(setting: str, device: torch.device, total_steps: int) -> bool:
-    """Whether the trainer compiles the blocks (``train.compile``): 'auto' = on CUDA, and on a CPU for runs of at
-    least COMPILE_MIN_CPU_STEPS steps when a C++ compiler is there.
+def should_compile(setting: str, device: torch.device, total_steps: int, work: float | None = None) -> bool:
+    """Whether the trainer compiles the blocks (``train.compile``). 'auto' = on CUDA; on a CPU with a C++ compiler,
+    for one run when its ``work`` (:func:`compile_work`) reaches COMPILE_MIN_CPU_WORK, or, for a study's runs, which
+    share one compile cache (``work`` None), when they have at least COMPILE_MIN_CPU_STEPS steps.
 
     Blocks, not the whole model (as torchtitan does): the forward around them is Python control flow over
     passes, prefixes and caches that would break a whole-model graph many times; the blocks are where the FLOPs
-    are, and they see one shape per run whatever the pass count. On 2 CPU cores the compile took ~18 s cold (2-3 s
-    from inductor's disk cache, which later runs on the machine hit) and made a step 1.04-1.28x faster at nanoGPT's
-    CPU config and 1.14-1.24x at compare's (``fullband bench``); compare's default study (125-375-step runs) took
-    220-228 s compiled, cold cache included, against 251 s eager (docs/LOG.md, 2026-12-05): runs shorter than
-    COMPILE_MIN_CPU_STEPS stay eager.
+    are, and they see one shape per run whatever the pass count. Compiling fuses the elementwise work between the
+    matrix products, so a step saves time in proportion to its activations (tokens x d_model x n_layers x passes):
+    on 2 busy AMD EPYC cores, one thread, 0.016 s of a 0.121 s step at d_model 32 (4 layers, 2048 tokens a step)
+    and 0.042 s of 0.465 s at compare's d_model 128, about 2-3e-8 s per unit of that work, against a compile of
+    15 s there: COMPILE_MIN_CPU_WORK (6e8) units earn it back (docs/LOG.md, 2026-12-06). A study compiles by its
+    shortest run's length instead: after its first run the compile comes from inductor's cache, and compare's default
+    study (125-375-step runs) took 220-228 s compiled, cold cache included, against 251 s eager (2026-12-05).
     """
     if setting != "auto":
         return setting == "true"
     if device.type == "cuda":
         return True
-    return device.type == "cpu" and total_steps >= COMPILE_MIN_CPU_STEPS and _cxx_compiler() is not None
+    if device.type != "cpu" or _cxx_compiler() is None:
+        return False
+    return total_steps >= COMPILE_MIN_CPU_STEPS if work is None else work >= COMPILE_MIN_CPU_WORK
+
+
+def compile_work(total_steps: int, tokens_per_step: int, d_model: int, n_layers: int, feedback: bool) -> float:
+    """A run's elementwise work between the blocks' matrix products, what compiled blocks save time on: steps x
+    tokens per step x d_model x n_layers, x 2 for a feedback model (about two passes a step under the recipe)."""
+    return float(total_steps) * tokens_per_step * d_model * n_layers * (2 if feedback else 1)
 
 
 def _cxx_compiler() -> str | None:

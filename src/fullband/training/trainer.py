@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -48,7 +50,7 @@ from fullband.training.metrics import MetricsLog, flops_per_token, peak_flops
 from fullband.training.objective import multipass_loss, sample_plain_prefix
 from fullband.training.optim import build_optimizer, in_cooldown, lr_at, optimizer_ns_dtype, set_lr
 from fullband.training.schedule import FeedbackSchedule
-from fullband.training.step_setup import accumulate, autocast_dtype, should_compile
+from fullband.training.step_setup import accumulate, autocast_dtype, compile_work, should_compile
 
 # batch_fn(step, rank, world_size) -> (inputs, labels), each (batch_size * grad_accum, T): this process's
 # rows of optimizer step ``step``, all micro-batches together; must be a pure function of its arguments.
@@ -81,8 +83,10 @@ class Trainer:
         if train_cfg.seq_len > model.config.max_seq_len:
             raise ConfigError(f"train.seq_len={train_cfg.seq_len} is invalid: must be at most the model's "
                               f"max_seq_len={model.config.max_seq_len}")
-        self.compiled = should_compile(train_cfg.compile, next(model.parameters()).device,
-                                       train_cfg.total_steps(world_size))
+        total = train_cfg.total_steps(world_size)
+        work = compile_work(total, train_cfg.tokens_per_step(), model.config.d_model, model.config.n_layers,
+                            model.config.feedback)
+        self.compiled = should_compile(train_cfg.compile, next(model.parameters()).device, total, work)
         if self.compiled:
             model.compile_blocks()
         self._compile_checked = not self.compiled  # the first compiled step falls back to eager if it fails
@@ -122,6 +126,7 @@ class Trainer:
         self._peak_flops = peak * world_size if peak is not None else None
         self.log: MetricsLog | None = None
         self.write_extra = write_extra
+        self.last_record: dict[str, Any] | None = None  # the metrics of the last step this process trained
 
     # ------------------------------------------------------------------ one step
 
@@ -187,13 +192,13 @@ class Trainer:
             accumulate(totals, metrics, cfg.grad_accum)
 
         # One host sync for all scalars; it also makes the timing below honest on CUDA.
-        names = [k for k in ("loss", "ntp_loss", "z_loss") if k in totals]
+        names = [k for k in ("objective", "ntp_loss", "z_loss") if k in totals]
         values = torch.stack([totals[k] for k in names] + totals["pass_losses"]).float()
         values = self._mean_over_ranks(values).tolist()
         scalars = dict(zip(names, values[: len(names)], strict=True))
-        if not math.isfinite(scalars["loss"]):
+        if not math.isfinite(scalars["objective"]):
             self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError("the loss", scalars["loss"], step)
+            raise NonFiniteLossError("the loss", scalars["objective"], step)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
@@ -208,7 +213,7 @@ class Trainer:
         self.state.step = step + 1
         self.state.tokens += step_tokens
         self.state.token_equiv_compute += step_compute
-        self.state.loss, self.state.lr = scalars["loss"], lr
+        self.state.loss, self.state.lr = scalars["objective"], lr
         seconds = time.perf_counter() - t0
         record = {"kind": "train", "step": step, **scalars, "pass_losses": values[len(names):], "lr": lr,
                   "passes": totals["passes"], "tokens": self.state.tokens,
@@ -256,38 +261,67 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def fit(self, resume: bool | str = False, until: int | None = None) -> TrainingState:
+    def fit(self, resume: bool | str = False, until: int | None = None,
+            stop_on_interrupt: bool = False) -> TrainingState:
         """Train to the end of the run (or to step ``until``, exclusive), checkpointing on the way.
 
         ``resume=True`` (or "true") continues from the latest complete checkpoint in ``out_dir`` and raises
         TrainingError when there is none; "auto" continues from one if there is one, else starts fresh;
         ``resume=False`` (or "false") refuses an ``out_dir`` that already holds checkpoints.
+
+        ``stop_on_interrupt``: the first Ctrl-C (SIGINT) lets the running step finish, saves a checkpoint of it and
+        then raises KeyboardInterrupt (a second one interrupts at once); one process only, from the main thread.
         """
         stop = self.total_steps if until is None else min(until, self.total_steps)
         mode = str(resume).lower()
         start = self._resume(required=mode == "true") if mode in ("true", "auto") else self._start_fresh()
         bar = tqdm(total=self.total_steps, initial=start, disable=not self.progress, unit="step", dynamic_ncols=True)
+        interrupted = _Interrupted() if stop_on_interrupt else contextlib.nullcontext()
         try:
-            for step in range(start, stop):
-                t0 = time.perf_counter()
-                record = self.train_step(step)
-                done = step + 1
-                if self.rank == 0 and (step % self.cfg.log_every == 0 or done == stop):
-                    self.log.write(record)
-                bar.update(1)
-                bar.set_postfix(loss=f"{record['loss']:.4f}", passes=record["passes"],
-                                tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
-                if self.eval_fn is not None and self.cfg.eval_every and (
-                        done % self.cfg.eval_every == 0 or done == self.total_steps):
-                    self.evaluate(step)
-                self.state.train_seconds += time.perf_counter() - t0  # kept in checkpoints: a resumed run adds on
-                if (self.cfg.checkpoint_every and done % self.cfg.checkpoint_every == 0) or done == stop:
-                    self.save()  # after evaluation, so the saved RNG state is the one the next step starts from
+            with interrupted:
+                for step in range(start, stop):
+                    if step == start and self.compiled and not self._compile_checked and self.progress:
+                        tqdm.write("compiling the transformer blocks (torch.compile: about 15-20 s on a CPU the first "
+                                   "time, a few seconds from the compile cache after; --train.compile false skips it)")
+                    self._step(step, stop, bar)
+                    if isinstance(interrupted, _Interrupted) and interrupted.requested and step + 1 < stop:
+                        if not self._saved_at(step + 1):
+                            self.save()
+                        raise KeyboardInterrupt
         finally:
             bar.close()
             if self.log is not None:
                 self.log.close()
         return self.state
+
+    def _step(self, step: int, stop: int, bar: Any) -> None:
+        """Step ``step`` of a run that stops at ``stop``: train, log, validate and checkpoint as configured."""
+        t0 = time.perf_counter()
+        record = self.train_step(step)
+        self.last_record = record
+        done = step + 1
+        if self.rank == 0 and (step % self.cfg.log_every == 0 or done == stop):
+            self.log.write(record)
+        bar.update(1)
+        bar.set_postfix(self._shown(record), refresh=False)
+        if self.eval_fn is not None and self.cfg.eval_every and (
+                done % self.cfg.eval_every == 0 or done == self.total_steps):
+            self.evaluate(step)
+        self.state.train_seconds += time.perf_counter() - t0  # kept in checkpoints: a resumed run adds on
+        if (self.cfg.checkpoint_every and done % self.cfg.checkpoint_every == 0) or done == stop:
+            self.save()  # after evaluation, so the saved RNG state is the one the next step starts from
+
+    def _saved_at(self, step: int) -> bool:
+        return self.cfg.checkpoint_every > 0 and step % self.cfg.checkpoint_every == 0
+
+    def _shown(self, record: dict[str, Any]) -> dict[str, str]:
+        """What the progress bar shows of a step: the next-token loss of pass 1 (val_loss_1pass's quantity, on the
+        training batch) and, with feedback, of the step's last pass; not the objective, which adds them up."""
+        losses = record["pass_losses"]
+        shown = {"loss": f"{losses[0]:.4f}"}
+        if self.raw_model.config.feedback:
+            shown["last_pass"] = f"{losses[-1]:.4f}"
+        return shown | {"passes": str(record["passes"]), "tok_s": f"{record['tokens_per_s']:.0f}"}
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Run ``eval_fn`` on the raw model (eval mode, no grad) and log its numbers under ``step``.
@@ -377,3 +411,27 @@ class Trainer:
             self.log = MetricsLog(self.out_dir / METRICS_FILE, resume_bytes=resume_bytes,
                                   tensorboard_dir=self.out_dir / "tensorboard", start_step=start_step,
                                   wandb_project=self.cfg.wandb_project, wandb_config=self.run_config)
+
+
+class _Interrupted:
+    """Within this block the first SIGINT only sets ``requested`` (the loop checks it between steps); the second
+    raises KeyboardInterrupt as usual. Outside the main thread, where no handler can be set, it does nothing."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _Interrupted:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        tqdm.write("Ctrl-C: finishing this step and saving a checkpoint (Ctrl-C again to stop at once)")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
