@@ -13,6 +13,8 @@ from fullband.config import (
     _require_ints,
     apply_preset,
     doc,
+    resume_field,
+    study_resumes,
     threads_field,
     validate_device_name,
     validate_threads,
@@ -84,13 +86,14 @@ class ControlsConfig:
     threads: str = threads_field()
     device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
     progress: bool = doc(True, "Progress lines.")
-    resume: bool = doc(False, "Continue an interrupted study in out_dir: finished runs are read back, an "
-                       "unfinished one starts again (the same numbers as an uninterrupted study).")
+    resume: str = resume_field("finished runs are read back, an unfinished one starts again: the numbers of an "
+                               "uninterrupted study")
 
     def __post_init__(self) -> None:
         validate_device_name(self.device)
         apply_preset(self, self.PRESETS)
         self.threads = validate_threads(self.threads)
+        self.resume = study_resumes(self.resume, self.out_dir)  # from here on: whether it continues out_dir's study
         for name in ("groups", "arms", "ablations", "test_lengths", "learning_rates", "weight_decays",
                      "equal_flops_shapes", "loops_per_step", "rnn_cells", "feedback_weights"):
             value = getattr(self, name)
@@ -129,5 +132,4 @@ class ControlsConfig:
                  f"must end before the cool-down starts (at {1 - self.cooldown_fraction:g} of the steps)")
         _require(_is_number(self.fusion_lr_mult) and self.fusion_lr_mult > 0, "fusion_lr_mult", self.fusion_lr_mult,
                  "must be > 0")
-        _require(isinstance(self.resume, bool), "resume", self.resume, "must be true or false")
         _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
