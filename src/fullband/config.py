@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fullband.files import write_json
+
 
 class ConfigError(ValueError):
     """A configuration value is missing, unknown or out of range."""
@@ -137,7 +139,7 @@ class ModelConfig:
         return from_dict(cls, data)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> ModelConfig:

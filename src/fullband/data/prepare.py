@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from fullband.data.cache import atomic_write, atomic_write_json
 from fullband.data.config import INDEX_FILE, PROGRESS_FILE, SHARDS_FORMAT, TOKENIZER_DIR, PrepareConfig
 from fullband.data.errors import DataError
 from fullband.data.prepare_inputs import (
@@ -41,6 +40,7 @@ from fullband.data.prepare_inputs import (
     open_dataset,
 )
 from fullband.data.tokenizer import ByteTokenizer, Tokenizer, load_pretrained_tokenizer, load_tokenizer
+from fullband.files import write_file, write_json
 
 VERSION = 1
 FILE_PREFIX = {"validation": "val", "train": "train"}
@@ -179,7 +179,8 @@ def prepare_shards(cfg: PrepareConfig) -> dict[str, Any]:
     if progress is None:
         return {**_read_json(out / INDEX_FILE), "seconds": 0.0, "input_bytes": 0, "already_done": True}
     tokenizer.save(out / TOKENIZER_DIR)
-    atomic_write_json(out / PROGRESS_FILE, progress)  # before any shard: a rerun always knows the directory is ours
+    # before any shard: a rerun always knows the directory is ours
+    write_json(out / PROGRESS_FILE, progress, sort_keys=True)
     shards: list[dict[str, Any]] = progress["shards"]
     begun = {s: any(r["split"] == s and r["tokens"] for r in shards) for s in FILE_PREFIX}
     workers = cfg.workers or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
@@ -215,18 +216,18 @@ def prepare_shards(cfg: PrepareConfig) -> dict[str, Any]:
                     read[0] += e.size
                     bar.update(e.size)
 
-            atomic_write(out / record["file"], write)
+            write_file(out / record["file"], write)
             if record["tokens"]:
                 shards.append(record)
             else:  # chunks that held no text: nothing to keep
                 (out / record["file"]).unlink()
             progress["next_chunk"] = last[0] + 1
-            atomic_write_json(out / PROGRESS_FILE, progress)
+            write_json(out / PROGRESS_FILE, progress, sort_keys=True)
     index = _index(shards, tokenizer, dtype, settings)
     if not index["splits"]["train"]["tokens"]:
         raise DataError(f"the train split of {cfg.input!r} is empty (all of it went to validation or it has no text); "
                         "lower --val_fraction or give more text")
-    atomic_write_json(out / INDEX_FILE, index)  # last: its presence means the shards are complete
+    write_json(out / INDEX_FILE, index, sort_keys=True)  # last: its presence means the shards are complete
     (out / PROGRESS_FILE).unlink(missing_ok=True)
     return {**index, "seconds": time.perf_counter() - started_at, "input_bytes": read[0] if unit == "B" else 0,
             "already_done": False}

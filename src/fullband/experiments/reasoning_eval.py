@@ -16,8 +16,8 @@ from fullband.data import ByteTokenizer, Tokenizer
 from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.reasoning_data import EXTRA_TOKENS, task_of
 from fullband.experiments.records import Cell, DecodedCell
-from fullband.experiments.results import write_json
 from fullband.experiments.study import cells_cache, summarize
+from fullband.files import write_json
 from fullband.model import FullBandwidthLM
 from fullband.model_io import load_any
 from fullband.modes import DecodingMode

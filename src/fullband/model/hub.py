@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from fullband.config import DEFAULT_MODE, DEFAULT_SCORE_MODE
+from fullband.files import dumps, write_text
 
 MODEL_TYPE = "fullband"
 REMOTE_CONFIG_FILE = "configuration_fullband.py"
@@ -118,8 +119,8 @@ def write_remote_code(directory: str | Path, remote: RemoteCode = NATIVE_REMOTE_
     directory = Path(directory)
     text = {REMOTE_CONFIG_FILE: _CONFIG_TEMPLATE, REMOTE_MODELING_FILE: _MODELING_TEMPLATE}
     for name, template in text.items():
-        (directory / name).write_text(template.format(module=remote.module, config=remote.config,
-                                                      model=remote.model, missing=_MISSING))
+        write_text(directory / name, template.format(module=remote.module, config=remote.config, model=remote.model,
+                                                     missing=_MISSING))
 
 
 def read_training_info(directory: str | Path) -> dict[str, Any] | None:
@@ -222,8 +223,8 @@ def write_model_card(directory: str | Path, config: dict[str, Any], training: di
         "",
     ]
     if training:
-        lines += ["```json fullband-training", json.dumps(training, indent=2, sort_keys=True), "```", ""]
-    path.write_text("\n".join(lines))
+        lines += ["```json fullband-training", dumps(training, sort_keys=True), "```", ""]
+    write_text(path, "\n".join(lines))
 
 
 def model_config_fields(data: dict[str, Any], names: set[str]) -> dict[str, Any]:

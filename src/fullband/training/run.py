@@ -412,5 +412,6 @@ def _last_eval(out_dir: Path) -> dict[str, float]:
         for line in path.read_text().splitlines():
             record = json.loads(line)
             if record.get("kind") == "eval":
-                last = {k: v for k, v in record.items() if k.startswith("val_")}
+                # a non-finite loss is written as null (fullband.files): read it back as NaN
+                last = {k: float("nan") if v is None else v for k, v in record.items() if k.startswith("val_")}
     return last

@@ -8,11 +8,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 from fullband.config import ConfigError
+from fullband.files import write_json
 from fullband.integrations.lm_eval.config import LmEvalConfig
 
 
@@ -47,7 +47,7 @@ def run_lm_eval(cfg: LmEvalConfig) -> tuple[dict[str, Any], str]:
     results["fullband"] = dataclasses.asdict(cfg)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
+    write_json(out_dir / "results.json", results, default=handle_non_serializable)
     if samples is not None:
-        (out_dir / "samples.json").write_text(json.dumps(samples, indent=2, default=handle_non_serializable) + "\n")
+        write_json(out_dir / "samples.json", samples, default=handle_non_serializable)
     return results, make_table(results)
