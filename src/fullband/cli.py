@@ -4,6 +4,7 @@ dataclass (help from its field docs), set by ``--config FILE`` (TOML/YAML) and `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import os
 import sys
@@ -39,6 +40,7 @@ def run_generate(cfg: GenerateConfig) -> None:
     import torch
 
     from fullband.data import load_tokenizer
+    from fullband.generation.decoding import decode
     from fullband.model_io import checkpoint_dir, load_any
 
     model = load_any(cfg.checkpoint, device=cfg.device)  # native, retrofitted (retrofit.json) or hf:PATH
@@ -52,12 +54,10 @@ def run_generate(cfg: GenerateConfig) -> None:
     if len(prompt) + cfg.max_new_tokens > context:
         raise ConfigError(f"--max_new_tokens {cfg.max_new_tokens} is too many: the prompt has {len(prompt)} tokens "
                           f"and the model's context is {context}; use at most {max(context - len(prompt), 0)}")
-    stops = [tokenizer.eos_id] if tokenizer is not None and cfg.stop_at_eos and tokenizer.eos_id is not None else []
-    steps = model.stream(
-        prompt, cfg.max_new_tokens, cfg.mode, prefill_passes=cfg.prefill_passes, temperature=cfg.temperature,
-        top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed, stop_token_ids=stops, exact_chunk_size=cfg.exact_chunk_size,
-        speculative=_speculative(cfg, model),
-    )
+    eos = [tokenizer.eos_id] if tokenizer is not None and cfg.stop_at_eos and tokenizer.eos_id is not None else []
+    stops = [*eos, *cfg.decode.stop_token_ids]
+    options = dataclasses.replace(cfg.decode, stop_token_ids=tuple(stops))
+    steps = decode(model, prompt, cfg.max_new_tokens, options, speculative=_speculative(cfg, model))
     generated: list[int] = []
     shown = ""
     with torch.no_grad():

@@ -132,19 +132,20 @@ def test_stream_yields_the_generated_tokens(model):
 def test_mode_names_and_defaults_have_one_definition():
     import inspect
 
-    from fullband.config import DECODING_MODES, DEFAULT_MODE, DEFAULT_SCORE_MODE
     from fullband.generation import MODES, generate, stream
     from fullband.generation.config import GenerateConfig
     from fullband.integrations.lm_eval.config import LmEvalConfig
     from fullband.integrations.lm_eval.continuation import score_continuations
     from fullband.model import hub
+    from fullband.modes import DECODING_MODES, DEFAULT_MODE, DEFAULT_SCORE_MODE
 
     assert MODES == DECODING_MODES == ("standard", "soft", "fused", "exact")
     decoding_defaults = [inspect.signature(f).parameters["mode"].default
                          for f in (generate, stream, FullBandwidthLM.generate, FullBandwidthLM.stream)]
     assert decoding_defaults == [DEFAULT_MODE] * 4 == ["soft"] * 4  # DESIGN.md §5
-    assert GenerateConfig(checkpoint="x").mode == hub.DECODING_DEFAULTS["decoding_mode"] == DEFAULT_MODE
+    assert GenerateConfig(checkpoint="x").decode.mode == hub.DECODING_DEFAULTS["decoding_mode"] == DEFAULT_MODE
     # Scoring a given text defaults to the plain pass.
     score_default = inspect.signature(score_continuations).parameters["mode"].default
-    assert LmEvalConfig(checkpoint="x", tasks=("t",)).mode == hub.DECODING_DEFAULTS["score_mode"] == score_default
+    eval_default = LmEvalConfig(checkpoint="x", tasks=("t",)).decode.mode
+    assert eval_default == hub.DECODING_DEFAULTS["score_mode"] == score_default
     assert score_default == DEFAULT_SCORE_MODE == "standard"

@@ -16,6 +16,7 @@ from scipy.stats import chisquare
 
 from fullband.generation import SpeculativeConfig, SpeculativeDecoder, decode_step, left_pad, prefill
 from fullband.generation.sampling import token_probs
+from fullband.modes import DecodeOptions
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
@@ -198,7 +199,7 @@ def test_rejection_rule_turns_draws_from_q_into_draws_from_p():
     target_logits = torch.tensor([[2.0, 1.2, 0.3, -0.5, 0.9]], dtype=torch.float64).expand(draws, -1)
     q = torch.tensor([0.1, 0.5, 0.1, 0.2, 0.1]).expand(draws, -1)
     drafts = torch.multinomial(q, 1, generator=generator)  # (draws, 1)
-    decoder = SpeculativeDecoder(make_model(vocab_size=5), SpeculativeConfig(), temperature=0.7, top_k=3,
+    decoder = SpeculativeDecoder(make_model(vocab_size=5), SpeculativeConfig(), DecodeOptions(temperature=0.7, top_k=3),
                                  generator=generator)
     uniform = torch.rand(draws, 1, generator=generator, dtype=torch.float64)
     accepted = decoder._accepts(target_logits[:, None], drafts, q[:, None], uniform, torch.arange(1))[:, 0]
@@ -245,8 +246,8 @@ def test_speculative_sampling_follows_plain_sampling(mode):
     accepted = drafted = 0
     for _ in range(calls):
         state = prefill(target, ids, mask, mode, len(prompt) + new)
-        decoder = SpeculativeDecoder(target, SpeculativeConfig(drafter, gamma=2), temperature=temperature,
-                                     generator=generator)
+        decoder = SpeculativeDecoder(target, SpeculativeConfig(drafter, gamma=2),
+                                     DecodeOptions(temperature=temperature), generator=generator)
         out = torch.stack(list(decoder.stream(state, ids, mask, new)), 1)  # (rows, new)
         index = (out * vocab ** torch.arange(new - 1, -1, -1)).sum(1)  # the row of itertools.product's order
         counts += torch.bincount(index, minlength=len(continuations)).double()

@@ -156,7 +156,7 @@ def fullband_scores(checkpoint, tmp_path_factory, one_thread_per_module):
             with pytest.MonkeyPatch.context() as patch:
                 patch.chdir(LM_EVAL_TASKS)  # the task's data_files path is relative
                 assert main(["eval", "--checkpoint", str(path), "--tasks", "fb_tiny_ppl", "--include_path", ".",
-                             "--include_defaults", "false", "--mode", mode, "--out_dir", str(out_dir)]) == 0
+                             "--include_defaults", "false", "--decode.mode", mode, "--out_dir", str(out_dir)]) == 0
             scores[mode] = json.loads((out_dir / "results.json").read_text())["results"]["fb_tiny_ppl"]
         return scores[mode]
 

@@ -188,13 +188,13 @@ def task_dir(tmp_path_factory):
 def test_eval_lm_runs_a_local_5_shot_task_offline(checkpoint, task_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["eval", "--checkpoint", str(checkpoint), "--tasks", "fb_add_mc,fb_add_gen", "--num-fewshot", "5",
-                 "--include_path", str(task_dir), "--include_defaults", "false", "--mode", "soft",
+                 "--include_path", str(task_dir), "--include_defaults", "false", "--decode.mode", "soft",
                  "--log_samples", "true", "--out_dir", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "fb_add_mc" in printed and "exact_match" in printed and "|acc" in printed
     results = json.loads((out / "results.json").read_text())
     assert results["n-shot"] == {"fb_add_mc": 5, "fb_add_gen": 5}
-    assert results["fullband"]["mode"] == "soft"
+    assert results["fullband"]["decode"]["mode"] == "soft"  # the config as run: its [decode] section
     samples = json.loads((out / "samples.json").read_text())
     context = samples["fb_add_mc"][0]["arguments"][0][0]
     assert context.count("=") == 6  # five solved examples, then the question
@@ -224,7 +224,7 @@ def test_simple_evaluate_finds_the_registered_model_by_name(checkpoint, task_dir
     ("argv", "message"),
     [
         (["--tasks", "nope", "--include_defaults", "false"], "unknown task(s) ['nope']"),
-        (["--tasks", "x", "--mode", "fast"], "mode='fast' is invalid"),
+        (["--tasks", "x", "--decode.mode", "fast"], "mode='fast' is invalid"),
         (["--tasks", ""], "tasks=() is invalid"),
     ],
 )

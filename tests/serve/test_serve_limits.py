@@ -132,13 +132,15 @@ def _metric(text: str, name: str) -> float:
 
 
 def test_serve_bad_option_is_answered_before_torch_or_fastapi_is_imported():
-    code = ("import sys; from fullband.cli import main; rc = main(['serve', '--checkpoint', 'x', '--mode', 'fast']);"
+    code = ("import sys; from fullband.cli import main; "
+            "rc = main(['serve', '--checkpoint', 'x', '--decode.mode', 'fast']);"
             "assert rc == 2 and not {'torch', 'fastapi', 'uvicorn'} & set(sys.modules), sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stderr.strip() == ("fullband serve: error: mode='fast' is invalid: must be one of standard, soft, "
-                                   "fused (with prefill_passes), fused:K (K >= 0 extra fused prompt passes), exact")
+    assert proc.stderr.strip() == ("fullband serve: error: decode.mode='fast' is invalid: must be one of "
+                                   "standard, soft, fused (with prefill_passes), fused:K (K >= 0 extra fused prompt "
+                                   "passes), exact")
 
 
 def test_serve_missing_checkpoint_is_one_line(tmp_path):

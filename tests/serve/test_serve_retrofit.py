@@ -14,6 +14,7 @@ from serve_fixtures import LiveServer, request, run_engine
 
 from fullband.data import ByteTokenizer
 from fullband.model_io import load_any
+from fullband.modes import DecodeOptions
 from fullband.serve.config import ServeConfig
 from fullband.serve.engine import Engine
 from fullband.serve.server import build_app
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 @pytest.fixture(scope="module")
 def retrofit_server(tmp_path_factory):
     _, retrofitted, _ = save_strong_retrofit(tmp_path_factory.mktemp("retrofit"))
-    app = build_app(ServeConfig(checkpoint=str(retrofitted), max_batch=4, temperature=0.0))
+    app = build_app(ServeConfig(checkpoint=str(retrofitted), max_batch=4, decode=DecodeOptions(temperature=0.0)))
     live = LiveServer(app, load_any(retrofitted), app.state.engine)
     yield live
     live.stop()

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from fullband.config import DEFAULT_MODE, EXACT_METHODS
+from fullband.config import EXACT_METHODS
 from fullband.model.family import FamilyInterface
 from fullband.model.kv_cache import CacheSlots
 from fullband.model.recurrence import (
@@ -39,6 +39,7 @@ from fullband.model.recurrence import (
     run_passes,
     truncation,
 )
+from fullband.modes import DEFAULT_MODE
 
 
 class FeedbackLM(FamilyInterface, nn.Module):

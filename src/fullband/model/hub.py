@@ -23,8 +23,8 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from fullband.config import DEFAULT_MODE, DEFAULT_SCORE_MODE
 from fullband.files import dumps, write_text
+from fullband.modes import DEFAULT_MODE, DEFAULT_SCORE_MODE
 
 MODEL_TYPE = "fullband"
 REMOTE_CONFIG_FILE = "configuration_fullband.py"
@@ -219,7 +219,7 @@ def write_model_card(directory: str | Path, config: dict[str, Any], training: di
         "",
         "lm-evaluation-harness: `lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True,"
         "decoding_mode=soft,score_mode=soft --tasks ...`. fullband itself: `fullband generate --checkpoint DIR`, "
-        "`fullband eval --checkpoint DIR --tasks ... --mode soft`, `fullband.model_io.load_any(DIR)`.",
+        "`fullband eval --checkpoint DIR --tasks ... --decode.mode soft`, `fullband.model_io.load_any(DIR)`.",
         "",
     ]
     if training:

@@ -34,8 +34,10 @@ def run_lm_eval(cfg: LmEvalConfig) -> tuple[dict[str, Any], str]:
     if unknown:
         raise ConfigError(f"tasks={list(cfg.tasks)!r}: unknown task(s) {unknown}"
                           + ("" if cfg.include_path else "; local task YAMLs need --include_path DIR"))
+    d = cfg.decode
     model = adapter.FullbandLM(
-        cfg.checkpoint, mode=cfg.mode, prefill_passes=cfg.prefill_passes, exact_chunk_size=cfg.exact_chunk_size,
+        cfg.checkpoint, mode=d.mode, prefill_passes=d.prefill_passes, exact_chunk_size=d.exact_chunk_size,
+        temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, seed=d.seed, stop_token_ids=d.stop_token_ids,
         batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype, max_gen_toks=cfg.max_gen_toks,
     )
     results = lm_eval.simple_evaluate(
