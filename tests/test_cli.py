@@ -7,6 +7,7 @@ from conftest import make_model
 from fullband.cli import COMMANDS, main
 from fullband.config import ConfigError
 from fullband.configio import build_config
+from fullband.generation import generate
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def test_generate_prints_token_ids_without_tokenizer(checkpoint, capsys):
     assert main(["generate", "--checkpoint", path, "--prompt", "5 17 3", "--decode.mode", "exact",
                  "--max-new-tokens", "6"]) == 0
     printed = [int(t) for t in capsys.readouterr().out.split()]
-    assert printed == model.generate([5, 17, 3], max_new_tokens=6, mode="exact")
+    assert printed == generate(model, [5, 17, 3], max_new_tokens=6, mode="exact")
 
 
 def test_generate_reads_a_config_file_and_flags_override_it(checkpoint, tmp_path, capsys):
@@ -42,14 +43,14 @@ def test_generate_reads_a_config_file_and_flags_override_it(checkpoint, tmp_path
     (tmp_path / "gen.toml").write_text(config)
     assert main(["generate", "--config", str(tmp_path / "gen.toml"), "--decode.mode", "fused"]) == 0
     printed = [int(t) for t in capsys.readouterr().out.split()]
-    assert printed == model.generate([1, 2], max_new_tokens=3, mode="fused")
+    assert printed == generate(model, [1, 2], max_new_tokens=3, mode="fused")
 
 
 def test_generate_with_a_drafter_prints_the_same_tokens(checkpoint, tmp_path, capsys):
     model, path = checkpoint
     make_model(seed=3, feedback=False, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
                dtype=torch.float32).save_pretrained(tmp_path / "small")
-    expected = model.generate([5, 17, 3], max_new_tokens=12, mode="soft")
+    expected = generate(model, [5, 17, 3], max_new_tokens=12, mode="soft")
     for drafter in ("standard", "early_exit", str(tmp_path / "small")):
         assert main(["generate", "--checkpoint", path, "--prompt", "5 17 3", "--max_new_tokens", "12",
                      "--drafter", drafter, "--gamma", "3", "--adaptive_gamma", "true"]) == 0

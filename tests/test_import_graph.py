@@ -164,17 +164,21 @@ def test_outside_integrations_a_family_is_named_in_docstrings_only():
     assert not found, "a family named outside integrations/ and docstrings: " + "; ".join(found)
 
 
-def test_decoding_is_bound_from_the_generation_side():
-    # A fresh interpreter: the model package loads no decoding code, and the public API decodes all the same.
+def test_decoding_lives_outside_the_model():
+    # A fresh interpreter: the model package loads no decoding code, nothing is bound onto a model class when
+    # generation is imported, and the public API decodes all the same (generate(model, ...), as nanochat's Engine).
     code = (
         "import sys, torch\n"
         "import fullband.model\n"
         "assert 'fullband.generation' not in sys.modules\n"
-        "from fullband import FullBandwidthLM, ModelConfig\n"
+        "from fullband import FullBandwidthLM, ModelConfig, generate, stream\n"
+        "assert 'fullband.generation.decoding' in sys.modules\n"
+        "assert not any(hasattr(cls, name) for cls in FullBandwidthLM.__mro__ for name in ('generate', 'stream', "
+        "'bind_decoding'))\n"
         "torch.manual_seed(0)\n"
         "model = FullBandwidthLM(ModelConfig(vocab_size=16, d_model=8, n_layers=1, n_heads=2, max_seq_len=16))\n"
-        "ids = model.generate([1, 2, 3], max_new_tokens=4, mode='soft')\n"
+        "ids = generate(model, [1, 2, 3], max_new_tokens=4, mode='soft')\n"
         "assert len(ids) == 7 and ids[:3] == [1, 2, 3], ids\n"
-        "assert len(list(model.stream([1, 2], max_new_tokens=3))) == 3\n"
+        "assert len(list(stream(model, [1, 2], max_new_tokens=3))) == 3\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -4,6 +4,7 @@ values, one function maps a mode to its prefill, and the names the studies write
 import pytest
 
 from fullband.config import ConfigError
+from fullband.generation import generate
 from fullband.modes import (
     DECODING_MODES,
     EXACT,
@@ -116,10 +117,10 @@ def test_every_consumer_takes_fused_k_as_fused_with_k_passes():
     with torch.no_grad():
         model.fusion.state_proj.weight.mul_(30)  # so that the pass count shows in the tokens
     prompt = [5, 17, 3, 44, 8, 21]
-    two = model.generate(prompt, 8, mode="fused", prefill_passes=2)
-    assert model.generate(prompt, 8, mode="fused:2") == two
-    assert model.generate(prompt, 8, mode=fused(2), prefill_passes=7) == two  # a parsed value carries its count
-    assert model.generate(prompt, 8, mode="fused:0") != two or model.generate(prompt, 8, mode="fused:1") != two
+    two = generate(model, prompt, 8, mode="fused", prefill_passes=2)
+    assert generate(model, prompt, 8, mode="fused:2") == two
+    assert generate(model, prompt, 8, mode=fused(2), prefill_passes=7) == two  # a parsed value carries its count
+    assert generate(model, prompt, 8, mode="fused:0") != two or generate(model, prompt, 8, mode="fused:1") != two
     pairs = [(prompt, [9, 2, 30]), (prompt[:2], [4])]
     assert score_continuations(model, pairs, "fused:2") == score_continuations(model, pairs, "fused", prefill_passes=2)
     hf = FullBandwidthForCausalLM.from_native(model, decoding_mode="fused:2").eval()

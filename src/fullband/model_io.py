@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-import fullband.generation.decoding  # noqa: F401 (binds generate / stream: every loaded model decodes)
 from fullband.integrations import families
 from fullband.integrations.families import Family
 from fullband.model import FeedbackLM

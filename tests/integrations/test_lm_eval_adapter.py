@@ -16,6 +16,7 @@ from lm_eval.api.instance import Instance
 from fullband import FullBandwidthLM
 from fullband.cli import main
 from fullband.data import ByteTokenizer
+from fullband.generation import generate
 from fullband.generation.decoding import decode_step, left_pad, prefill
 from fullband.integrations.lm_eval.adapter import FullbandLM
 from fullband.integrations.lm_eval.continuation import score_continuations
@@ -97,7 +98,7 @@ def test_modes_differ_and_fused_with_enough_passes_is_exact(checkpoint):
 def test_greedy_flag_matches_greedy_decoding(checkpoint, mode):
     model = adapter(checkpoint, mode).model
     prompts = [[7, 8, 9], [100, 3, 4, 5, 6, 7], [42]]
-    generated = model.generate(prompts, max_new_tokens=5, mode=mode, prefill_passes=2)
+    generated = generate(model, prompts, max_new_tokens=5, mode=mode, prefill_passes=2)
     pairs = [(p, g[len(p) :]) for p, g in zip(prompts, generated, strict=True)]
     assert all(greedy for _, greedy in score_continuations(model, pairs, mode, prefill_passes=2))
     changed = [(p, [*x[:-1], (x[-1] + 1) % 320]) for p, x in pairs]
@@ -135,7 +136,8 @@ def test_generate_until_decodes_in_the_mode_and_cuts_at_the_stop_string(checkpoi
     model, tok = lm.model, ByteTokenizer()
     full = []
     for p in prompts:
-        ids = model.generate(tok.encode(p), max_new_tokens=10, mode=mode, prefill_passes=2, stop_token_ids=[tok.eos_id])
+        ids = generate(model, tok.encode(p), max_new_tokens=10, mode=mode, prefill_passes=2,
+                       stop_token_ids=[tok.eos_id])
         full.append(tok.decode(ids[len(p) :]))
     # Stop at the first character of the first output that is a real character (random bytes decode partly to
     # U+FFFD, which a stream decoder and a whole-text decoder place differently) and not at its start.

@@ -22,6 +22,7 @@ from conftest import LM_EVAL_CLI, save_strong_retrofit
 
 from fullband.cli import main
 from fullband.data import ByteTokenizer
+from fullband.generation import generate
 from fullband.integrations.retrofit import RetrofittedLM
 from fullband.model_io import load_any
 
@@ -52,7 +53,7 @@ def test_generate_accepts_a_retrofitted_checkpoint_and_hf_paths(dirs, capsys):
         assert main(["generate", "--checkpoint", str(spec), "--prompt", prompt, "--decode.mode", mode,
                      "--max_new_tokens", "8", "--stop_at_eos", "false"]) == 0
         outputs[name] = generated(capsys)
-    expected = ByteTokenizer().decode(model.generate(ids, max_new_tokens=8, mode="soft")[len(ids):])
+    expected = ByteTokenizer().decode(generate(model, ids, max_new_tokens=8, mode="soft")[len(ids):])
     assert outputs["retro-soft"] == prompt + expected
     # Standard mode is the pretrained network itself, so the fresh hf: retrofit decodes the same tokens.
     assert outputs["retro-standard"] == outputs["hf-standard"] != outputs["retro-soft"]
@@ -132,7 +133,7 @@ def test_transformers_opens_the_retrofitted_checkpoint_with_remote_code(dirs, tm
     with torch.no_grad():
         base_logits = model.base(ids).logits  # standard scoring = the pretrained network
     torch.testing.assert_close(torch.tensor(got["logits"]), base_logits, atol=1e-5, rtol=1e-5)
-    assert got["soft"] == model.generate(ids, max_new_tokens=6, mode="soft").tolist()
+    assert got["soft"] == generate(model, ids, max_new_tokens=6, mode="soft").tolist()
 
 
 def test_lm_eval_cli_hf_model_scores_a_retrofitted_checkpoint_as_fullband_eval(dirs, eval_scores, tmp_path):

@@ -16,6 +16,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, T
 
 from fullband.cli import main
 from fullband.data import TransformersTokenizer, load_tokenizer
+from fullband.generation import generate
 from fullband.integrations.retrofit import RetrofittedLM
 from fullband.model_io import load_any
 
@@ -117,7 +118,7 @@ def test_train_retrofitted_gpt2_then_generate(hf_dir, text_file, tmp_path, capsy
     for mode in ("soft", "exact"):
         assert main(["generate", "--checkpoint", str(model_dir), "--prompt", "The king", "--max_new_tokens", "6",
                      "--decode.mode", mode]) == 0
-        new = model.generate(prompt, 6, mode=mode, stop_token_ids=[tokenizer.eos_id])[len(prompt) :]
+        new = generate(model, prompt, 6, mode=mode, stop_token_ids=[tokenizer.eos_id])[len(prompt) :]
         new = new[: new.index(tokenizer.eos_id)] if tokenizer.eos_id in new else new
         assert capsys.readouterr().out == "The king" + tokenizer.decode(new) + "\n"  # the model's own tokens
         outputs.append(new)

@@ -185,7 +185,7 @@ def stream(
     exact_tol: float | None = None,
     speculative: SpeculativeConfig | dict | None = None,
 ) -> Iterator[torch.Tensor]:
-    """:func:`decode` with the :class:`~fullband.modes.DecodeOptions` given one by one (``model.stream``)."""
+    """:func:`decode` with the :class:`~fullband.modes.DecodeOptions` given one by one."""
     options = DecodeOptions(mode, prefill_passes, exact_chunk_size, temperature, top_k, top_p, seed,
                             tuple(stop_token_ids), pad_token_id)
     return decode(model, prompt_ids, max_new_tokens, options, attention_mask=attention_mask, exact_tol=exact_tol,
@@ -227,7 +227,3 @@ def _with_prompts(prompt_ids: PromptInput, steps: list[torch.Tensor], attention_
     single = len(prompt_ids) > 0 and isinstance(prompt_ids[0], int)
     return rows[0] if single else rows
 
-
-# Importing this module makes every model's generate / stream run the functions above (the model package imports
-# nothing from generation).
-FeedbackLM.bind_decoding(generate, stream)
