@@ -34,8 +34,8 @@ import torch
 
 from fullband import ModelConfig
 from fullband.data import load_tokenizer
+from fullband.families import load_any
 from fullband.generation import SpeculativeConfig, SpeculativeDecoder, prefill, stream
-from fullband.model_io import load_any
 
 # The checkpoints: `fullband train` on the embedded Shakespeare corpus, byte tokenizer, 300 steps each (~3 min).
 TRAIN_COMMON = ["--model.max_seq_len", "512", "--train.batch_size", "16", "--train.seq_len", "96",

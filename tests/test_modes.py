@@ -108,8 +108,8 @@ def test_every_consumer_takes_fused_k_as_fused_with_k_passes():
     import torch
 
     from fullband import FullBandwidthLM, ModelConfig
+    from fullband.evaluation.continuation import score_continuations
     from fullband.integrations.hf import FullBandwidthForCausalLM
-    from fullband.integrations.lm_eval.continuation import score_continuations
 
     torch.manual_seed(0)
     model = FullBandwidthLM(ModelConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, max_seq_len=32,

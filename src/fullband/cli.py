@@ -16,10 +16,10 @@ from fullband.bench.config import BenchConfig
 from fullband.config import CheckConfig, ConfigError
 from fullband.configio import add_dataclass_arguments, config_from_args, given_values
 from fullband.data.config import PrepareConfig
+from fullband.evaluation.config import LmEvalConfig
 from fullband.experiments.config import CompareConfig, ReasoningConfig, RecipeConfig, StateTrackingConfig
 from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.generation.config import GenerateConfig
-from fullband.integrations.lm_eval.config import LmEvalConfig
 from fullband.serve.config import ServeConfig
 from fullband.training.config import TrainRunConfig
 from fullband.training.resume import train_config
@@ -39,12 +39,11 @@ def _parse_ids(text: str) -> list[int]:
 def run_generate(cfg: GenerateConfig) -> None:
     import torch
 
-    from fullband.data import load_tokenizer
+    from fullband.families import load_any, load_tokenizer_of
     from fullband.generation.decoding import decode
-    from fullband.model_io import checkpoint_dir, load_any
 
-    model = load_any(cfg.checkpoint, device=cfg.device)  # native, retrofitted (retrofit.json) or hf:PATH
-    tokenizer = load_tokenizer(checkpoint_dir(cfg.checkpoint))
+    model = load_any(cfg.checkpoint, device=cfg.device)  # a model argument of any family, as its spec loads it
+    tokenizer = load_tokenizer_of(cfg.checkpoint)
     prompt = tokenizer.encode(cfg.prompt) if tokenizer is not None else _parse_ids(cfg.prompt)
     if not prompt:
         raise ConfigError("--prompt is empty: give some text (or token ids) to continue")
@@ -84,9 +83,9 @@ def _speculative(cfg: GenerateConfig, model):
     """The SpeculativeConfig of ``--drafter`` (a drafter name, or a checkpoint directory to load), or None."""
     if not cfg.drafter:
         return None
+    from fullband.families import load_any
     from fullband.generation.drafters import is_drafter_name
     from fullband.generation.speculative import SpeculativeConfig
-    from fullband.model_io import load_any
 
     drafter = cfg.drafter if is_drafter_name(cfg.drafter) else load_any(cfg.drafter, device=cfg.device)
     if not isinstance(drafter, str):
@@ -134,7 +133,7 @@ def run_check(cfg: CheckConfig) -> None:
 
 
 def run_eval_lm(cfg: LmEvalConfig) -> None:
-    from fullband.integrations.lm_eval.run import run_lm_eval
+    from fullband.evaluation.run import run_lm_eval
 
     _, table = run_lm_eval(cfg)
     print(table)

@@ -133,10 +133,10 @@ def test_stream_yields_the_generated_tokens(model):
 def test_mode_names_and_defaults_have_one_definition():
     import inspect
 
+    from fullband.evaluation.config import LmEvalConfig
+    from fullband.evaluation.continuation import score_continuations
     from fullband.generation import MODES, generate, stream
     from fullband.generation.config import GenerateConfig
-    from fullband.integrations.lm_eval.config import LmEvalConfig
-    from fullband.integrations.lm_eval.continuation import score_continuations
     from fullband.model import hub
     from fullband.modes import DECODING_MODES, DEFAULT_MODE, DEFAULT_SCORE_MODE, DecodeOptions
 

@@ -22,9 +22,9 @@ from conftest import LM_EVAL_CLI, save_strong_retrofit
 
 from fullband.cli import main
 from fullband.data import ByteTokenizer
+from fullband.families import load_any
 from fullband.generation import generate
 from fullband.integrations.retrofit import RetrofittedLM
-from fullband.model_io import load_any
 
 LM_EVAL_TASKS = Path(__file__).parent.parent / "data" / "lm_eval"
 

@@ -16,9 +16,9 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, T
 
 from fullband.cli import main
 from fullband.data import TransformersTokenizer, load_tokenizer
+from fullband.families import load_any
 from fullband.generation import generate
 from fullband.integrations.retrofit import RetrofittedLM
-from fullband.model_io import load_any
 
 SENTENCE = "the king and the queen walk to the castle while a fox runs over the green hill and every bird sings"
 WORDS = SENTENCE.split()

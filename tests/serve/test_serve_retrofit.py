@@ -13,8 +13,8 @@ from conftest import save_strong_retrofit
 from serve_fixtures import LiveServer, request, run_engine
 
 from fullband.data import ByteTokenizer
+from fullband.families import load_any
 from fullband.generation import generate
-from fullband.model_io import load_any
 from fullband.modes import DecodeOptions
 from fullband.serve.config import ServeConfig
 from fullband.serve.engine import Engine

@@ -301,7 +301,7 @@ class Bench:
     def exact(self) -> None:
         c = self.cfg.exact
         if c.checkpoint:
-            from fullband.model_io import load_any
+            from fullband.families import load_any
 
             model = load_any(c.checkpoint, device=str(self.device)).eval()
         else:  # the train section's (compare's default) dimensions, random weights

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from fullband.config import HF_PREFIX
 from fullband.data.config import INDEX_FILE, PROGRESS_FILE, SHARDS_FORMAT, TOKENIZER_DIR, PrepareConfig
 from fullband.data.errors import DataError
 from fullband.data.prepare_inputs import (
-    HF_PREFIX,
     Chunk,
     Encoded,
     dataset_chunks,
@@ -39,7 +39,7 @@ from fullband.data.prepare_inputs import (
     input_files,
     open_dataset,
 )
-from fullband.data.tokenizer import ByteTokenizer, Tokenizer, load_pretrained_tokenizer, load_tokenizer
+from fullband.data.tokenizer import Tokenizer, load_tokenizer, named_tokenizer
 from fullband.files import write_file, write_json
 
 VERSION = 1
@@ -48,16 +48,14 @@ FILE_PREFIX = {"validation": "val", "train": "train"}
 
 def resolve_tokenizer(spec: str) -> Tokenizer:
     """``byte``, ``hf:PATH`` (a tokenizer.json or transformers tokenizer directory) or a saved tokenizer directory."""
-    if spec == "byte":
-        return ByteTokenizer()
-    if spec.startswith(HF_PREFIX):
-        return load_pretrained_tokenizer(spec[len(HF_PREFIX):])
+    if (named := named_tokenizer(spec)) is not None:
+        return named
     if spec == "bpe":
-        raise DataError("tokenizer='bpe' is trained by fullband train; for prepare give byte, hf:PATH, or the "
-                        "tokenizer directory of a run that trained one (runs/x/tokenizer)")
+        raise DataError(f"tokenizer='bpe' is trained by fullband train; for prepare give byte, {HF_PREFIX}PATH, or "
+                        "the tokenizer directory of a run that trained one (runs/x/tokenizer)")
     tokenizer = load_tokenizer(Path(spec).expanduser()) if Path(spec).expanduser().is_dir() else None
     if tokenizer is None:
-        raise DataError(f"tokenizer={spec!r}: not byte, hf:PATH or a directory holding a saved tokenizer")
+        raise DataError(f"tokenizer={spec!r}: not byte, {HF_PREFIX}PATH or a directory holding a saved tokenizer")
     return tokenizer
 
 
@@ -76,7 +74,7 @@ def _plan(cfg: PrepareConfig) -> tuple[Callable[[], Iterator[Chunk]], int, dict[
     if cfg.input.startswith(HF_PREFIX):
         target = cfg.input[len(HF_PREFIX):]
         if not target:
-            raise DataError("input='hf:' needs a dataset name or path, e.g. hf:./my_dataset")
+            raise DataError(f"input={HF_PREFIX!r} needs a dataset name or path, e.g. {HF_PREFIX}./my_dataset")
         data = open_dataset(target, cfg.hf_config, cfg.split, cfg.field, cfg.val_fraction)
         source = {"dataset": target, "config": cfg.hf_config, "split": cfg.split, "rows": data.n_rows}
         return (lambda: dataset_chunks(data, cfg.chunk_bytes, cfg.val_fraction, cfg.field)), data.n_rows or 0, \

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fullband.config import HF_PREFIX
 from fullband.data.cache import sha256_bytes
 from fullband.data.errors import DataError
 from fullband.files import write_bytes, write_json
@@ -275,12 +276,8 @@ class TransformersTokenizer(Tokenizer):
         except ImportError:
             raise DataError(f"{directory} holds a transformers tokenizer; loading it needs transformers "
                             "(pip install 'fullband[hf]')") from None
-        # A fullband checkpoint's config.json names remote code (auto_map): with fullband's model types registered
-        # AutoTokenizer reads that config locally, and it never asks whether to run remote code.
-        from fullband.integrations.families import register_auto_classes
-
-        register_auto_classes()
-
+        # (Beside a fullband checkpoint's config.json, which names remote code, fullband.families registers the
+        # families' model types first, so AutoTokenizer reads that config locally: the model family's concern.)
         try:
             tk = AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
@@ -337,6 +334,16 @@ class TransformersTokenizer(Tokenizer):
 
     def __repr__(self) -> str:
         return f"TransformersTokenizer({type(self._tk).__name__}, vocab_size={self.vocab_size})"
+
+
+def named_tokenizer(spec: str) -> Tokenizer | None:
+    """The tokenizer a ``data.tokenizer`` value names without training one: ``byte``, or a pretrained tokenizer's
+    local files (``hf:PATH``, :func:`load_pretrained_tokenizer`); None for anything else (``bpe``, a directory)."""
+    if spec == "byte":
+        return ByteTokenizer()
+    if spec.startswith(HF_PREFIX):
+        return load_pretrained_tokenizer(spec[len(HF_PREFIX):])
+    return None
 
 
 def load_pretrained_tokenizer(path: str | Path) -> Tokenizer:

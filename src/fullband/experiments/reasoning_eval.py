@@ -17,10 +17,10 @@ from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.reasoning_data import EXTRA_TOKENS, task_of
 from fullband.experiments.records import Cell, DecodedCell
 from fullband.experiments.study import cells_cache, summarize
+from fullband.families import load_any
 from fullband.files import write_json
 from fullband.generation.decoding import generate
 from fullband.model import FullBandwidthLM
-from fullband.model_io import load_any
 from fullband.modes import DecodingMode
 from fullband.tasks.reasoning import Problem, ReasoningTask, TracedProblem
 

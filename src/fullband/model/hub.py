@@ -219,7 +219,7 @@ def write_model_card(directory: str | Path, config: dict[str, Any], training: di
         "",
         "lm-evaluation-harness: `lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True,"
         "decoding_mode=soft,score_mode=soft --tasks ...`. fullband itself: `fullband generate --checkpoint DIR`, "
-        "`fullband eval --checkpoint DIR --tasks ... --decode.mode soft`, `fullband.model_io.load_any(DIR)`.",
+        "`fullband eval --checkpoint DIR --tasks ... --decode.mode soft`, `fullband.families.load_any(DIR)`.",
         "",
     ]
     if training:

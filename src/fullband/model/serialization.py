@@ -62,7 +62,7 @@ def load_config(directory: str | Path) -> ModelConfig:
     model_type = data.get("model_type")
     if model_type is not None and model_type != hub.MODEL_TYPE and "fullband_version" in data:
         raise CheckpointError(f"{directory} holds a fullband {model_type!r} model, not a native one; load it with "
-                              "fullband.model_io.load_any")
+                              "fullband.families.load_any")
     if model_type is not None and model_type != hub.MODEL_TYPE:
         raise CheckpointError(f"{directory} holds a transformers {model_type!r} model, not a native fullband one; "
                               f"give {HF_PREFIX}{directory} to load it with latent feedback added")

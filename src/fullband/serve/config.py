@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from fullband.config import (
+    HF_PREFIX,
     _is_int,
     _require,
     doc,
@@ -28,7 +29,7 @@ class ServeConfig:
     # the flat options that moved into [decode]: refused with a line naming the new flag (configio)
     ALIASES: ClassVar[dict[str, str]] = retired_to_decode("mode", "prefill_passes", "exact_chunk_size", "temperature")
 
-    checkpoint: str = doc("", "Model directory (of any model family) or hf:PATH (required).")
+    checkpoint: str = doc("", f"Model directory (of any model family) or {HF_PREFIX}PATH (required).")
     host: str = doc("127.0.0.1", "Address to listen on (0.0.0.0 for every interface).")
     port: int = doc(8000, "TCP port to listen on (0 = any free port).")
     max_batch: int = doc(16, "Most sequences decoded together in one engine step.")

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
+from fullband import families
 from fullband.files import fsync_dir, fsync_file, write_file, write_json
-from fullband.integrations import families
 from fullband.model import FeedbackLM
 
 # The layout's names stay importable from here (older code and users import them from this module).

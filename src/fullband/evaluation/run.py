@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from fullband.config import ConfigError
+from fullband.evaluation.config import LmEvalConfig
 from fullband.files import write_json
-from fullband.integrations.lm_eval.config import LmEvalConfig
 
 
 def run_lm_eval(cfg: LmEvalConfig) -> tuple[dict[str, Any], str]:
@@ -22,8 +22,8 @@ def run_lm_eval(cfg: LmEvalConfig) -> tuple[dict[str, Any], str]:
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable, make_table
 
-    import fullband.integrations.lm_eval.adapter as adapter  # registers the "fullband" model name
-    from fullband.model_io import checkpoint_dir
+    import fullband.evaluation.adapter as adapter  # registers the "fullband" model name
+    from fullband.families import checkpoint_dir
 
     if not checkpoint_dir(cfg.checkpoint).is_dir():
         raise ConfigError(f"checkpoint={cfg.checkpoint!r} is invalid: no such directory")

@@ -16,10 +16,10 @@ from lm_eval.api.instance import Instance
 from fullband import FullBandwidthLM
 from fullband.cli import main
 from fullband.data import ByteTokenizer
+from fullband.evaluation.adapter import FullbandLM
+from fullband.evaluation.continuation import score_continuations
 from fullband.generation import generate
 from fullband.generation.decoding import decode_step, left_pad, prefill
-from fullband.integrations.lm_eval.adapter import FullbandLM
-from fullband.integrations.lm_eval.continuation import score_continuations
 
 MODES = ("standard", "soft", "fused", "exact")
 PAIRS = [("2+3=", "5"), ("The cat", " sat on"), ("", "hello"), ("ab ", "cd"), ("x" * 20, "yz")]

@@ -49,10 +49,10 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
 from fullband.config import ConfigError
-from fullband.data import Tokenizer, load_tokenizer
+from fullband.data import Tokenizer
+from fullband.evaluation.continuation import score_continuations
+from fullband.families import load_any, load_tokenizer_of
 from fullband.generation.decoding import decode
-from fullband.integrations.lm_eval.continuation import score_continuations
-from fullband.model_io import checkpoint_dir, load_any
 from fullband.modes import DEFAULT_SCORE_MODE, DecodeOptions
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -88,13 +88,13 @@ class FullbandLM(LM):
         # fused:K, or fused with prefill_passes=K; the sampling settings of generate_until
         self.decode = DecodeOptions(mode, prefill_passes, exact_chunk_size, temperature, top_k, top_p, seed,
                                     tuple(stop_token_ids))
-        tokenizer = load_tokenizer(checkpoint_dir(pretrained))
+        tokenizer = load_tokenizer_of(pretrained)
         if tokenizer is None:
             raise ConfigError(f"pretrained={pretrained!r} has no saved tokenizer (tokenizer_config.json); "
                               "lm-eval needs one to turn text into ids")
         self.tokenizer: Tokenizer = tokenizer
         self._device = torch.device(device or "cpu")
-        self.model = load_any(pretrained, device=self._device, dtype=DTYPES[dtype])  # native, retrofitted, hf:PATH
+        self.model = load_any(pretrained, device=self._device, dtype=DTYPES[dtype])  # any family, as its spec loads it
         self.mode = self.decode.decoding_mode
         self.exact_chunk_size, self.exact_tol = exact_chunk_size, exact_tol
         self.batch_size = _batch_size(batch_size, max_batch_size)
