@@ -25,16 +25,15 @@ from fullband.families.table import (
     family_of,
     family_of_argument,
     family_of_files,
-    register_auto_classes,
     source_family,
     source_help,
 )
 from fullband.integrations import lazy_exports
 
 _LOADING = {name: "fullband.families.loading" for name in
-            ("AnyLM", "InitFrom", "build_from_source", "init_from", "load_any", "load_tokenizer_of")}
+            ("AnyLM", "InitFrom", "init_from", "load_any", "load_tokenizer_of")}
 __all__ = ["DEFAULT", "FAMILIES", "NATIVE", "RETROFIT", "FamilyOptions", "FamilySpec", "checkpoint_dir",
-           "family_named", "family_of", "family_of_argument", "family_of_files", "register_auto_classes",
-           "source_family", "source_help", *_LOADING]
+           "family_named", "family_of", "family_of_argument", "family_of_files", "source_family", "source_help",
+           *_LOADING]
 
 __getattr__ = lazy_exports(__name__, _LOADING)

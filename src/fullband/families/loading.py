@@ -63,15 +63,6 @@ def _check_model_dir(argument: str | Path) -> Path:
     return path
 
 
-def build_from_source(argument: str, options: Any = None, dtype: torch.dtype | None = None, name: str = "") -> AnyLM:
-    """A new model of the family that builds from ``argument`` (``PREFIX:PATH``), with the family's ``options``
-    (fusion weights from torch's global RNG); see the family's ``from_source`` for what it raises."""
-    family = source_family(argument)
-    if family is None:
-        raise CheckpointError(f"{argument!r} names no source a model family builds from")
-    return family.from_source(argument, options, dtype, name)
-
-
 def load_tokenizer_of(argument: str | Path) -> Tokenizer | None:
     """The tokenizer of a model argument, as its family finds it (None when a model directory holds none)."""
     return family_of_argument(argument).load_tokenizer(argument)
@@ -108,15 +99,15 @@ class InitFrom:
     family: FamilySpec
 
     @property
-    def from_source(self) -> bool:
+    def built_from_source(self) -> bool:
         return self.family.builds_from(self.argument)
 
     def tokenizer(self) -> Tokenizer | None:
         """The model's own tokenizer: a source's (ConfigError without one), or the one saved in its directory."""
         try:
-            return self.family.load_tokenizer(self.argument, required=self.from_source)
+            return self.family.load_tokenizer(self.argument, required=self.built_from_source)
         except DataError as err:
-            if not self.from_source:
+            if not self.built_from_source:
                 raise
             path = self.family.source_path(self.argument)
             raise ConfigError(f"init_from={self.argument!r}: {err} (save the model's tokenizer into the same "
@@ -125,24 +116,24 @@ class InitFrom:
     def model(self, options: Any, feedback: bool | None) -> AnyLM:
         """The model to train (its family's ``options`` section; ``feedback`` adds or drops the fusion where the
         family can), in training mode."""
-        if not self.from_source:
+        if not self.built_from_source:
             self._check_directory()
         try:
             return self.family.load_for_training(self.argument, options, feedback)
         except ConfigError:
             raise
         except CheckpointError as err:
-            if not self.from_source:
+            if not self.built_from_source:
                 raise
             raise ConfigError(str(err)) from None
         except (ValueError, NotImplementedError) as err:
-            if not self.from_source:
+            if not self.built_from_source:
                 raise
             raise ConfigError(f"init_from={self.argument!r}: {_first_line(err)}") from None
 
     def vocab_fix(self) -> str:
         """What to do when the model's vocabulary is smaller than its tokenizer's."""
-        return self.family.source_vocab_fix if self.from_source else "use the checkpoint's own tokenizer"
+        return self.family.source_vocab_fix if self.built_from_source else "use the checkpoint's own tokenizer"
 
     def _check_directory(self) -> None:
         """A directory must hold a model; one holding a transformers checkpoint is refused with the argument that

@@ -67,13 +67,6 @@ def family_named(name: str) -> FamilySpec:
     return FAMILIES[name]
 
 
-def register_auto_classes() -> None:
-    """Register every family's transformers Auto classes (AutoConfig / AutoModelForCausalLM), so transformers
-    reads fullband checkpoints locally; needs transformers."""
-    for family in FAMILIES.values():
-        family.register_auto_classes()
-
-
 @dataclass
 class FamilyOptions:
     """The options sections of the families built from a source; ``fullband train`` reads them as its own."""
