@@ -20,6 +20,7 @@ import time
 import torch
 
 from fullband import FullBandwidthLM, ModelConfig
+from fullband.generation import generate
 
 SHAPES = {
     "tiny": dict(vocab_size=256, d_model=256, n_layers=4, n_heads=4),
@@ -32,7 +33,7 @@ def time_generate(model: FullBandwidthLM, prompts: torch.Tensor, new_tokens: int
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     start = time.perf_counter()
-    model.generate(prompts, max_new_tokens=new_tokens, mode=mode)
+    generate(model, prompts, max_new_tokens=new_tokens, mode=mode)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return time.perf_counter() - start

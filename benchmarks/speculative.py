@@ -34,8 +34,8 @@ import torch
 
 from fullband import ModelConfig
 from fullband.data import load_tokenizer
-from fullband.generation import SpeculativeConfig, SpeculativeDecoder, prefill
-from fullband.model_io import load_any
+from fullband.families import load_any
+from fullband.generation import SpeculativeConfig, SpeculativeDecoder, prefill, stream
 
 # The checkpoints: `fullband train` on the embedded Shakespeare corpus, byte tokenizer, 300 steps each (~3 min).
 TRAIN_COMMON = ["--model.max_seq_len", "512", "--train.batch_size", "16", "--train.seq_len", "96",
@@ -91,12 +91,12 @@ def drafter_cost(name: str, target_cfg: ModelConfig, drafter_cfg: ModelConfig, c
 
 @torch.no_grad()
 def plain_tokens(model, ids: torch.Tensor, mode: str, new: int) -> torch.Tensor:
-    return torch.stack(list(model.stream(ids, new, mode)), 1)
+    return torch.stack(list(stream(model, ids, new, mode)), 1)
 
 
 @torch.no_grad()
 def speculative_tokens(model, ids: torch.Tensor, mode: str, new: int, config: SpeculativeConfig) -> torch.Tensor:
-    return torch.stack(list(model.stream(ids, new, mode, speculative=config)), 1)
+    return torch.stack(list(stream(model, ids, new, mode, speculative=config)), 1)
 
 
 @torch.no_grad()

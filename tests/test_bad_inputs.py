@@ -45,13 +45,14 @@ CASES = [
     Case("unknown-option", ["generate", "--checkpoint", "x", "--max_new_tokenz", "3"], "did you mean --max_new_tokens"),
     Case("not-an-int", ["generate", "--checkpoint", "x", "--max_new_tokens", "abc"], "--max_new_tokens='abc'"),
     Case("negative-count", ["generate", "--checkpoint", "x", "--max_new_tokens", "-1"], "max_new_tokens=-1"),
-    Case("unknown-mode", ["generate", "--checkpoint", "x", "--mode", "fast"], "mode='fast'"),
+    Case("unknown-mode", ["generate", "--checkpoint", "x", "--decode.mode", "fast"], "mode='fast'"),
     Case("no-checkpoint", ["generate", "--prompt", "hi"], "--checkpoint DIR"),
-    Case("negative-temperature", ["generate", "--checkpoint", "x", "--temperature", "-1"], "temperature=-1"),
-    Case("top-p-zero", ["generate", "--checkpoint", "x", "--top_p", "0"], "top_p=0"),
-    Case("negative-top-k", ["generate", "--checkpoint", "x", "--top_k", "-3"], "top_k=-3"),
-    Case("negative-prefill-passes", ["generate", "--checkpoint", "x", "--prefill_passes", "-1"], "prefill_passes=-1"),
-    Case("zero-exact-chunk", ["generate", "--checkpoint", "x", "--exact_chunk_size", "0"], "exact_chunk_size=0"),
+    Case("negative-temperature", ["generate", "--checkpoint", "x", "--decode.temperature", "-1"], "temperature=-1"),
+    Case("top-p-zero", ["generate", "--checkpoint", "x", "--decode.top_p", "0"], "top_p=0"),
+    Case("negative-top-k", ["generate", "--checkpoint", "x", "--decode.top_k", "-3"], "top_k=-3"),
+    Case("negative-prefill-passes", ["generate", "--checkpoint", "x", "--decode.prefill_passes", "-1"],
+         "prefill_passes=-1"),
+    Case("zero-exact-chunk", ["generate", "--checkpoint", "x", "--decode.exact_chunk_size", "0"], "exact_chunk_size=0"),
     Case("not-a-bool", ["generate", "--checkpoint", "x", "--stop_at_eos", "maybe"], "--stop_at_eos"),
     Case("misspelt-device", [*GEN, "--device", "gpu"], "device='gpu'"),
     Case("cuda-7", [*GEN, "--device", "cuda:7"], "device='cuda:7'", setup="native"),
@@ -360,11 +361,11 @@ except ImportError:
     pass
 # ... and every module the commands import lazily (transformers' models alone pull in accelerate, scipy and PIL),
 # once here rather than once in every forked child: this took the fixture from about 75 s to under 30 s
-import fullband.cli, fullband.model_io, fullband.data, fullband.devices, fullband.training.run
+import fullband.cli, fullband.families.loading, fullband.data, fullband.devices, fullband.training.run
 import fullband.generation.speculative, fullband.generation.drafters
 for name in ("fullband.experiments.compare", "fullband.experiments.recipe", "fullband.experiments.reasoning",
              "fullband.experiments.state_tracking", "fullband.selfcheck", "fullband.bench.run",
-             "fullband.integrations.lm_eval.run", "fullband.data.prepare", "fullband.integrations.retrofit"):
+             "fullband.evaluation.run", "fullband.data.prepare", "fullband.integrations.retrofit"):
     try:
         __import__(name)
     except ImportError:  # an optional extra not installed: its cases are skipped anyway
@@ -439,12 +440,14 @@ def results(world, tmp_path_factory) -> dict[str, dict]:
 
 
 def test_a_bad_option_is_answered_before_torch_is_imported():
-    code = ("import sys; from fullband.cli import main; rc = main(['generate', '--checkpoint', 'x', '--mode', 'fast']);"
+    code = ("import sys; from fullband.cli import main; "
+            "rc = main(['generate', '--checkpoint', 'x', '--decode.mode', 'fast']);"
             "assert rc == 2 and 'torch' not in sys.modules, sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stderr.strip() == ("fullband generate: error: mode='fast' is invalid: must be one of standard, soft, "
-                                   "fused (with prefill_passes), fused:K (K >= 0 extra fused prompt passes), exact")
+    assert proc.stderr.strip() == ("fullband generate: error: decode.mode='fast' is invalid: must be one of "
+                                   "standard, soft, fused (with prefill_passes), fused:K (K >= 0 extra fused prompt "
+                                   "passes), exact")
 
 
 def test_the_console_script_answers_an_unavailable_gpu_in_one_line(world, tmp_path):

@@ -4,7 +4,10 @@ import pytest
 import torch
 from conftest import make_model
 
-from fullband.cli import main
+from fullband.cli import COMMANDS, main
+from fullband.config import ConfigError
+from fullband.configio import build_config
+from fullband.generation import generate
 
 
 @pytest.fixture
@@ -23,31 +26,31 @@ def test_help_lists_commands_and_documented_options(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     out = capsys.readouterr().out
-    assert "--prefill_passes" in out and "extra fused (Jacobi) passes over the prompt" in out
+    assert "--decode.prefill_passes" in out and "extra fused (Jacobi) passes over the prompt" in out
 
 
 def test_generate_prints_token_ids_without_tokenizer(checkpoint, capsys):
     model, path = checkpoint
-    assert main(["generate", "--checkpoint", path, "--prompt", "5 17 3", "--mode", "exact",
+    assert main(["generate", "--checkpoint", path, "--prompt", "5 17 3", "--decode.mode", "exact",
                  "--max-new-tokens", "6"]) == 0
     printed = [int(t) for t in capsys.readouterr().out.split()]
-    assert printed == model.generate([5, 17, 3], max_new_tokens=6, mode="exact")
+    assert printed == generate(model, [5, 17, 3], max_new_tokens=6, mode="exact")
 
 
 def test_generate_reads_a_config_file_and_flags_override_it(checkpoint, tmp_path, capsys):
     model, path = checkpoint
-    config = f'checkpoint = "{path}"\nprompt = "1,2"\nmode = "standard"\nmax_new_tokens = 3\n'
+    config = f'checkpoint = "{path}"\nprompt = "1,2"\nmax_new_tokens = 3\n[decode]\nmode = "standard"\n'
     (tmp_path / "gen.toml").write_text(config)
-    assert main(["generate", "--config", str(tmp_path / "gen.toml"), "--mode", "fused"]) == 0
+    assert main(["generate", "--config", str(tmp_path / "gen.toml"), "--decode.mode", "fused"]) == 0
     printed = [int(t) for t in capsys.readouterr().out.split()]
-    assert printed == model.generate([1, 2], max_new_tokens=3, mode="fused")
+    assert printed == generate(model, [1, 2], max_new_tokens=3, mode="fused")
 
 
 def test_generate_with_a_drafter_prints_the_same_tokens(checkpoint, tmp_path, capsys):
     model, path = checkpoint
     make_model(seed=3, feedback=False, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
                dtype=torch.float32).save_pretrained(tmp_path / "small")
-    expected = model.generate([5, 17, 3], max_new_tokens=12, mode="soft")
+    expected = generate(model, [5, 17, 3], max_new_tokens=12, mode="soft")
     for drafter in ("standard", "early_exit", str(tmp_path / "small")):
         assert main(["generate", "--checkpoint", path, "--prompt", "5 17 3", "--max_new_tokens", "12",
                      "--drafter", drafter, "--gamma", "3", "--adaptive_gamma", "true"]) == 0
@@ -60,8 +63,8 @@ def test_generate_with_a_drafter_prints_the_same_tokens(checkpoint, tmp_path, ca
         (["--checkpoint", "/nonexistent", "--prompt", "1"], "checkpoint '/nonexistent' does not exist"),
         (["--prompt", "1"], "checkpoint='' is invalid: give the model directory"),
         (["--checkpoint", "CKPT", "--prompt", "hello"], "the prompt must be token ids"),
-        (["--checkpoint", "CKPT", "--prompt", "1", "--mode", "fast"], "mode='fast' is invalid: must be one of"),
-        (["--checkpoint", "CKPT", "--prompt", "1", "--top_p", "abc"], "expected a float"),
+        (["--checkpoint", "CKPT", "--prompt", "1", "--decode.mode", "fast"], "mode='fast' is invalid: must be one of"),
+        (["--checkpoint", "CKPT", "--prompt", "1", "--decode.top_p", "abc"], "expected a float"),
     ],
 )
 def test_generate_errors_are_one_clear_line(checkpoint, capsys, argv, message):
@@ -69,3 +72,16 @@ def test_generate_errors_are_one_clear_line(checkpoint, capsys, argv, message):
     assert main(["generate", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("command", "flat"), [("generate", "--mode"), ("generate", "--temperature"),
+                                               ("serve", "--prefill_passes"), ("eval", "--exact_chunk_size")])
+def test_the_flat_decoding_flags_are_refused_naming_the_decode_section(command, flat, capsys):
+    # generate, serve and eval share [decode]; the flags they took before answer with the one that replaced each
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--checkpoint", "x", flat, "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{flat} is now --decode.{flat[2:]}" in err, err
+    with pytest.raises(ConfigError, match=rf"{flat[2:]} is now decode.{flat[2:]} \(\[decode\] {flat[2:]} in a config"):
+        build_config(COMMANDS[command][0], {flat[2:]: 1}, {})

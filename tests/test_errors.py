@@ -5,6 +5,7 @@ import torch
 from conftest import make_model
 
 from fullband import ConfigError, ModelConfig
+from fullband.generation import generate
 
 
 @pytest.mark.parametrize(
@@ -38,14 +39,14 @@ def test_token_ids_out_of_range(model):
     with pytest.raises(ValueError, match=r"token id 61 out of range: the model's vocab_size is 61"):
         model(torch.tensor([[1, 61]]))
     with pytest.raises(ValueError, match=r"token id -1 out of range"):
-        model.generate([3, -1], 4)
+        generate(model, [3, -1], 4)
 
 
 def test_sequence_longer_than_context(model):
     with pytest.raises(ValueError, match=r"65 tokens is longer than the model context max_seq_len=64"):
         model(torch.zeros(1, 65, dtype=torch.long))
     with pytest.raises(ValueError, match=r"exceeds the model context max_seq_len=64; shorten the prompt"):
-        model.generate([1] * 60, max_new_tokens=10)
+        generate(model, [1] * 60, max_new_tokens=10)
 
 
 @pytest.mark.parametrize(
@@ -62,7 +63,7 @@ def test_sequence_longer_than_context(model):
 )
 def test_bad_generate_options(model, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        model.generate([1, 2, 3], **{"max_new_tokens": 4, **kwargs})
+        generate(model, [1, 2, 3], **{"max_new_tokens": 4, **kwargs})
 
 
 def test_bad_forward_arguments(model):
@@ -76,7 +77,7 @@ def test_bad_forward_arguments(model):
     with pytest.raises(ValueError, match=r"method must be one of \('auto', 'sequential', 'chunked', 'jacobi'\)"):
         model.forward_exact(tokens, method="newton")
     with pytest.raises(ValueError, match=r"every prompt needs at least one token"):
-        model.generate([[1], []], 2)
+        generate(model, [[1], []], 2)
 
 
 def test_cache_overflow_is_reported():

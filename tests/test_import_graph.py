@@ -18,24 +18,25 @@ from pathlib import Path
 import fullband
 
 SRC = Path(fullband.__file__).parent
-# devices: the CPU facts a kernel choice reads (fullband.model.linear); torch-free, it imports only the config
-MODEL_MAY_IMPORT = ("fullband.model", "fullband.config", "fullband.version", "fullband.devices")
 MODULE_STRING = re.compile(r"fullband(\.\w+)+(:\w+)?")
 WRITTEN_NOT_IMPORTED = "RemoteCode"  # its string arguments name modules for generated files
 
 # Lowest first; a module imports only from its own layer or below. The longest matching package decides (the
 # top-level package ``fullband``, the public API's lazy facade, matches only itself).
 LAYERS = (
-    ("fullband.version", "fullband.config", "fullband.configio", "fullband.devices", "fullband.modes"),  # no torch
+    # torch-free: options, the decoding modes, the CPU facts a kernel choice reads, how a file is written
+    ("fullband.version", "fullband.config", "fullband.configio", "fullband.devices", "fullband.modes",
+     "fullband.files"),
     ("fullband.model",),  # the network: stands alone
-    ("fullband.generation", "fullband.tasks"),  # decoding; synthetic tasks
-    ("fullband.integrations",),  # model families, transformers and llama conversion
-    ("fullband.data", "fullband.model_io"),  # tokenizers (AutoTokenizer needs the families' Auto classes); loading
+    ("fullband.generation", "fullband.tasks", "fullband.data"),  # decoding; synthetic tasks; tokenizers, corpora
+    ("fullband.integrations",),  # transformers (Auto classes, retrofit) and llama conversion
+    ("fullband.families",),  # the model families' specs: build, load, tokenize, save any model
     ("fullband.training",),
     ("fullband", "fullband.experiments", "fullband.serve", "fullband.bench", "fullband.selfcheck",
-     "fullband.integrations.lm_eval"),  # applications over the library (lm-eval scores through model_io)
+     "fullband.evaluation"),  # applications over the library
     ("fullband.cli",),
 )
+MODEL_MAY_IMPORT = ("fullband.model", *LAYERS[0])  # the model package stands on the torch-free base alone
 
 
 def module_files() -> dict[str, Path]:
@@ -117,8 +118,8 @@ def test_the_graph_sees_deferred_relative_and_string_named_imports():
     graph = import_graph()
     assert "fullband.model.lm" in graph["fullband.model"]  # from package __init__
     assert "fullband.generation.decoding" in graph["fullband.generation"]
-    assert "fullband.integrations.retrofit.lm" in graph["fullband.integrations.families"]  # "module:Class"
-    assert "fullband.integrations.hf_retrofit" in graph["fullband.integrations.families"]  # a module string
+    assert "fullband.integrations.retrofit.lm" in graph["fullband.families.table"]  # "module:Class"
+    assert "fullband.integrations.hf_retrofit" in graph["fullband.families.table"]  # a module string
     assert "fullband.integrations.llama" in graph["fullband.integrations"]  # a lazy-export table
     assert "fullband.integrations.hf" not in graph["fullband.model.hub"]  # written into remote code only
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -130,7 +131,7 @@ def test_no_import_circles():
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
 
-def test_model_package_imports_only_itself_and_the_config():
+def test_model_package_imports_only_itself_and_the_torch_free_base():
     graph = import_graph()
     bad = sorted(f"{source} -> {target}" for source, targets in graph.items() if in_package(source, "fullband.model")
                  for target in targets if not any(in_package(target, ok) for ok in MODEL_MAY_IMPORT))
@@ -144,12 +145,11 @@ def test_no_layer_imports_from_a_layer_above_it():
     assert not upward, "imports from a higher layer: " + ", ".join(upward)
 
 
-def test_outside_integrations_a_family_is_named_in_docstrings_only():
-    # Training, checkpoints, loading, serving and the studies call the model-family interface: issue 26's grep
-    # for the retrofitted family finds it there in docstrings only (not in code, strings, help texts or comments).
-    words = re.compile(r"retrofit|hf_retrofit", re.IGNORECASE)
+def outside_docstrings(words: re.Pattern, paths: list[Path]) -> list[str]:
+    """``file:line: text`` of every line of ``paths`` (files, or packages searched whole) where ``words`` occur
+    outside a docstring (code, strings, help texts, comments)."""
     found = []
-    for path in [*(SRC / p for p in ("training", "model", "serve", "experiments")), SRC / "model_io.py"]:
+    for path in paths:
         for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             text = file.read_text()
             docstring_lines = {line for node in ast.walk(ast.parse(text))
@@ -160,20 +160,43 @@ def test_outside_integrations_a_family_is_named_in_docstrings_only():
             found += [f"{file.relative_to(SRC)}:{number}: {line.strip()}"
                       for number, line in enumerate(text.splitlines(), 1)
                       if number not in docstring_lines and words.search(line)]
+    return found
+
+
+def test_outside_integrations_a_family_is_named_in_docstrings_only():
+    # Training, checkpoints, loading, serving, evaluation and the studies call the model-family interface and the
+    # families' specs: issue 26's grep for the retrofitted family finds it there in docstrings only. The family
+    # table (families/table.py) is where it is named.
+    paths = [*(SRC / p for p in ("training", "model", "serve", "experiments", "data", "evaluation")),
+             SRC / "families" / "spec.py", SRC / "families" / "loading.py"]
+    found = outside_docstrings(re.compile(r"retrofit|hf_retrofit", re.IGNORECASE), paths)
     assert not found, "a family named outside integrations/ and docstrings: " + "; ".join(found)
 
 
-def test_decoding_is_bound_from_the_generation_side():
-    # A fresh interpreter: the model package loads no decoding code, and the public API decodes all the same.
+def test_training_serving_and_data_never_spell_a_source_prefix():
+    # Issue 44: the prefix a family builds from ("hf:") is defined once (fullband.config.HF_PREFIX) and a family's
+    # spec tests it; training, serving and data use the constant or ask the spec.
+    found = outside_docstrings(re.compile(r"hf:"), [SRC / p for p in ("training", "serve", "data")])
+    assert not found, "'hf:' spelt outside docstrings: " + "; ".join(found)
+    defined = outside_docstrings(re.compile(r"^\s*HF_PREFIX\s*="), [SRC])
+    assert len(defined) == 1 and defined[0].startswith("config.py:"), defined  # defined once
+
+
+def test_decoding_lives_outside_the_model():
+    # A fresh interpreter: the model package loads no decoding code, nothing is bound onto a model class when
+    # generation is imported, and the public API decodes all the same (generate(model, ...), as nanochat's Engine).
     code = (
         "import sys, torch\n"
         "import fullband.model\n"
         "assert 'fullband.generation' not in sys.modules\n"
-        "from fullband import FullBandwidthLM, ModelConfig\n"
+        "from fullband import FullBandwidthLM, ModelConfig, generate, stream\n"
+        "assert 'fullband.generation.decoding' in sys.modules\n"
+        "assert not any(hasattr(cls, name) for cls in FullBandwidthLM.__mro__ for name in ('generate', 'stream', "
+        "'bind_decoding'))\n"
         "torch.manual_seed(0)\n"
         "model = FullBandwidthLM(ModelConfig(vocab_size=16, d_model=8, n_layers=1, n_heads=2, max_seq_len=16))\n"
-        "ids = model.generate([1, 2, 3], max_new_tokens=4, mode='soft')\n"
+        "ids = generate(model, [1, 2, 3], max_new_tokens=4, mode='soft')\n"
         "assert len(ids) == 7 and ids[:3] == [1, 2, 3], ids\n"
-        "assert len(list(model.stream([1, 2], max_new_tokens=3))) == 3\n"
+        "assert len(list(stream(model, [1, 2], max_new_tokens=3))) == 3\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

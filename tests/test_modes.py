@@ -3,17 +3,20 @@ values, one function maps a mode to its prefill, and the names the studies write
 
 import pytest
 
-from fullband.config import DECODING_MODES, ConfigError
+from fullband.config import ConfigError
+from fullband.generation import generate
 from fullband.modes import (
+    DECODING_MODES,
     EXACT,
     MODE_PATTERN,
     SOFT,
     STANDARD,
+    DecodeOptions,
     DecodingMode,
     Prefill,
     fused,
+    mode_of_prefill,
     prefill_of,
-    validate_decoding_options,
 )
 
 
@@ -50,7 +53,7 @@ def test_the_error_names_the_option_it_came_from():
     with pytest.raises(ConfigError, match=r"^prefill_passes=-1 is invalid"):
         DecodingMode.parse("fused", -1)
     with pytest.raises(ConfigError, match=r"^prefill_passes=-1 is invalid"):  # checked in every mode, as before
-        validate_decoding_options("soft", -1, 0.0, 0, 1.0, 1, 1)
+        DecodeOptions("soft", -1)
     with pytest.raises(ConfigError, match="only fused"):
         DecodingMode("soft", 2)
 
@@ -105,8 +108,8 @@ def test_every_consumer_takes_fused_k_as_fused_with_k_passes():
     import torch
 
     from fullband import FullBandwidthLM, ModelConfig
+    from fullband.evaluation.continuation import score_continuations
     from fullband.integrations.hf import FullBandwidthForCausalLM
-    from fullband.integrations.lm_eval.continuation import score_continuations
 
     torch.manual_seed(0)
     model = FullBandwidthLM(ModelConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, max_seq_len=32,
@@ -114,11 +117,37 @@ def test_every_consumer_takes_fused_k_as_fused_with_k_passes():
     with torch.no_grad():
         model.fusion.state_proj.weight.mul_(30)  # so that the pass count shows in the tokens
     prompt = [5, 17, 3, 44, 8, 21]
-    two = model.generate(prompt, 8, mode="fused", prefill_passes=2)
-    assert model.generate(prompt, 8, mode="fused:2") == two
-    assert model.generate(prompt, 8, mode=fused(2), prefill_passes=7) == two  # a parsed value carries its count
-    assert model.generate(prompt, 8, mode="fused:0") != two or model.generate(prompt, 8, mode="fused:1") != two
+    two = generate(model, prompt, 8, mode="fused", prefill_passes=2)
+    assert generate(model, prompt, 8, mode="fused:2") == two
+    assert generate(model, prompt, 8, mode=fused(2), prefill_passes=7) == two  # a parsed value carries its count
+    assert generate(model, prompt, 8, mode="fused:0") != two or generate(model, prompt, 8, mode="fused:1") != two
     pairs = [(prompt, [9, 2, 30]), (prompt[:2], [4])]
     assert score_continuations(model, pairs, "fused:2") == score_continuations(model, pairs, "fused", prefill_passes=2)
     hf = FullBandwidthForCausalLM.from_native(model, decoding_mode="fused:2").eval()
     assert hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0].tolist() == two
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    (dict(mode="turbo"), "mode"), (dict(mode="fused:x"), "mode"), (dict(prefill_passes=-1), "prefill_passes"),
+    (dict(exact_chunk_size=0), "exact_chunk_size"), (dict(temperature=-0.5), "temperature"),
+    (dict(top_k=-1), "top_k"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(seed=2**64), "seed"),
+    (dict(seed=1.5), "seed"), (dict(stop_token_ids=(3, -1)), "stop_token_ids"), (dict(pad_token_id=-2), "pad_token_id"),
+])
+def test_decode_options_refuse_a_bad_value_naming_the_field(options, field):
+    with pytest.raises(ConfigError) as err:
+        DecodeOptions(**options)
+    assert err.value.field == field and str(err.value).startswith(f"{field}=")  # what the server's 400 names
+
+
+def test_decode_options_hold_the_parsed_mode_and_the_sampling_settings():
+    assert DecodeOptions().decoding_mode == SOFT and DecodeOptions().greedy  # DESIGN.md §5's default
+    assert DecodeOptions("fused", 3).decoding_mode == fused(3) == DecodeOptions("fused:3").decoding_mode
+    assert DecodeOptions(fused(2)).mode == "fused:2"  # a parsed mode is held by its canonical spelling
+    assert DecodeOptions(stop_token_ids=[2, 5]).stop_token_ids == (2, 5)
+    assert not DecodeOptions(temperature=0.7).greedy
+
+
+@pytest.mark.parametrize("mode", [STANDARD, SOFT, EXACT, fused(0), fused(1), fused(4)])
+def test_the_mode_of_a_prefill_runs_that_prefill(mode):
+    plan = prefill_of(mode)
+    assert prefill_of(mode_of_prefill(plan)) == plan

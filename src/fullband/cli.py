@@ -4,6 +4,7 @@ dataclass (help from its field docs), set by ``--config FILE`` (TOML/YAML) and `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import os
 import sys
@@ -15,10 +16,10 @@ from fullband.bench.config import BenchConfig
 from fullband.config import CheckConfig, ConfigError
 from fullband.configio import add_dataclass_arguments, config_from_args, given_values
 from fullband.data.config import PrepareConfig
+from fullband.evaluation.config import LmEvalConfig
 from fullband.experiments.config import CompareConfig, ReasoningConfig, RecipeConfig, StateTrackingConfig
 from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.generation.config import GenerateConfig
-from fullband.integrations.lm_eval.config import LmEvalConfig
 from fullband.serve.config import ServeConfig
 from fullband.training.config import TrainRunConfig
 from fullband.training.resume import train_config
@@ -38,11 +39,11 @@ def _parse_ids(text: str) -> list[int]:
 def run_generate(cfg: GenerateConfig) -> None:
     import torch
 
-    from fullband.data import load_tokenizer
-    from fullband.model_io import checkpoint_dir, load_any
+    from fullband.families import load_any, load_tokenizer_of
+    from fullband.generation.decoding import decode
 
-    model = load_any(cfg.checkpoint, device=cfg.device)  # native, retrofitted (retrofit.json) or hf:PATH
-    tokenizer = load_tokenizer(checkpoint_dir(cfg.checkpoint))
+    model = load_any(cfg.checkpoint, device=cfg.device)  # a model argument of any family, as its spec loads it
+    tokenizer = load_tokenizer_of(cfg.checkpoint)
     prompt = tokenizer.encode(cfg.prompt) if tokenizer is not None else _parse_ids(cfg.prompt)
     if not prompt:
         raise ConfigError("--prompt is empty: give some text (or token ids) to continue")
@@ -52,12 +53,10 @@ def run_generate(cfg: GenerateConfig) -> None:
     if len(prompt) + cfg.max_new_tokens > context:
         raise ConfigError(f"--max_new_tokens {cfg.max_new_tokens} is too many: the prompt has {len(prompt)} tokens "
                           f"and the model's context is {context}; use at most {max(context - len(prompt), 0)}")
-    stops = [tokenizer.eos_id] if tokenizer is not None and cfg.stop_at_eos and tokenizer.eos_id is not None else []
-    steps = model.stream(
-        prompt, cfg.max_new_tokens, cfg.mode, prefill_passes=cfg.prefill_passes, temperature=cfg.temperature,
-        top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed, stop_token_ids=stops, exact_chunk_size=cfg.exact_chunk_size,
-        speculative=_speculative(cfg, model),
-    )
+    eos = [tokenizer.eos_id] if tokenizer is not None and cfg.stop_at_eos and tokenizer.eos_id is not None else []
+    stops = [*eos, *cfg.decode.stop_token_ids]
+    options = dataclasses.replace(cfg.decode, stop_token_ids=tuple(stops))
+    steps = decode(model, prompt, cfg.max_new_tokens, options, speculative=_speculative(cfg, model))
     generated: list[int] = []
     shown = ""
     with torch.no_grad():
@@ -84,9 +83,9 @@ def _speculative(cfg: GenerateConfig, model):
     """The SpeculativeConfig of ``--drafter`` (a drafter name, or a checkpoint directory to load), or None."""
     if not cfg.drafter:
         return None
+    from fullband.families import load_any
     from fullband.generation.drafters import is_drafter_name
     from fullband.generation.speculative import SpeculativeConfig
-    from fullband.model_io import load_any
 
     drafter = cfg.drafter if is_drafter_name(cfg.drafter) else load_any(cfg.drafter, device=cfg.device)
     if not isinstance(drafter, str):
@@ -134,7 +133,7 @@ def run_check(cfg: CheckConfig) -> None:
 
 
 def run_eval_lm(cfg: LmEvalConfig) -> None:
-    from fullband.integrations.lm_eval.run import run_lm_eval
+    from fullband.evaluation.run import run_lm_eval
 
     _, table = run_lm_eval(cfg)
     print(table)

@@ -1,7 +1,7 @@
 """ModelConfig and what every config shares: validation helpers, the decoding mode names and defaults, the preset
 mechanism. The other configs live beside the code they configure: fullband.training.config (``fullband train``),
 fullband.generation.config (``fullband generate``), fullband.experiments.config (the studies),
-fullband.integrations.lm_eval.config (``fullband eval``).
+fullband.evaluation.config (``fullband eval``).
 
 Every field carries a ``help`` string in its metadata; the CLI builds its ``--help`` from it. Bad values
 raise :class:`ConfigError` naming the field and what is allowed.
@@ -20,9 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fullband.files import write_json
+
 
 class ConfigError(ValueError):
-    """A configuration value is missing, unknown or out of range."""
+    """A configuration value is missing, unknown or out of range; ``field`` names the option, where one is at fault
+    (the server answers a bad request field with it)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def doc(default: Any, help: str, **kwargs: Any) -> Any:
@@ -137,7 +144,7 @@ class ModelConfig:
         return from_dict(cls, data)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> ModelConfig:
@@ -219,7 +226,7 @@ def study_resumes(value: object, out_dir: str) -> bool:
 
 def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
     if not ok:
-        raise ConfigError(f"{name}={value!r} is invalid: {allowed}")
+        raise ConfigError(f"{name}={value!r} is invalid: {allowed}", name)
 
 
 def _require_ints(config: Any, limits: dict[str, int]) -> None:
@@ -269,16 +276,6 @@ def validate_model_config(c: ModelConfig) -> None:
     else:
         _require(source in FEEDBACK_SOURCES, "feedback_source", source,
                  f"must be one of {FEEDBACK_SOURCES} or 'layer:N'")
-
-
-# The inference modes of DESIGN.md §4, and the defaults of every entry point, defined here only.
-DECODING_MODES = ("standard", "soft", "fused", "exact")
-# Decoding (generate / stream, `fullband generate`, transformers' generate()): soft, the mode DESIGN.md §5 shows and
-# the cheapest one that uses the feedback (plain prompt, fused generated tokens).
-DEFAULT_MODE = "soft"
-# Scoring a given text (`fullband eval`, the lm-eval model, a transformers forward without a decoding state):
-# standard, one plain pass, the number every other tool gives for the same network.
-DEFAULT_SCORE_MODE = "standard"
 
 
 def validate_speculative_options(drafter: Any, gamma: int, max_gamma: int = 16) -> None:

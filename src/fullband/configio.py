@@ -14,16 +14,15 @@ import dataclasses
 import difflib
 import functools
 import json
-import os
 import re
 import sys
-import tempfile
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
 from fullband.config import BOOL_WORDS, ConfigError, explicit_keys
+from fullband.files import dumps, write_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -382,14 +381,5 @@ def save_resolved_config(instance: Any, path: str | Path) -> None:
         # TOML has no null: write "none", which the loader turns back into None for an optional field.
         text = "\n".join(_toml_lines(_plain(instance, "none", saving=True), "")) + "\n"
     else:
-        text = json.dumps(_plain(instance, None, saving=True), indent=2) + "\n"
-    # Atomically (a temporary file renamed over it): a run's config.toml is never left half written.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        text = dumps(_plain(instance, None, saving=True)) + "\n"
+    write_text(path, text)  # atomically: a run's config.toml is never left half written

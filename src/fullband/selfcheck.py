@@ -12,9 +12,10 @@ from collections.abc import Callable
 
 import torch
 
-import fullband.generation.decoding  # noqa: F401 (binds generate / stream)
 from fullband.config import ConfigError, ModelConfig
+from fullband.generation.decoding import generate
 from fullband.model import FullBandwidthLM, LMOutput
+from fullband.modes import DECODING_MODES
 
 
 def _timed(fn: Callable[[], LMOutput]) -> tuple[LMOutput, float]:
@@ -62,8 +63,8 @@ def run_check(seq_len: int = 48, plain_prefix: int = 8, seed: int = 0, device: s
 
     print("\ngreedy continuations of the same prompt (12 new tokens):")
     prompt = tokens[0, :10].tolist()
-    for mode in ("standard", "soft", "fused", "exact"):
-        out = model.generate(prompt, max_new_tokens=12, mode=mode, prefill_passes=2)
+    for mode in DECODING_MODES:
+        out = generate(model, prompt, max_new_tokens=12, mode=mode, prefill_passes=2)
         print(f"  {mode:<9} {out[len(prompt):]}")
     print("\nall modes agree" if ok else "\nMISMATCH: the execution modes disagree on this machine")
     return ok

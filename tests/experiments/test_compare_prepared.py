@@ -12,7 +12,7 @@ from fullband.data.errors import DataError
 from fullband.data.prepare import prepare_shards
 from fullband.data.prepared import load_flat_split
 from fullband.experiments.perplexity import evaluate_modes
-from fullband.model_io import load_any
+from fullband.families import load_any
 
 TEXT = "".join(f"Line {i}: to be or not to be, that is question number {i}.\n" for i in range(400))
 

@@ -12,11 +12,14 @@ from fullband.experiments.flops import (
     decode_flops,
     equal_flops_depth,
     forward_flops,
+    looped_decode_flops,
+    positions_flops,
     step_flops,
     training_flops,
 )
 from fullband.experiments.stats import pooled_wilson, wilson
 from fullband.model import FullBandwidthLM
+from fullband.modes import EXACT, SOFT, STANDARD, fused
 
 
 def test_weights_match_the_model_and_the_forward_formula():
@@ -45,13 +48,13 @@ def test_step_flops_follow_the_objective():
 
 def test_decode_flops_per_mode():
     shape = Shape(64, 2, 32, 192, 320)
-    standard = decode_flops(shape, 10, 3, mode="standard")
+    standard = decode_flops(shape, 10, 3, STANDARD)
     assert standard == forward_flops(shape, 12, False)
-    assert standard < decode_flops(shape, 10, 3, mode="exact") < decode_flops(shape, 10, 3, mode="fused", passes=3)
-    assert decode_flops(shape, 10, 3, mode="looped", passes=4) == pytest.approx(
-        standard + 3 * forward_flops(shape, 12, True))
-    with pytest.raises(ValueError, match="mode must be"):
-        decode_flops(shape, 10, 3, mode="soft")
+    assert standard < decode_flops(shape, 10, 3, EXACT) < decode_flops(shape, 10, 3, fused(2))
+    assert looped_decode_flops(shape, 10, 3, 4) == pytest.approx(standard + 3 * forward_flops(shape, 12, True))
+    # soft: one plain pass over the prompt carried into fused decoding, which fused(0) is too
+    assert decode_flops(shape, 10, 3, SOFT) == decode_flops(shape, 10, 3, fused(0)) == pytest.approx(
+        forward_flops(shape, 10, False) + positions_flops(shape, 11, 12, True))
 
 
 def test_equal_flops_depth_solves_the_affine_cost():

@@ -5,6 +5,7 @@ import torch
 from conftest import formula_input, make_model, sequential_reference, stack_from_inputs
 
 from fullband import FullBandwidthLM
+from fullband.generation import generate, stream
 
 PROMPT = [5, 17, 3, 44, 8, 21]
 NEW = 7
@@ -52,72 +53,72 @@ def test_greedy_generate_equals_definition(model, mode):
     else:
         logits_of = fused_prefill_definition(model, PROMPT, k=2)
     expected = greedy_from_definition(model, PROMPT, logits_of)
-    got = model.generate(PROMPT, max_new_tokens=NEW, mode=mode, prefill_passes=2)
+    got = generate(model, PROMPT, max_new_tokens=NEW, mode=mode, prefill_passes=2)
     assert got == expected
 
 
 @torch.no_grad()
 def test_modes_really_differ(model):
-    outputs = {mode: tuple(model.generate(PROMPT, NEW, mode=mode)) for mode in ("standard", "soft", "exact")}
+    outputs = {mode: tuple(generate(model, PROMPT, NEW, mode=mode)) for mode in ("standard", "soft", "exact")}
     assert len(set(outputs.values())) == 3
 
 
 @torch.no_grad()
 @pytest.mark.parametrize("chunk", [1, 4, 100])
 def test_exact_mode_chunk_sizes_agree(model, chunk):
-    expected = model.generate(PROMPT, NEW, mode="exact")
-    assert model.generate(PROMPT, NEW, mode="exact", exact_chunk_size=chunk) == expected
+    expected = generate(model, PROMPT, NEW, mode="exact")
+    assert generate(model, PROMPT, NEW, mode="exact", exact_chunk_size=chunk) == expected
 
 
 @torch.no_grad()
 def test_baseline_soft_equals_standard():
     model = make_model(feedback=False)
-    assert model.generate(PROMPT, NEW, mode="soft") == model.generate(PROMPT, NEW, mode="standard")
+    assert generate(model, PROMPT, NEW, mode="soft") == generate(model, PROMPT, NEW, mode="standard")
 
 
 @torch.no_grad()
 @pytest.mark.parametrize("mode", ["standard", "soft", "fused", "exact"])
 def test_batched_left_padding_equals_one_by_one(model, mode):
     prompts = [PROMPT, [9, 1], [33, 2, 60, 7, 12, 13, 14, 15, 40], [4]]
-    batched = model.generate(prompts, NEW, mode=mode, prefill_passes=2)
-    single = [model.generate(p, NEW, mode=mode, prefill_passes=2) for p in prompts]
+    batched = generate(model, prompts, NEW, mode=mode, prefill_passes=2)
+    single = [generate(model, p, NEW, mode=mode, prefill_passes=2) for p in prompts]
     assert batched == single
 
 
 @torch.no_grad()
 def test_tensor_prompt_returns_prompt_plus_new_tokens(model):
-    out = model.generate(torch.tensor([PROMPT, PROMPT]), NEW, mode="soft")
+    out = generate(model, torch.tensor([PROMPT, PROMPT]), NEW, mode="soft")
     assert out.shape == (2, len(PROMPT) + NEW)
-    assert out[0].tolist() == model.generate(PROMPT, NEW, mode="soft")
+    assert out[0].tolist() == generate(model, PROMPT, NEW, mode="soft")
 
 
 @torch.no_grad()
 def test_seeded_sampling_is_reproducible(model):
     kwargs = dict(max_new_tokens=12, mode="soft", temperature=1.0, top_k=20, top_p=0.9)
-    first = model.generate([PROMPT, PROMPT[:3]], seed=7, **kwargs)
-    assert model.generate([PROMPT, PROMPT[:3]], seed=7, **kwargs) == first
-    others = [model.generate([PROMPT, PROMPT[:3]], seed=s, **kwargs) for s in (8, 9, 10)]
+    first = generate(model, [PROMPT, PROMPT[:3]], seed=7, **kwargs)
+    assert generate(model, [PROMPT, PROMPT[:3]], seed=7, **kwargs) == first
+    others = [generate(model, [PROMPT, PROMPT[:3]], seed=s, **kwargs) for s in (8, 9, 10)]
     assert any(o != first for o in others)
 
 
 @torch.no_grad()
 def test_top_k_one_is_greedy(model):
-    greedy = model.generate(PROMPT, NEW, mode="soft")
-    assert model.generate(PROMPT, NEW, mode="soft", temperature=1.5, top_k=1, seed=0) == greedy
+    greedy = generate(model, PROMPT, NEW, mode="soft")
+    assert generate(model, PROMPT, NEW, mode="soft", temperature=1.5, top_k=1, seed=0) == greedy
 
 
 @torch.no_grad()
 def test_stop_tokens_end_each_row(model):
-    full = model.generate(PROMPT, NEW, mode="soft")
+    full = generate(model, PROMPT, NEW, mode="soft")
     stop = full[len(PROMPT) + 2]  # the third generated token
-    out = model.generate([PROMPT, PROMPT], NEW, mode="soft", stop_token_ids=[stop])
+    out = generate(model, [PROMPT, PROMPT], NEW, mode="soft", stop_token_ids=[stop])
     first = full.index(stop, len(PROMPT))
     assert out == [full[: first + 1]] * 2
     # Decoding ends once every row has stopped; a tensor prompt gets a tensor cut at that step.
-    tensor_out = model.generate(torch.tensor([PROMPT]), NEW, mode="soft", stop_token_ids=[stop])
+    tensor_out = generate(model, torch.tensor([PROMPT]), NEW, mode="soft", stop_token_ids=[stop])
     assert tensor_out[0].tolist() == full[: first + 1]
     # A row that stopped early is padded while the others go on.
-    steps = list(model.stream([PROMPT, [1, 2]], NEW, mode="soft", stop_token_ids=[stop], pad_token_id=0))
+    steps = list(stream(model, [PROMPT, [1, 2]], NEW, mode="soft", stop_token_ids=[stop], pad_token_id=0))
     row0 = [int(t[0]) for t in steps]
     assert row0[: first + 1 - len(PROMPT)] == full[len(PROMPT) : first + 1]
     assert set(row0[first + 1 - len(PROMPT) :]) <= {0}
@@ -125,26 +126,27 @@ def test_stop_tokens_end_each_row(model):
 
 @torch.no_grad()
 def test_stream_yields_the_generated_tokens(model):
-    steps = [int(t[0]) for t in model.stream(PROMPT, NEW, mode="fused", prefill_passes=1)]
-    assert PROMPT + steps == model.generate(PROMPT, NEW, mode="fused", prefill_passes=1)
+    steps = [int(t[0]) for t in stream(model, PROMPT, NEW, mode="fused", prefill_passes=1)]
+    assert PROMPT + steps == generate(model, PROMPT, NEW, mode="fused", prefill_passes=1)
 
 
 def test_mode_names_and_defaults_have_one_definition():
     import inspect
 
-    from fullband.config import DECODING_MODES, DEFAULT_MODE, DEFAULT_SCORE_MODE
+    from fullband.evaluation.config import LmEvalConfig
+    from fullband.evaluation.continuation import score_continuations
     from fullband.generation import MODES, generate, stream
     from fullband.generation.config import GenerateConfig
-    from fullband.integrations.lm_eval.config import LmEvalConfig
-    from fullband.integrations.lm_eval.continuation import score_continuations
     from fullband.model import hub
+    from fullband.modes import DECODING_MODES, DEFAULT_MODE, DEFAULT_SCORE_MODE, DecodeOptions
 
     assert MODES == DECODING_MODES == ("standard", "soft", "fused", "exact")
-    decoding_defaults = [inspect.signature(f).parameters["mode"].default
-                         for f in (generate, stream, FullBandwidthLM.generate, FullBandwidthLM.stream)]
-    assert decoding_defaults == [DEFAULT_MODE] * 4 == ["soft"] * 4  # DESIGN.md §5
-    assert GenerateConfig(checkpoint="x").mode == hub.DECODING_DEFAULTS["decoding_mode"] == DEFAULT_MODE
+    decoding_defaults = [inspect.signature(f).parameters["mode"].default for f in (generate, stream)]
+    assert decoding_defaults == [DEFAULT_MODE] * 2 == ["soft"] * 2  # DESIGN.md §5
+    assert DecodeOptions().mode == DEFAULT_MODE
+    assert GenerateConfig(checkpoint="x").decode.mode == hub.DECODING_DEFAULTS["decoding_mode"] == DEFAULT_MODE
     # Scoring a given text defaults to the plain pass.
     score_default = inspect.signature(score_continuations).parameters["mode"].default
-    assert LmEvalConfig(checkpoint="x", tasks=("t",)).mode == hub.DECODING_DEFAULTS["score_mode"] == score_default
+    eval_default = LmEvalConfig(checkpoint="x", tasks=("t",)).decode.mode
+    assert eval_default == hub.DECODING_DEFAULTS["score_mode"] == score_default
     assert score_default == DEFAULT_SCORE_MODE == "standard"

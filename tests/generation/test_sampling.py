@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import make_model
 
+from fullband.generation import generate
 from fullband.generation.sampling import sample_next, token_probs
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
@@ -58,11 +59,11 @@ def test_top_k_then_top_p_after_temperature():
 def test_generate_passes_top_p_through():
     model = make_model()
     prompt, new = [5, 17, 3, 44, 8, 21], 8
-    greedy = model.generate(prompt, new, mode="soft")
+    greedy = generate(model, prompt, new, mode="soft")
     # A tiny nucleus keeps only the most likely token at every step, whatever the temperature or the seed.
     for seed in range(3):
-        assert model.generate(prompt, new, mode="soft", temperature=5.0, top_p=1e-9, seed=seed) == greedy
-    hot = [model.generate(prompt, new, mode="soft", temperature=5.0, seed=seed) for seed in range(3)]
+        assert generate(model, prompt, new, mode="soft", temperature=5.0, top_p=1e-9, seed=seed) == greedy
+    hot = [generate(model, prompt, new, mode="soft", temperature=5.0, seed=seed) for seed in range(3)]
     assert any(h != greedy for h in hot)  # ... which plain sampling at that temperature is not
 
 

@@ -14,8 +14,9 @@ import torch
 from conftest import make_model
 from scipy.stats import chisquare
 
-from fullband.generation import SpeculativeConfig, SpeculativeDecoder, decode_step, left_pad, prefill
+from fullband.generation import SpeculativeConfig, SpeculativeDecoder, decode_step, generate, left_pad, prefill, stream
 from fullband.generation.sampling import token_probs
+from fullband.modes import DecodeOptions
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
@@ -61,7 +62,7 @@ def drafters(target):
 
 def reference_tokens(model, ids, mask, mode, new, **kwargs):
     """Plain decoding's tokens (B, new), padded with 0 after every row stopped."""
-    steps = torch.stack(list(model.stream(ids, new, mode, attention_mask=mask, prefill_passes=2, **kwargs)), 1)
+    steps = torch.stack(list(stream(model, ids, new, mode, attention_mask=mask, prefill_passes=2, **kwargs)), 1)
     return torch.nn.functional.pad(steps, (0, new - steps.shape[1]))
 
 
@@ -104,7 +105,7 @@ def test_greedy_equals_plain_decoding(target, drafters, mode, drafter, gamma):
         assert 0 < stats.accepted < stats.drafted
     if drafter != "scripted" and gamma == 3:  # the generate() entry point runs the same
         config = SpeculativeConfig(drafter=drafters[drafter], gamma=gamma)
-        assert target.generate(PROMPT, NEW, mode=mode, prefill_passes=2, speculative=config) == \
+        assert generate(target, PROMPT, NEW, mode=mode, prefill_passes=2, speculative=config) == \
             PROMPT + expected[0].tolist()
 
 
@@ -155,20 +156,20 @@ def test_feedback_verification_needs_one_pass_per_kept_token(target, mode):
 def test_batched_with_left_padding_and_stops(target, drafters, mode):
     prompts = [PROMPT, [9, 1], [33, 2, 60, 7, 12, 13, 14, 15, 40], [4]]
     ids, mask = left_pad(prompts)
-    plain = target.generate(prompts, NEW, mode=mode, prefill_passes=2)
+    plain = generate(target, prompts, NEW, mode=mode, prefill_passes=2)
     stop = plain[0][len(PROMPT) + 5]  # stops a row early, the others later or never
-    expected = target.generate(prompts, NEW, mode=mode, prefill_passes=2, stop_token_ids=[stop])
+    expected = generate(target, prompts, NEW, mode=mode, prefill_passes=2, stop_token_ids=[stop])
     assert any(len(row) < len(p) + NEW for row, p in zip(expected, prompts, strict=True))
     for drafter, gamma in (("baseline", 4), ("standard", 2), ("early_exit", 6), ("scripted", 5)):
         state = prefill(target, ids, mask, mode, ids.shape[1] + NEW, prefill_passes=2)
         decoder = decoder_for(target, ids, mask, mode, NEW, drafters[drafter], gamma, stop_token_ids=[stop])
         steps = torch.stack(list(decoder.stream(state, ids, mask, NEW, stop_token_ids=[stop])), 1)
-        plain_steps = list(target.stream(ids, NEW, mode, attention_mask=mask, prefill_passes=2, stop_token_ids=[stop]))
+        plain_steps = list(stream(target, ids, NEW, mode, attention_mask=mask, prefill_passes=2, stop_token_ids=[stop]))
         assert torch.equal(steps, torch.stack(plain_steps, 1)), drafter  # the same steps, pads included
-        got = target.generate(prompts, NEW, mode=mode, prefill_passes=2, stop_token_ids=[stop],
+        got = generate(target, prompts, NEW, mode=mode, prefill_passes=2, stop_token_ids=[stop],
                               speculative=SpeculativeConfig(drafters[drafter] or "standard", gamma))
         assert got == expected, drafter
-    single = [target.generate(p, NEW, mode=mode, prefill_passes=2, stop_token_ids=[stop],
+    single = [generate(target, p, NEW, mode=mode, prefill_passes=2, stop_token_ids=[stop],
                               speculative=SpeculativeConfig(drafters["baseline"], 4)) for p in prompts]
     assert single == expected
 
@@ -183,7 +184,7 @@ def test_adaptive_gamma_and_tensor_prompts(target):
     decoder = SpeculativeDecoder(target, SpeculativeConfig(gamma=2, adaptive=True, max_gamma=6), drafter=scripted)
     assert torch.equal(torch.stack(list(decoder.stream(state, prompt, mask, NEW)), 1), expected)
     assert len({drafted for drafted, _, _ in decoder.stats.per_round}) > 2  # gamma moved both ways
-    got = target.generate(prompt, NEW, mode="soft", speculative={"drafter": "standard", "adaptive": True})
+    got = generate(target, prompt, NEW, mode="soft", speculative={"drafter": "standard", "adaptive": True})
     assert torch.equal(got, torch.cat((prompt, expected), 1))
 
 
@@ -198,7 +199,7 @@ def test_rejection_rule_turns_draws_from_q_into_draws_from_p():
     target_logits = torch.tensor([[2.0, 1.2, 0.3, -0.5, 0.9]], dtype=torch.float64).expand(draws, -1)
     q = torch.tensor([0.1, 0.5, 0.1, 0.2, 0.1]).expand(draws, -1)
     drafts = torch.multinomial(q, 1, generator=generator)  # (draws, 1)
-    decoder = SpeculativeDecoder(make_model(vocab_size=5), SpeculativeConfig(), temperature=0.7, top_k=3,
+    decoder = SpeculativeDecoder(make_model(vocab_size=5), SpeculativeConfig(), DecodeOptions(temperature=0.7, top_k=3),
                                  generator=generator)
     uniform = torch.rand(draws, 1, generator=generator, dtype=torch.float64)
     accepted = decoder._accepts(target_logits[:, None], drafts, q[:, None], uniform, torch.arange(1))[:, 0]
@@ -245,8 +246,8 @@ def test_speculative_sampling_follows_plain_sampling(mode):
     accepted = drafted = 0
     for _ in range(calls):
         state = prefill(target, ids, mask, mode, len(prompt) + new)
-        decoder = SpeculativeDecoder(target, SpeculativeConfig(drafter, gamma=2), temperature=temperature,
-                                     generator=generator)
+        decoder = SpeculativeDecoder(target, SpeculativeConfig(drafter, gamma=2),
+                                     DecodeOptions(temperature=temperature), generator=generator)
         out = torch.stack(list(decoder.stream(state, ids, mask, new)), 1)  # (rows, new)
         index = (out * vocab ** torch.arange(new - 1, -1, -1)).sum(1)  # the row of itertools.product's order
         counts += torch.bincount(index, minlength=len(continuations)).double()

@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import fullband
 import fullband.integrations.hf as hf
 from fullband import ConfigError, FullBandwidthLM
+from fullband.generation import generate
 from fullband.integrations.hf import FullBandwidthConfig, FullBandwidthForCausalLM
 
 PROMPT = [5, 17, 3, 44, 8, 21]
@@ -84,7 +85,7 @@ def test_untied_baseline_round_trips(tmp_path, tokens):
 @pytest.mark.parametrize("mode", MODES)
 def test_greedy_generate_equals_native_generate(native, mode):
     model = FullBandwidthForCausalLM.from_native(native).eval()
-    expected = native.generate(PROMPT, NEW, mode=mode, prefill_passes=2)
+    expected = generate(native, PROMPT, NEW, mode=mode, prefill_passes=2)
     got = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False, decoding_mode=mode,
                          prefill_passes=2)
     assert got[0].tolist() == expected
@@ -97,7 +98,7 @@ def test_decoding_mode_from_the_config_and_the_modes_differ(native):
     for mode in ("standard", "soft", "exact"):
         model.config.decoding_mode = mode  # the model attribute, saved with the model
         outputs[mode] = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False)[0].tolist()
-        assert outputs[mode] == native.generate(PROMPT, NEW, mode=mode)
+        assert outputs[mode] == generate(native, PROMPT, NEW, mode=mode)
     assert len(set(map(tuple, outputs.values()))) == 3  # the latent state really is carried
 
 
@@ -111,7 +112,7 @@ def test_batched_left_padded_generate_equals_native(native, mode):
         ids[row, 9 - len(p) :], mask[row, 9 - len(p) :] = torch.tensor(p), 1
     got = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, decoding_mode=mode)
     for row, p in enumerate(prompts):
-        assert got[row, 9:].tolist() == native.generate(p, NEW, mode=mode)[len(p) :]
+        assert got[row, 9:].tolist() == generate(native, p, NEW, mode=mode)[len(p) :]
 
 
 @torch.no_grad()
@@ -119,13 +120,13 @@ def test_generate_past_the_first_cache_allocation(native, monkeypatch):
     monkeypatch.setattr(hf, "CACHE_GROWTH", 2)  # the decoding cache must grow several times
     model = FullBandwidthForCausalLM.from_native(native).eval()
     got = model.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False, decoding_mode="soft")
-    assert got[0].tolist() == native.generate(PROMPT, 12, mode="soft")
+    assert got[0].tolist() == generate(native, PROMPT, 12, mode="soft")
 
 
 @torch.no_grad()
 def test_generate_stops_at_eos(native):
     model = FullBandwidthForCausalLM.from_native(native).eval()
-    full = native.generate(PROMPT, NEW, mode="soft")
+    full = generate(native, PROMPT, NEW, mode="soft")
     eos = full[len(PROMPT) + 2]
     got = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False, eos_token_id=eos,
                          pad_token_id=0, decoding_mode="soft")

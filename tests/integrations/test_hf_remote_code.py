@@ -15,6 +15,7 @@ from conftest import LM_EVAL_CLI, make_model
 
 from fullband.cli import main
 from fullband.data import ByteTokenizer, load_tokenizer, train_bpe
+from fullband.generation import generate
 from fullband.model import hub
 
 LM_EVAL_TASKS = Path(__file__).parent.parent / "data" / "lm_eval"  # fb_tiny_ppl: rolling loglikelihood, offline
@@ -87,8 +88,8 @@ def test_trust_remote_code_load_without_importing_fullband(checkpoint, tmp_path)
         # score_mode=soft: position 1 plain, the rest the exact recurrence.
         exact = model.forward_exact(ids, plain_prefix=1).logits
         torch.testing.assert_close(torch.tensor(got["soft"][0]), exact, atol=1e-5, rtol=1e-5)
-    assert got["soft"][1] == model.generate(ids, max_new_tokens=6, mode="soft").tolist()
-    assert got["fused"] == model.generate(ids, max_new_tokens=6, mode="fused", prefill_passes=2).tolist()
+    assert got["soft"][1] == generate(model, ids, max_new_tokens=6, mode="soft").tolist()
+    assert got["fused"] == generate(model, ids, max_new_tokens=6, mode="fused", prefill_passes=2).tolist()
     assert got["tok"] == [ByteTokenizer().encode("héllo <|endoftext|>"), ByteTokenizer.eos_id]
 
 
@@ -156,7 +157,7 @@ def fullband_scores(checkpoint, tmp_path_factory, one_thread_per_module):
             with pytest.MonkeyPatch.context() as patch:
                 patch.chdir(LM_EVAL_TASKS)  # the task's data_files path is relative
                 assert main(["eval", "--checkpoint", str(path), "--tasks", "fb_tiny_ppl", "--include_path", ".",
-                             "--include_defaults", "false", "--mode", mode, "--out_dir", str(out_dir)]) == 0
+                             "--include_defaults", "false", "--decode.mode", mode, "--out_dir", str(out_dir)]) == 0
             scores[mode] = json.loads((out_dir / "results.json").read_text())["results"]["fb_tiny_ppl"]
         return scores[mode]
 

@@ -12,6 +12,7 @@ from conftest import make_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fullband import FullBandwidthLM
+from fullband.generation import generate
 from fullband.integrations.llama import from_llama, to_llama
 
 ATOL = 1e-5  # float32
@@ -90,10 +91,10 @@ def test_greedy_generate_agrees_both_ways():
     model = scaled_baseline(tie=True)
     llama = to_llama(model).eval()
     hf_tokens = llama.generate(torch.tensor([PROMPT]), max_new_tokens=20, do_sample=False)[0].tolist()
-    assert hf_tokens == model.generate(PROMPT, 20, mode="standard")
+    assert hf_tokens == generate(model, PROMPT, 20, mode="standard")
     llama = random_llama(tie=False)
     hf_tokens = llama.generate(torch.tensor([PROMPT]), max_new_tokens=20, do_sample=False)[0].tolist()
-    assert hf_tokens == from_llama(llama).eval().generate(PROMPT, 20, mode="standard")
+    assert hf_tokens == generate(from_llama(llama).eval(), PROMPT, 20, mode="standard")
 
 
 def test_unconvertible_models_are_refused():

@@ -20,6 +20,7 @@ from transformers import (
 )
 
 import fullband
+from fullband.generation import generate
 from fullband.integrations.retrofit import RetrofittedLM, retrofit
 from fullband.integrations.retrofit.io import load_retrofit_config, load_weights_into
 from fullband.model import FeedbackLM, FullBandwidthLM, exact_pass_count
@@ -121,9 +122,9 @@ def test_greedy_soft_decoding_is_argmax_of_the_exact_forward(arch):
     for _ in range(NEW):
         logits = model.forward_exact(torch.tensor([seq]), plain_prefix=len(PROMPT)).logits
         seq.append(int(logits[0, -1].argmax()))
-    assert model.generate(PROMPT, NEW, mode="soft") == seq
+    assert generate(model, PROMPT, NEW, mode="soft") == seq
     standard = base.generate(torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False)[0].tolist()
-    assert model.generate(PROMPT, NEW, mode="standard") == standard
+    assert generate(model, PROMPT, NEW, mode="standard") == standard
     assert seq != standard  # the carried state changes what is generated
 
 
@@ -155,15 +156,15 @@ def test_greedy_exact_and_fused_decoding_equal_their_definitions(arch):
     emb = model.embed(ids)
     # exact: every position after the first is fused, fully recurrent.
     exact = greedy(lambda seq: recurrent_logits(model, seq, [emb[:, 0]]), PROMPT)
-    assert model.generate(PROMPT, NEW, mode="exact") == exact
-    assert model.generate(PROMPT, NEW, mode="exact", exact_chunk_size=4) == exact
+    assert generate(model, PROMPT, NEW, mode="exact") == exact
+    assert generate(model, PROMPT, NEW, mode="exact", exact_chunk_size=4) == exact
     # fused(k): the prompt's inputs are those of pass k + 1 of the Jacobi iteration (p = 1), the generated
     # positions then follow the exact recurrence on top of them.
     k = 2
     prev = model(ids, passes=k, plain_prefix=1).hidden  # the states pass k + 1 fuses
     prompt_inputs = [emb[:, 0]] + [model.fusion(emb[:, t], prev[:, t - 1]) for t in range(1, len(PROMPT))]
     fused = greedy(lambda seq: recurrent_logits(model, seq, prompt_inputs), PROMPT)
-    assert model.generate(PROMPT, NEW, mode="fused", prefill_passes=k) == fused
+    assert generate(model, PROMPT, NEW, mode="fused", prefill_passes=k) == fused
     assert fused != exact  # k + 1 passes do not make this 6-token prompt exact
 
 
@@ -172,8 +173,8 @@ def test_greedy_exact_and_fused_decoding_equal_their_definitions(arch):
 def test_batched_left_padding_equals_one_by_one(arch, mode):
     _, model = make(arch)
     prompts = [PROMPT, [9, 1], [33, 2, 60, 7, 12, 13, 40]]
-    single = [model.generate(p, NEW, mode=mode, prefill_passes=2, exact_chunk_size=3) for p in prompts]
-    assert model.generate(prompts, NEW, mode=mode, prefill_passes=2, exact_chunk_size=3) == single
+    single = [generate(model, p, NEW, mode=mode, prefill_passes=2, exact_chunk_size=3) for p in prompts]
+    assert generate(model, prompts, NEW, mode=mode, prefill_passes=2, exact_chunk_size=3) == single
 
 
 @torch.no_grad()
@@ -188,7 +189,7 @@ def test_save_load_round_trip(arch, tokens, tmp_path):
     assert loaded.config == model.config
     for passes in (1, 3):
         assert torch.equal(loaded(tokens, passes=passes).logits, model(tokens, passes=passes).logits)
-    assert loaded.generate(PROMPT, NEW, mode="soft") == model.generate(PROMPT, NEW, mode="soft")
+    assert generate(loaded, PROMPT, NEW, mode="soft") == generate(model, PROMPT, NEW, mode="soft")
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "base")  # the base stays a plain HF checkpoint
     assert torch.equal(plain(tokens).logits, base(tokens).logits)
 
@@ -257,10 +258,12 @@ def test_muon_under_the_default_settings_trains_the_blocks_matrices(arch, optimi
 @pytest.mark.parametrize("cls", [FullBandwidthLM, RetrofittedLM])
 def test_both_networks_run_the_one_feedback_forward(cls):
     # Each network supplies its embedding, blocks, head and cache; the forward, the exact evaluation, the pass loop
-    # and decoding are FeedbackLM's own, neither rewritten nor borrowed by assignment.
+    # are FeedbackLM's own, neither rewritten nor borrowed by assignment; decoding is fullband.generation's, one for
+    # both, and bound onto neither.
     assert issubclass(cls, FeedbackLM)
-    shared = ("forward", "forward_exact", "prefill", "iterate_passes", "stack_inputs", "generate", "stream",
-              "new_cache", "_check_tokens", "_positions_and_mask")
+    assert not any(hasattr(cls, name) for name in ("generate", "stream"))
+    shared = ("forward", "forward_exact", "prefill", "iterate_passes", "stack_inputs", "new_cache", "_check_tokens",
+              "_positions_and_mask")
     assert not [name for name in shared if name in vars(cls)]
     assert all(getattr(cls, name) is getattr(FeedbackLM, name) for name in shared)
     supplied = ("fuse", "run_stack", "depth_states", "logits_of_top", "_empty_cache", "_stack_mask")

@@ -22,8 +22,9 @@ from conftest import LM_EVAL_CLI, save_strong_retrofit
 
 from fullband.cli import main
 from fullband.data import ByteTokenizer
+from fullband.families import load_any
+from fullband.generation import generate
 from fullband.integrations.retrofit import RetrofittedLM
-from fullband.model_io import load_any
 
 LM_EVAL_TASKS = Path(__file__).parent.parent / "data" / "lm_eval"
 
@@ -49,10 +50,10 @@ def test_generate_accepts_a_retrofitted_checkpoint_and_hf_paths(dirs, capsys):
     outputs = {}
     for name, spec, mode in (("retro-soft", retro_dir, "soft"), ("retro-standard", retro_dir, "standard"),
                              ("hf-standard", f"hf:{gpt2_dir}", "standard")):
-        assert main(["generate", "--checkpoint", str(spec), "--prompt", prompt, "--mode", mode,
+        assert main(["generate", "--checkpoint", str(spec), "--prompt", prompt, "--decode.mode", mode,
                      "--max_new_tokens", "8", "--stop_at_eos", "false"]) == 0
         outputs[name] = generated(capsys)
-    expected = ByteTokenizer().decode(model.generate(ids, max_new_tokens=8, mode="soft")[len(ids):])
+    expected = ByteTokenizer().decode(generate(model, ids, max_new_tokens=8, mode="soft")[len(ids):])
     assert outputs["retro-soft"] == prompt + expected
     # Standard mode is the pretrained network itself, so the fresh hf: retrofit decodes the same tokens.
     assert outputs["retro-standard"] == outputs["hf-standard"] != outputs["retro-soft"]
@@ -71,7 +72,7 @@ def eval_scores(dirs, tmp_path_factory) -> dict[str, dict]:
                                  ("retro-soft", retro_dir, "soft")):
             out = tmp_path_factory.mktemp(name)
             assert main(["eval", "--checkpoint", str(spec), "--tasks", "fb_tiny_ppl", "--include_path", ".",
-                         "--include_defaults", "false", "--mode", mode, "--out_dir", str(out)]) == 0
+                         "--include_defaults", "false", "--decode.mode", mode, "--out_dir", str(out)]) == 0
             scores[name] = json.loads((out / "results.json").read_text())["results"]["fb_tiny_ppl"]
     return scores
 
@@ -132,11 +133,12 @@ def test_transformers_opens_the_retrofitted_checkpoint_with_remote_code(dirs, tm
     with torch.no_grad():
         base_logits = model.base(ids).logits  # standard scoring = the pretrained network
     torch.testing.assert_close(torch.tensor(got["logits"]), base_logits, atol=1e-5, rtol=1e-5)
-    assert got["soft"] == model.generate(ids, max_new_tokens=6, mode="soft").tolist()
+    assert got["soft"] == generate(model, ids, max_new_tokens=6, mode="soft").tolist()
 
 
 def test_lm_eval_cli_hf_model_scores_a_retrofitted_checkpoint_as_fullband_eval(dirs, eval_scores, tmp_path):
-    """``lm_eval --model hf`` (remote code) in soft mode == ``fullband eval --mode soft`` on a retrofitted model."""
+    """``lm_eval --model hf`` (remote code) in soft mode == ``fullband eval --decode.mode soft`` on a retrofitted
+    model."""
     _, retro_dir, _ = dirs
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "OMP_NUM_THREADS": "1"}
@@ -150,5 +152,5 @@ def test_lm_eval_cli_hf_model_scores_a_retrofitted_checkpoint_as_fullband_eval(d
     assert run.returncode == 0, run.stderr[-3000:]
     (result_file,) = lm_eval_out.rglob("results_*.json")
     theirs = json.loads(result_file.read_text())["results"]["fb_tiny_ppl"]
-    ours = eval_scores["retro-soft"]  # fullband eval --mode soft on the same checkpoint
+    ours = eval_scores["retro-soft"]  # fullband eval --decode.mode soft on the same checkpoint
     assert theirs["bits_per_byte,none"] == pytest.approx(ours["bits_per_byte,none"], rel=1e-5)

@@ -16,8 +16,9 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, T
 
 from fullband.cli import main
 from fullband.data import TransformersTokenizer, load_tokenizer
+from fullband.families import load_any
+from fullband.generation import generate
 from fullband.integrations.retrofit import RetrofittedLM
-from fullband.model_io import load_any
 
 SENTENCE = "the king and the queen walk to the castle while a fox runs over the green hill and every bird sings"
 WORDS = SENTENCE.split()
@@ -106,7 +107,7 @@ def test_train_retrofitted_gpt2_then_generate(hf_dir, text_file, tmp_path, capsy
     assert isinstance(model, RetrofittedLM) and model.config.feedback_source == 1
     assert not model.training and model.config.base_architecture == "GPT2LMHeadModel"
     # Four steps leave the fused inputs at the embeddings' tiny scale (their init), so soft and exact decoding
-    # would write the same tokens; a larger fused input makes the modes differ, which shows --mode is used.
+    # would write the same tokens; a larger fused input makes the modes differ, which shows --decode.mode is used.
     with torch.no_grad():
         model.fusion.out_norm.weight.mul_(100)
     model.save_pretrained(model_dir)
@@ -116,12 +117,12 @@ def test_train_retrofitted_gpt2_then_generate(hf_dir, text_file, tmp_path, capsy
     outputs = []
     for mode in ("soft", "exact"):
         assert main(["generate", "--checkpoint", str(model_dir), "--prompt", "The king", "--max_new_tokens", "6",
-                     "--mode", mode]) == 0
-        new = model.generate(prompt, 6, mode=mode, stop_token_ids=[tokenizer.eos_id])[len(prompt) :]
+                     "--decode.mode", mode]) == 0
+        new = generate(model, prompt, 6, mode=mode, stop_token_ids=[tokenizer.eos_id])[len(prompt) :]
         new = new[: new.index(tokenizer.eos_id)] if tokenizer.eos_id in new else new
         assert capsys.readouterr().out == "The king" + tokenizer.decode(new) + "\n"  # the model's own tokens
         outputs.append(new)
-    assert outputs[0] != outputs[1]  # two modes, two continuations: --mode reached the decoder
+    assert outputs[0] != outputs[1]  # two modes, two continuations: --decode.mode reached the decoder
 
 
 def test_sft_fine_tune_with_three_passes(hf_dir, tmp_path):

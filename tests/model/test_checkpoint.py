@@ -7,6 +7,7 @@ import torch
 from conftest import make_model
 
 from fullband import FullBandwidthLM
+from fullband.generation import generate
 from fullband.model.serialization import CheckpointError
 
 
@@ -36,7 +37,7 @@ def test_checkpoint_from_before_the_input_norm_decodes_as_trained(tmp_path, toke
     assert loaded.config.input_norm == "fused" and loaded.input_norm is None
     with torch.no_grad():
         torch.testing.assert_close(loaded(tokens, passes=3).logits, model(tokens, passes=3).logits, atol=0, rtol=0)
-        assert loaded.generate([1, 2, 3], max_new_tokens=5) == model.generate([1, 2, 3], max_new_tokens=5)
+        assert generate(loaded, [1, 2, 3], max_new_tokens=5) == generate(model, [1, 2, 3], max_new_tokens=5)
 
 
 @pytest.mark.parametrize(("written", "form"), [(True, "all"), (False, "fused")])
@@ -51,8 +52,8 @@ def test_boolean_input_norm_checkpoints_decode_as_trained(tmp_path, tokens, writ
     assert loaded.config.input_norm == form
     with torch.no_grad():
         torch.testing.assert_close(loaded(tokens, passes=3).logits, model(tokens, passes=3).logits, atol=0, rtol=0)
-        assert loaded.generate([1, 2, 3], max_new_tokens=5, mode="soft") == \
-            model.generate([1, 2, 3], max_new_tokens=5, mode="soft")
+        assert generate(loaded, [1, 2, 3], max_new_tokens=5, mode="soft") == \
+            generate(model, [1, 2, 3], max_new_tokens=5, mode="soft")
 
 
 @pytest.mark.parametrize("form", ["fused", "paper", "all"])

@@ -12,6 +12,7 @@ from conftest import formula_input, make_model, stack_from_inputs
 
 from fullband import FullBandwidthLM, ModelConfig
 from fullband.config import ConfigError
+from fullband.generation import generate
 
 FORMS = ["fused", "paper", "all"]
 
@@ -35,8 +36,8 @@ def test_pass_one_of_the_default_form_is_the_baseline(tokens, training):
     torch.testing.assert_close(model(tokens, passes=1).logits, plain.logits, rtol=0, atol=0)
     # Standard decoding is the baseline's too.
     prompt = tokens[:2, :5]
-    assert model.generate(prompt, max_new_tokens=6, mode="standard").tolist() == \
-        baseline.generate(prompt, max_new_tokens=6, mode="standard").tolist()
+    assert generate(model, prompt, max_new_tokens=6, mode="standard").tolist() == \
+        generate(baseline, prompt, max_new_tokens=6, mode="standard").tolist()
 
 
 @pytest.mark.parametrize("form", FORMS)

@@ -5,8 +5,8 @@ import pytest
 import torch
 from conftest import formula_input, make_model, stack_from_inputs
 
-import fullband  # noqa: F401  (binds generate)
 from fullband.config import ConfigError, ModelConfig
+from fullband.generation import generate
 
 TOL = 1e-9
 
@@ -48,9 +48,9 @@ def test_looped_refuses_what_needs_the_recurrence(tokens):
     with pytest.raises(ValueError, match="looped model"):
         looped(tokens[:, :1], carried_state=torch.zeros(3, 32, dtype=torch.float64))
     with pytest.raises(ValueError, match="mode='soft' is not available for a looped model"):
-        looped.generate(tokens[0].tolist(), max_new_tokens=2, mode="soft")
+        generate(looped, tokens[0].tolist(), max_new_tokens=2, mode="soft")
     with pytest.raises(ValueError, match="speculative decoding is not available"):
-        looped.generate(tokens[0].tolist(), max_new_tokens=2, mode="standard", speculative={"drafter": "standard"})
+        generate(looped, tokens[0].tolist(), max_new_tokens=2, mode="standard", speculative={"drafter": "standard"})
     with pytest.raises(ConfigError, match="feedback_shift=2 is invalid"):
         ModelConfig(feedback_shift=2)
 
@@ -60,7 +60,7 @@ def test_looped_decoding_reruns_the_k_pass_forward_over_the_whole_sequence(token
     looped = make_model(feedback_shift=0)
     prompt = tokens[0, :6].tolist()
     for mode, passes in (("fused", 4), ("exact", None)):
-        out = looped.generate(prompt, max_new_tokens=3, mode=mode, prefill_passes=3)
+        out = generate(looped, prompt, max_new_tokens=3, mode=mode, prefill_passes=3)
         ids = list(prompt)
         for _ in range(3):  # greedy, by hand: the whole sequence, K passes, the last position's argmax
             k = passes or len(ids)
@@ -68,7 +68,7 @@ def test_looped_decoding_reruns_the_k_pass_forward_over_the_whole_sequence(token
         assert out == ids, mode
     # Left-padded rows decode as they do one by one; standard mode is the ordinary cached transformer.
     prompts = [tokens[0, :6].tolist(), tokens[1, :4].tolist()]
-    batched = looped.generate(prompts, max_new_tokens=3, mode="fused", prefill_passes=2)
-    assert batched == [looped.generate(p, max_new_tokens=3, mode="fused", prefill_passes=2) for p in prompts]
-    assert looped.generate(prompt, max_new_tokens=3, mode="standard") == make_model().generate(
+    batched = generate(looped, prompts, max_new_tokens=3, mode="fused", prefill_passes=2)
+    assert batched == [generate(looped, p, max_new_tokens=3, mode="fused", prefill_passes=2) for p in prompts]
+    assert generate(looped, prompt, max_new_tokens=3, mode="standard") == generate(make_model(),
         prompt, max_new_tokens=3, mode="standard")

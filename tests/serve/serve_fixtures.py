@@ -15,8 +15,9 @@ import uvicorn
 
 from fullband import FullBandwidthLM, ModelConfig
 from fullband.data import ByteTokenizer
+from fullband.modes import DecodeOptions
 from fullband.serve.app import Defaults, Limits, create_app
-from fullband.serve.engine import Engine, FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+from fullband.serve.engine import Engine, FinishEvent, GenerationRequest, TokenEvent
 
 VOCAB = 257  # the byte tokenizer's 256 bytes + eos
 
@@ -47,7 +48,7 @@ class LiveServer:
         engine = Engine(FullBandwidthLM.from_pretrained(checkpoint, dtype=torch.float64), max_batch=max_batch,
                         max_queue=max_queue)
         tokenizer = ByteTokenizer() if with_tokenizer else None
-        app = create_app(engine, tokenizer, "tiny", Defaults(mode="soft", max_tokens=8, temperature=0.0),
+        app = create_app(engine, tokenizer, "tiny", Defaults(DecodeOptions("soft", temperature=0.0), max_tokens=8),
                          api_key=api_key, limits=limits)
         return cls(app, FullBandwidthLM.from_pretrained(checkpoint, dtype=torch.float64), engine)
 
@@ -182,4 +183,4 @@ def run_engine(engine: Engine, requests: list[GenerationRequest]) -> list[Collec
 
 
 def request(prompt: list[int], mode: str, max_tokens: int = 6, passes: int = 1, logprobs: int | None = None):
-    return GenerationRequest(tuple(prompt), mode, SamplingParams(max_tokens, 0.0, logprobs=logprobs), passes)
+    return GenerationRequest(tuple(prompt), DecodeOptions(mode, passes), max_tokens, logprobs)

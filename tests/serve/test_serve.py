@@ -14,6 +14,7 @@ from serve_fixtures import ids_of, server_fixture, text_server_fixture  # noqa: 
 
 from fullband.data import ByteTokenizer
 from fullband.data.sft import encode_chat
+from fullband.generation import generate
 from fullband.serve.text import CHAT_STOP
 
 MODES = [("standard", 1), ("soft", 1), ("fused", 1), ("fused", 3), ("fused:3", 1), ("exact", 1)]
@@ -27,7 +28,7 @@ def complete(client: httpx.Client, **body) -> dict:
 
 def reference(server, prompt: list[int], max_tokens: int, mode: str, passes: int = 1, **kwargs) -> list[int]:
     """The same request decoded alone by the generation module."""
-    return server.model.generate(prompt, max_tokens, mode, prefill_passes=passes, **kwargs)[len(prompt) :]
+    return generate(server.model, prompt, max_tokens, mode, prefill_passes=passes, **kwargs)[len(prompt) :]
 
 
 @pytest.mark.parametrize(("mode", "passes"), MODES)

@@ -24,7 +24,7 @@ def _refused(url: str) -> bool:
 def test_sigterm_finishes_the_stream_in_flight_refuses_new_requests_and_exits_0(tmp_path):
     checkpoint = save_checkpoint(tmp_path / "model", with_tokenizer=False, max_seq_len=2048)
     port = free_port()
-    process = spawn_server(checkpoint, port, "--mode", "standard", "--graceful_timeout", "60")
+    process = spawn_server(checkpoint, port, "--decode.mode", "standard", "--graceful_timeout", "60")
     url = f"http://127.0.0.1:{port}"
     try:
         wait_up(url, process)
@@ -75,7 +75,7 @@ def test_kill_9_under_load_cuts_no_response_short_as_complete_and_a_restart_serv
     checkpoint = save_checkpoint(tmp_path / "model", with_tokenizer=False, max_seq_len=512)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    options = ("--mode", "soft", "--max_batch", "4", "--max_queue", "16")
+    options = ("--decode.mode", "soft", "--max_batch", "4", "--max_queue", "16")
     process = spawn_server(checkpoint, port, *options)
     outcomes: list = []
     stop = threading.Event()
@@ -114,7 +114,7 @@ def test_kill_9_under_load_cuts_no_response_short_as_complete_and_a_restart_serv
 def test_a_stream_still_running_when_the_grace_ends_is_cut_off_not_marked_complete(tmp_path):
     checkpoint = save_checkpoint(tmp_path / "model", with_tokenizer=False, max_seq_len=4096)
     port = free_port()
-    process = spawn_server(checkpoint, port, "--mode", "standard", "--graceful_timeout", "1")
+    process = spawn_server(checkpoint, port, "--decode.mode", "standard", "--graceful_timeout", "1")
     url = f"http://127.0.0.1:{port}"
     lines: list[str] = []
     try:

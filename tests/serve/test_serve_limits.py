@@ -21,6 +21,8 @@ from serve_fixtures import (  # noqa: F401 (fixtures)
     wait_until_idle,
 )
 
+from fullband.generation import generate
+
 BAD = [
     ({"prompt": [1, 2], "mode": "turbo"}, "mode"),
     ({"prompt": [1, 2], "mode": "fused:-1"}, "mode"),
@@ -79,7 +81,7 @@ def test_bad_requests_do_not_disturb_the_others(server):
     bodies = [good if i % 2 else BAD[i % len(BAD)][0] for i in range(16)]
     with ThreadPoolExecutor(16) as pool, server.client() as client:
         responses = list(pool.map(lambda b: client.post("/v1/completions", json=b), bodies))
-    expected = server.model.generate(good["prompt"], 10, "soft")[5:]
+    expected = generate(server.model, good["prompt"], 10, "soft")[5:]
     for body, response in zip(bodies, responses, strict=True):
         if body is good:
             assert ids_of(response.json()["choices"][0]["text"]) == expected
@@ -98,7 +100,7 @@ def test_full_queue_gets_429_and_the_accepted_requests_finish(long_server):
     assert rejected_response.headers["retry-after"] == "1"
     rejected = rejected_response.json()["error"]
     assert rejected["code"] == "rate_limit_exceeded" and "queue" in rejected["message"]
-    expected = long_server.model.generate(body["prompt"], 400, "standard")[3:]
+    expected = generate(long_server.model, body["prompt"], 400, "standard")[3:]
     assert all(ids_of(r.json()["choices"][0]["text"]) == expected for r in responses if r.status_code == 200)
     assert wait_until_idle(long_server)["active"] == 0
     with long_server.client() as client:  # room again
@@ -132,13 +134,15 @@ def _metric(text: str, name: str) -> float:
 
 
 def test_serve_bad_option_is_answered_before_torch_or_fastapi_is_imported():
-    code = ("import sys; from fullband.cli import main; rc = main(['serve', '--checkpoint', 'x', '--mode', 'fast']);"
+    code = ("import sys; from fullband.cli import main; "
+            "rc = main(['serve', '--checkpoint', 'x', '--decode.mode', 'fast']);"
             "assert rc == 2 and not {'torch', 'fastapi', 'uvicorn'} & set(sys.modules), sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stderr.strip() == ("fullband serve: error: mode='fast' is invalid: must be one of standard, soft, "
-                                   "fused (with prefill_passes), fused:K (K >= 0 extra fused prompt passes), exact")
+    assert proc.stderr.strip() == ("fullband serve: error: decode.mode='fast' is invalid: must be one of "
+                                   "standard, soft, fused (with prefill_passes), fused:K (K >= 0 extra fused prompt "
+                                   "passes), exact")
 
 
 def test_serve_missing_checkpoint_is_one_line(tmp_path):

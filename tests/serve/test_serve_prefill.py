@@ -12,6 +12,7 @@ import torch
 from conftest import make_model
 from serve_fixtures import Collector, ids_of, request, run_engine, server_fixture  # noqa: F401 (fixture)
 
+from fullband.generation import generate
 from fullband.serve.engine import Engine
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
@@ -31,7 +32,7 @@ def test_interleaved_exact_prefill_is_bit_identical_to_the_whole_one(chunk):
         assert engine.interleaved_prompt_tokens == (len(prompt) - 1 if interleave and chunk == 1 else 0)
         assert engine.prefill_chunks == (11 if interleave and chunk == 4 else 0)  # ceil(42 / 4)
     assert runs[True] == runs[False]
-    assert runs[True][0] == model.generate(prompt, 8, "exact", exact_chunk_size=chunk)[len(prompt):]
+    assert runs[True][0] == generate(model, prompt, 8, "exact", exact_chunk_size=chunk)[len(prompt):]
 
 
 def test_arrivals_prefill_together_and_each_gets_its_tokens_alone():
@@ -43,7 +44,7 @@ def test_arrivals_prefill_together_and_each_gets_its_tokens_alone():
     collectors = run_engine(engine, [request(p, m, 7, k) for p, m, k in jobs])
     for (prompt, mode, passes), c in zip(jobs, collectors, strict=True):
         assert c.finish == "length"
-        assert c.tokens == model.generate(prompt, 7, mode, prefill_passes=passes)[len(prompt):], (prompt, mode)
+        assert c.tokens == generate(model, prompt, 7, mode, prefill_passes=passes)[len(prompt):], (prompt, mode)
     # standard + soft + the exact prompts' first tokens in one plain forward, the fused pair in another
     assert engine.prefills == 2 and engine.batched_prefills == 2
     assert engine.interleaved_prompt_tokens == 5 + 2
@@ -72,7 +73,7 @@ def test_a_long_exact_prefill_does_not_stall_a_running_stream(chunk):
     assert (engine.interleaved_prompt_tokens, engine.prefill_chunks) == ((99, 0) if chunk == 1 else (0, 25))
     # the running stream got tokens while the prompt was fed, not only before and after it
     assert len(during) >= 5 + (90 if chunk == 1 else 22), (len(during), len(running.tokens))
-    assert long.tokens == model.generate(prompt, 3, "exact", exact_chunk_size=chunk)[100:]
+    assert long.tokens == generate(model, prompt, 3, "exact", exact_chunk_size=chunk)[100:]
 
 
 def test_a_feeding_exact_prompt_steps_in_its_own_lane_and_never_pads_the_streams(monkeypatch):
@@ -92,7 +93,7 @@ def test_a_feeding_exact_prompt_steps_in_its_own_lane_and_never_pads_the_streams
     monkeypatch.setattr(Engine, "_step", recording_step)
     collectors = run_engine(engine, [request(p, m, k) for p, m, k in jobs])
     for (p, mode, k), c in zip(jobs, collectors, strict=True):
-        assert c.tokens == model.generate(p, k, mode)[len(p):], mode
+        assert c.tokens == generate(model, p, k, mode)[len(p):], mode
     last_feed = max(i for i, (_, _, feeding) in enumerate(stepped) if feeding)
     feeding = [rows for rows, _, feeding in stepped if feeding]
     streams = [(rows, room) for rows, room, feeding in stepped[:last_feed] if not feeding]
@@ -112,7 +113,7 @@ def test_metrics_count_prefills_and_interleaved_prompt_tokens(server):
     with server.client() as client:
         response = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4, "temperature": 0,
                                                         "mode": "exact"})
-    assert ids_of(response.json()["choices"][0]["text"]) == server.model.generate(prompt, 4, "exact")[20:]
+    assert ids_of(response.json()["choices"][0]["text"]) == generate(server.model, prompt, 4, "exact")[20:]
     assert metric("fullband_interleaved_prompt_tokens_total") - before[0] == 19
     assert metric("fullband_prefills_total") - before[1] == 1
     assert "fullband_batched_prefills_total" in httpx.get(server.url + "/metrics").text

@@ -13,7 +13,9 @@ from conftest import save_strong_retrofit
 from serve_fixtures import LiveServer, request, run_engine
 
 from fullband.data import ByteTokenizer
-from fullband.model_io import load_any
+from fullband.families import load_any
+from fullband.generation import generate
+from fullband.modes import DecodeOptions
 from fullband.serve.config import ServeConfig
 from fullband.serve.engine import Engine
 from fullband.serve.server import build_app
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 @pytest.fixture(scope="module")
 def retrofit_server(tmp_path_factory):
     _, retrofitted, _ = save_strong_retrofit(tmp_path_factory.mktemp("retrofit"))
-    app = build_app(ServeConfig(checkpoint=str(retrofitted), max_batch=4, temperature=0.0))
+    app = build_app(ServeConfig(checkpoint=str(retrofitted), max_batch=4, decode=DecodeOptions(temperature=0.0)))
     live = LiveServer(app, load_any(retrofitted), app.state.engine)
     yield live
     live.stop()
@@ -44,7 +46,7 @@ def test_retrofitted_checkpoint_serves_every_mode_concurrently(retrofit_server):
         texts = list(pool.map(run, jobs))
     tokenizer = ByteTokenizer()
     for (prompt, mode, max_tokens), text in zip(jobs, texts, strict=True):
-        ids = retrofit_server.model.generate(tokenizer.encode(prompt), max_tokens, mode,
+        ids = generate(retrofit_server.model, tokenizer.encode(prompt), max_tokens, mode,
                                              stop_token_ids=[tokenizer.eos_id])[len(prompt) :]
         assert text == tokenizer.decode([t for t in ids if t != tokenizer.eos_id]), mode
     assert texts[0] != texts[1]  # standard and soft differ on this model, so the mode reached it
@@ -64,7 +66,7 @@ def test_retrofitted_requests_are_batched_and_each_equals_itself_alone(tmp_path)
     assert engine.regroups
     collectors = run_engine(engine, [request(p, m, 7, k) for p, m, k in jobs])
     for (prompt, mode, passes), c in zip(jobs, collectors, strict=True):
-        assert c.tokens == model.generate(prompt, 7, mode, prefill_passes=passes)[len(prompt):], mode
+        assert c.tokens == generate(model, prompt, 7, mode, prefill_passes=passes)[len(prompt):], mode
     assert (engine.prefills, engine.batched_prefills) == (2, 2)  # plain (with the exact prompts' first tokens), fused
     # decoded together, not one sequence per step (the exact prompts still feeding step in a lane of their own)
     assert engine.rows_stepped >= 2 * engine.steps

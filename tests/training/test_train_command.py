@@ -11,6 +11,7 @@ from fullband import FullBandwidthLM
 from fullband.cli import main
 from fullband.configio import build_config, load_config_file
 from fullband.data import ByteTokenizer
+from fullband.generation import generate
 from fullband.training.config import TrainRunConfig
 from fullband.training.run import build_batches, build_model, build_tokenizer
 from fullband.training.validation import loss_eval
@@ -50,7 +51,7 @@ def test_train_on_shakespeare_writes_a_usable_run(tmp_path, capsys):
     assert "512 tokens" in card and "in 8 steps on `shakespeare`" in card
     assert main(["generate", "--checkpoint", str(out / "model"), "--prompt", "KING:", "--max_new_tokens", "5"]) == 0
     tok = ByteTokenizer()
-    new = model.generate(tok.encode("KING:"), 5, mode="soft", stop_token_ids=[tok.eos_id])[len("KING:") :]
+    new = generate(model, tok.encode("KING:"), 5, mode="soft", stop_token_ids=[tok.eos_id])[len("KING:") :]
     assert capsys.readouterr().out == "KING:" + tok.decode([t for t in new if t != tok.eos_id]) + "\n"
 
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import json
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +20,7 @@ from fullband.bench.config import BenchConfig
 from fullband.bench.timing import copy_case, interleaved, machine_limits, machine_state, matmul_case, ratio
 from fullband.bench.workers import combined_share, time_in_workers
 from fullband.devices import CPU_FEATURES, resolve_device
+from fullband.files import write_json
 from fullband.model.recurrence import auto_exact_method
 from fullband.training.config import COMPILE_MIN_CPU_STEPS
 from fullband.training.metrics import flops_per_token
@@ -302,7 +301,7 @@ class Bench:
     def exact(self) -> None:
         c = self.cfg.exact
         if c.checkpoint:
-            from fullband.model_io import load_any
+            from fullband.families import load_any
 
             model = load_any(c.checkpoint, device=str(self.device)).eval()
         else:  # the train section's (compare's default) dimensions, random weights
@@ -349,7 +348,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
     """Run ``cfg``'s sections; write ``cfg.json`` when set; returns what it holds."""
     results = Bench(cfg, progress).run()
     if cfg.json:
-        Path(cfg.json).write_text(json.dumps(results, indent=2))
+        write_json(cfg.json, results)
     return results
 
 

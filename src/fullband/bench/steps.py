@@ -217,7 +217,9 @@ def weight_products(model: FullBandwidthLM, batch: int, new_tokens: int) -> Call
 
 def greedy_fullband(model: FullBandwidthLM, prompts: torch.Tensor, new_tokens: int, mode: str) -> torch.Tensor:
     """The ``new_tokens`` greedy tokens fullband decodes after ``prompts`` in ``mode``, (B, new_tokens)."""
-    return model.generate(prompts, max_new_tokens=new_tokens, mode=mode)[:, prompts.shape[1]:]
+    from fullband.generation.decoding import generate
+
+    return generate(model, prompts, max_new_tokens=new_tokens, mode=mode)[:, prompts.shape[1]:]
 
 
 def greedy_transformers(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ _EXPORTS = {
     "SPLITS": "splits", "normalize_split": "splits", "split_names": "splits", "split_text": "splits",
     "BPETokenizer": "tokenizer", "ByteTokenizer": "tokenizer", "Tokenizer": "tokenizer",
     "TransformersTokenizer": "tokenizer", "load_pretrained_tokenizer": "tokenizer", "load_tokenizer": "tokenizer",
-    "train_bpe": "tokenizer",
+    "named_tokenizer": "tokenizer", "train_bpe": "tokenizer",
     "ShardSplit": "prepared", "is_prepared": "prepared", "load_prepared": "prepared",
     "prepared_tokenizer": "prepared", "prepare_shards": "prepare",
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fullband.config import _is_int, _is_number, _require, doc, threads_field, validate_threads
+from fullband.config import HF_PREFIX, _is_int, _is_number, _require, doc, threads_field, validate_threads
 from fullband.data.splits import HELD_OUT
 
 SHARD_DTYPES = ("auto", "uint16", "uint32")
@@ -21,16 +21,16 @@ class PrepareConfig:
 
     input: str = doc(
         "", "What to tokenize (required): a text file, a JSONL file (one JSON object per line, text in --field), a "
-        "directory (every *.txt and *.jsonl below it, sorted by path), or hf:PATH_OR_NAME: a Hugging Face dataset "
-        "(a save_to_disk directory, a local data directory, or a hub name, streamed as datasets.load_dataset does; "
-        "HF_DATASETS_OFFLINE=1 keeps it to the local cache).")
+        f"directory (every *.txt and *.jsonl below it, sorted by path), or {HF_PREFIX}PATH_OR_NAME: a Hugging Face "
+        "dataset (a save_to_disk directory, a local data directory, or a hub name, streamed as "
+        "datasets.load_dataset does; HF_DATASETS_OFFLINE=1 keeps it to the local cache).")
     out_dir: str = doc("", "Directory for the shards and index.json (required); rerunning the same command there "
                        "resumes an interrupted prepare.")
-    tokenizer: str = doc("byte", "byte (UTF-8 bytes), hf:PATH (a tokenizer.json file or a local transformers "
+    tokenizer: str = doc("byte", f"byte (UTF-8 bytes), {HF_PREFIX}PATH (a tokenizer.json file or a local transformers "
                          "tokenizer directory), or a directory a fullband tokenizer was saved to (runs/x/tokenizer).")
     field: str = doc("text", "JSONL and datasets: the field (column) that holds the text.")
-    hf_config: str | None = doc(None, "hf: datasets: the dataset configuration (subset) name.")
-    split: str = doc("train", "hf: datasets: the split to read.")
+    hf_config: str | None = doc(None, f"{HF_PREFIX} datasets: the dataset configuration (subset) name.")
+    split: str = doc("train", f"{HF_PREFIX} datasets: the split to read.")
     val_fraction: float = doc(
         HELD_OUT[0], "Share of the input held out for validation, in [0, 0.5]: the first documents holding it (by "
         "bytes for files, a text file cut at a line end; by rows for datasets); 0 = none. The same default as "
@@ -45,10 +45,10 @@ class PrepareConfig:
     threads: str = threads_field()
 
     def __post_init__(self) -> None:
-        _require(bool(self.input), "input", self.input, "give what to tokenize (--input FILE, DIR or hf:NAME)")
+        _require(bool(self.input), "input", self.input, f"give what to tokenize (--input FILE, DIR or {HF_PREFIX}NAME)")
         _require(bool(self.out_dir), "out_dir", self.out_dir, "give the directory for the shards (--out_dir DIR)")
-        _require(bool(self.tokenizer) and self.tokenizer != "hf:", "tokenizer", self.tokenizer,
-                 "give byte, hf:PATH or a tokenizer directory")
+        _require(bool(self.tokenizer) and self.tokenizer != HF_PREFIX, "tokenizer", self.tokenizer,
+                 f"give byte, {HF_PREFIX}PATH or a tokenizer directory")
         _require(bool(self.field), "field", self.field, "name the text field, e.g. --field text")
         _require(_is_number(self.val_fraction) and 0 <= self.val_fraction <= 0.5, "val_fraction", self.val_fraction,
                  "must be in [0, 0.5]")

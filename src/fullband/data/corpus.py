@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fullband.config import HF_PREFIX
 from fullband.data import shakespeare
 from fullband.data.errors import DataError
 from fullband.data.splits import HELD_OUT, normalize_split, split_names, split_text
@@ -41,8 +42,8 @@ def load_corpus(name_or_path: str | Path = "shakespeare", split: str = "train",
     if source in BUILTIN:
         plays = shakespeare.load_plays()
         docs = [plays[name] for name in split_names(plays, held_out=held_out)[split]]
-    elif source.startswith("hf:"):
-        docs = _load_hf(source[3:], split, held_out)
+    elif source.startswith(HF_PREFIX):
+        docs = _load_hf(source[len(HF_PREFIX):], split, held_out)
     else:
         docs = _load_local(Path(source).expanduser(), split, held_out)
     docs = [d for d in docs if d.strip()]
@@ -57,7 +58,7 @@ def _load_local(path: Path, split: str, held_out: tuple[float, float]) -> list[s
     if not path.is_dir():
         raise DataError(
             f"corpus not found: {str(path)!r} is not a file or directory "
-            f"(built-in corpora: {', '.join(BUILTIN)}; Hugging Face datasets: hf:NAME[:FIELD])"
+            f"(built-in corpora: {', '.join(BUILTIN)}; Hugging Face datasets: {HF_PREFIX}NAME[:FIELD])"
         )
     explicit = {s: [path / d for d in dirs if (path / d).is_dir()] for s, dirs in _SPLIT_DIRS.items()}
     if any(explicit.values()):
@@ -96,12 +97,12 @@ def _parse_hf(spec: str) -> tuple[str, str]:
 
 def _load_hf(spec: str, split: str, held_out: tuple[float, float]) -> list[str]:
     try:
-        import datasets  # optional and heavy: imported only when an hf: source is used
+        import datasets  # optional and heavy: imported only when a Hugging Face dataset is the source
     except ImportError:
-        raise DataError("hf: corpora need the Hugging Face datasets library: pip install datasets") from None
+        raise DataError(f"{HF_PREFIX} corpora need the Hugging Face datasets library: pip install datasets") from None
     target, field = _parse_hf(spec)
     if not target:
-        raise DataError("hf: corpus needs a dataset name or path, e.g. hf:roneneldan/TinyStories:text")
+        raise DataError(f"{HF_PREFIX} corpus needs a dataset name or path, e.g. {HF_PREFIX}roneneldan/TinyStories:text")
     local = Path(target).expanduser()
     is_saved = local.is_dir() and any((local / f).is_file() for f in ("dataset_dict.json", "state.json"))
     ds: Any = datasets.load_from_disk(str(local)) if is_saved else datasets.load_dataset(target)
@@ -125,6 +126,6 @@ def _column(rows: Any, field: str, spec: str) -> list[str]:
     if field not in rows.column_names:
         raise DataError(
             f"dataset {spec!r} has no column {field!r} (columns: {', '.join(rows.column_names)}); "
-            f"name one with hf:NAME:FIELD"
+            f"name one with {HF_PREFIX}NAME:FIELD"
         )
     return [t for t in rows[field] if isinstance(t, str)]

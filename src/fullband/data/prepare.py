@@ -27,11 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from fullband.data.cache import atomic_write, atomic_write_json
+from fullband.config import HF_PREFIX
 from fullband.data.config import INDEX_FILE, PROGRESS_FILE, SHARDS_FORMAT, TOKENIZER_DIR, PrepareConfig
 from fullband.data.errors import DataError
 from fullband.data.prepare_inputs import (
-    HF_PREFIX,
     Chunk,
     Encoded,
     dataset_chunks,
@@ -40,7 +39,8 @@ from fullband.data.prepare_inputs import (
     input_files,
     open_dataset,
 )
-from fullband.data.tokenizer import ByteTokenizer, Tokenizer, load_pretrained_tokenizer, load_tokenizer
+from fullband.data.tokenizer import Tokenizer, load_tokenizer, named_tokenizer
+from fullband.files import write_file, write_json
 
 VERSION = 1
 FILE_PREFIX = {"validation": "val", "train": "train"}
@@ -48,16 +48,14 @@ FILE_PREFIX = {"validation": "val", "train": "train"}
 
 def resolve_tokenizer(spec: str) -> Tokenizer:
     """``byte``, ``hf:PATH`` (a tokenizer.json or transformers tokenizer directory) or a saved tokenizer directory."""
-    if spec == "byte":
-        return ByteTokenizer()
-    if spec.startswith(HF_PREFIX):
-        return load_pretrained_tokenizer(spec[len(HF_PREFIX):])
+    if (named := named_tokenizer(spec)) is not None:
+        return named
     if spec == "bpe":
-        raise DataError("tokenizer='bpe' is trained by fullband train; for prepare give byte, hf:PATH, or the "
-                        "tokenizer directory of a run that trained one (runs/x/tokenizer)")
+        raise DataError(f"tokenizer='bpe' is trained by fullband train; for prepare give byte, {HF_PREFIX}PATH, or "
+                        "the tokenizer directory of a run that trained one (runs/x/tokenizer)")
     tokenizer = load_tokenizer(Path(spec).expanduser()) if Path(spec).expanduser().is_dir() else None
     if tokenizer is None:
-        raise DataError(f"tokenizer={spec!r}: not byte, hf:PATH or a directory holding a saved tokenizer")
+        raise DataError(f"tokenizer={spec!r}: not byte, {HF_PREFIX}PATH or a directory holding a saved tokenizer")
     return tokenizer
 
 
@@ -76,7 +74,7 @@ def _plan(cfg: PrepareConfig) -> tuple[Callable[[], Iterator[Chunk]], int, dict[
     if cfg.input.startswith(HF_PREFIX):
         target = cfg.input[len(HF_PREFIX):]
         if not target:
-            raise DataError("input='hf:' needs a dataset name or path, e.g. hf:./my_dataset")
+            raise DataError(f"input={HF_PREFIX!r} needs a dataset name or path, e.g. {HF_PREFIX}./my_dataset")
         data = open_dataset(target, cfg.hf_config, cfg.split, cfg.field, cfg.val_fraction)
         source = {"dataset": target, "config": cfg.hf_config, "split": cfg.split, "rows": data.n_rows}
         return (lambda: dataset_chunks(data, cfg.chunk_bytes, cfg.val_fraction, cfg.field)), data.n_rows or 0, \
@@ -179,7 +177,8 @@ def prepare_shards(cfg: PrepareConfig) -> dict[str, Any]:
     if progress is None:
         return {**_read_json(out / INDEX_FILE), "seconds": 0.0, "input_bytes": 0, "already_done": True}
     tokenizer.save(out / TOKENIZER_DIR)
-    atomic_write_json(out / PROGRESS_FILE, progress)  # before any shard: a rerun always knows the directory is ours
+    # before any shard: a rerun always knows the directory is ours
+    write_json(out / PROGRESS_FILE, progress, sort_keys=True)
     shards: list[dict[str, Any]] = progress["shards"]
     begun = {s: any(r["split"] == s and r["tokens"] for r in shards) for s in FILE_PREFIX}
     workers = cfg.workers or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
@@ -215,18 +214,18 @@ def prepare_shards(cfg: PrepareConfig) -> dict[str, Any]:
                     read[0] += e.size
                     bar.update(e.size)
 
-            atomic_write(out / record["file"], write)
+            write_file(out / record["file"], write)
             if record["tokens"]:
                 shards.append(record)
             else:  # chunks that held no text: nothing to keep
                 (out / record["file"]).unlink()
             progress["next_chunk"] = last[0] + 1
-            atomic_write_json(out / PROGRESS_FILE, progress)
+            write_json(out / PROGRESS_FILE, progress, sort_keys=True)
     index = _index(shards, tokenizer, dtype, settings)
     if not index["splits"]["train"]["tokens"]:
         raise DataError(f"the train split of {cfg.input!r} is empty (all of it went to validation or it has no text); "
                         "lower --val_fraction or give more text")
-    atomic_write_json(out / INDEX_FILE, index)  # last: its presence means the shards are complete
+    write_json(out / INDEX_FILE, index, sort_keys=True)  # last: its presence means the shards are complete
     (out / PROGRESS_FILE).unlink(missing_ok=True)
     return {**index, "seconds": time.perf_counter() - started_at, "input_bytes": read[0] if unit == "B" else 0,
             "already_done": False}

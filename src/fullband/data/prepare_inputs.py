@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from fullband.config import HF_PREFIX
 from fullband.data.errors import DataError
 from fullband.data.tokenizer import Tokenizer
 
-HF_PREFIX = "hf:"
 TEXT_SUFFIXES = (".txt",)
 JSONL_SUFFIXES = (".jsonl",)
 
@@ -69,7 +69,7 @@ def input_files(path: Path) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise DataError(f"input not found: {str(path)!r} is not a file or directory (Hugging Face datasets: "
-                        "--input hf:PATH_OR_NAME)")
+                        f"--input {HF_PREFIX}PATH_OR_NAME)")
     suffixes = TEXT_SUFFIXES + JSONL_SUFFIXES
     files = sorted((p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in suffixes),
                    key=lambda p: p.relative_to(path).as_posix())
@@ -204,9 +204,10 @@ def open_dataset(target: str, config: str | None, split: str, field_name: str, v
     """A ``save_to_disk`` directory (memory-mapped), else ``load_dataset`` streamed from local files or the local
     cache; loaded memory-mapped instead when a validation split is asked for and the streamed size is unknown."""
     try:
-        import datasets  # optional and heavy: imported only for hf: inputs
+        import datasets  # optional and heavy: imported only for Hugging Face dataset inputs
     except ImportError:
-        raise DataError("hf: inputs need the Hugging Face datasets library: pip install 'fullband[data]'") from None
+        raise DataError(f"{HF_PREFIX} inputs need the Hugging Face datasets library: pip install 'fullband[data]'"
+                        ) from None
     name = target + (f" ({config})" if config else "") + f", split {split!r}"
     local = Path(target).expanduser()
     try:

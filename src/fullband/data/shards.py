@@ -22,11 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fullband.data.cache import atomic_write, atomic_write_json, cache_dir
+from fullband.data.cache import cache_dir
 from fullband.data.corpus import load_corpus
 from fullband.data.errors import DataError
 from fullband.data.splits import HELD_OUT, normalize_split
 from fullband.data.tokenizer import Tokenizer
+from fullband.files import write_file, write_json
 
 
 def bits_per_byte(nats_per_token: float, n_tokens: int, n_bytes: int) -> float:
@@ -87,8 +88,8 @@ def load_tokens(source: str | Path, split: str, tokenizer: Tokenizer, *, cache: 
     meta_path = path.with_suffix(".json")
     if not meta_path.is_file():  # the JSON is written last, so its presence means the .npy is complete
         tokens = encode_documents(texts, tokenizer)
-        atomic_write(path, lambda f: np.save(f, tokens))
-        atomic_write_json(
+        write_file(path, lambda f: np.save(f, tokens))
+        write_json(
             meta_path,
             {
                 "source": str(source),
@@ -99,6 +100,7 @@ def load_tokens(source: str | Path, split: str, tokenizer: Tokenizer, *, cache: 
                 "dtype": tokens.dtype.name,
                 "tokenizer": tokenizer.config(),
             },
+            sort_keys=True,
         )
     meta = json.loads(meta_path.read_text())
     tokens = np.load(path, mmap_mode="r")

@@ -32,8 +32,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fullband.data.cache import atomic_write_bytes, atomic_write_json, sha256_bytes
+from fullband.config import HF_PREFIX
+from fullband.data.cache import sha256_bytes
 from fullband.data.errors import DataError
+from fullband.files import write_bytes, write_json
 
 CONFIG_FILE = "tokenizer_config.json"
 BPE_FILE = "tokenizer.json"
@@ -131,8 +133,8 @@ class ByteTokenizer(Tokenizer):
 
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
-        atomic_write_json(directory / BPE_FILE, _byte_tokenizer_json(self.eos_id))  # for AutoTokenizer
-        atomic_write_json(directory / CONFIG_FILE, {**_hf_keys(EOS_TOKEN), **self.config()})
+        write_json(directory / BPE_FILE, _byte_tokenizer_json(self.eos_id), sort_keys=True)  # for AutoTokenizer
+        write_json(directory / CONFIG_FILE, {**_hf_keys(EOS_TOKEN), **self.config()}, sort_keys=True)
 
     def __repr__(self) -> str:
         return "ByteTokenizer()"
@@ -180,9 +182,9 @@ class BPETokenizer(Tokenizer):
 
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
-        atomic_write_bytes(directory / BPE_FILE, self._json.encode("utf-8"))
+        write_bytes(directory / BPE_FILE, self._json.encode("utf-8"))
         # written last: marks a complete save
-        atomic_write_json(directory / CONFIG_FILE, {**_hf_keys(self.eos_token), **self.config()})
+        write_json(directory / CONFIG_FILE, {**_hf_keys(self.eos_token), **self.config()}, sort_keys=True)
 
     @classmethod
     def from_file(cls, path: str | Path, eos_token: str | None = None) -> BPETokenizer:
@@ -274,12 +276,8 @@ class TransformersTokenizer(Tokenizer):
         except ImportError:
             raise DataError(f"{directory} holds a transformers tokenizer; loading it needs transformers "
                             "(pip install 'fullband[hf]')") from None
-        # A fullband checkpoint's config.json names remote code (auto_map): with fullband's model types registered
-        # AutoTokenizer reads that config locally, and it never asks whether to run remote code.
-        from fullband.integrations.families import register_auto_classes
-
-        register_auto_classes()
-
+        # (Beside a fullband checkpoint's config.json, which names remote code, fullband.families registers the
+        # families' model types first, so AutoTokenizer reads that config locally: the model family's concern.)
         try:
             tk = AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
@@ -332,10 +330,20 @@ class TransformersTokenizer(Tokenizer):
         # vocab_size, which it would take as an argument).
         ours = {k: v for k, v in self.config().items() if k not in ("tokenizer_class", "vocab_size")}
         # split_special_tokens: HF tools then encode text as fullband trained on it (special tokens only by id).
-        atomic_write_json(directory / CONFIG_FILE, {**saved, "split_special_tokens": True, **ours})
+        write_json(directory / CONFIG_FILE, {**saved, "split_special_tokens": True, **ours}, sort_keys=True)
 
     def __repr__(self) -> str:
         return f"TransformersTokenizer({type(self._tk).__name__}, vocab_size={self.vocab_size})"
+
+
+def named_tokenizer(spec: str) -> Tokenizer | None:
+    """The tokenizer a ``data.tokenizer`` value names without training one: ``byte``, or a pretrained tokenizer's
+    local files (``hf:PATH``, :func:`load_pretrained_tokenizer`); None for anything else (``bpe``, a directory)."""
+    if spec == "byte":
+        return ByteTokenizer()
+    if spec.startswith(HF_PREFIX):
+        return load_pretrained_tokenizer(spec[len(HF_PREFIX):])
+    return None
 
 
 def load_pretrained_tokenizer(path: str | Path) -> Tokenizer:

@@ -38,12 +38,12 @@ from fullband.experiments.perplexity import ExactSpec, evaluate_modes, exact_agr
 from fullband.experiments.plots import have_matplotlib
 from fullband.experiments.records import CompareResults, RunRecord
 from fullband.experiments.report import plot_compare, print_summary, render_markdown
-from fullband.experiments.results import write_json
 from fullband.experiments.stability import stability_curve
 from fullband.experiments.study import Study, _leaves
 from fullband.experiments.trend import gap_trend
+from fullband.families import load_any
+from fullband.files import write_json
 from fullband.model.recurrence import auto_exact_method
-from fullband.model_io import load_any
 from fullband.training.checkpoint_layout import latest_good_checkpoint, load_training_state
 from fullband.training.config import TrainRunConfig
 from fullband.training.run import resolve_device, run_train

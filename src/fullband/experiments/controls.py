@@ -29,13 +29,14 @@ from fullband.experiments.flops import (
     batch_lengths,
     decode_flops,
     equal_flops_depth,
+    looped_decode_flops,
     step_flops,
     training_flops,
 )
 from fullband.experiments.reasoning_eval import evaluate
 from fullband.experiments.records import Cell
 from fullband.experiments.study import StudyModel, sft_run_config, train_run
-from fullband.modes import DecodingMode, prefill_of
+from fullband.modes import DecodingMode
 from fullband.tasks.reasoning import Problem, prompt, trace
 
 CONTROL_VARIANTS = {"looped": "looped", "equal_flops": "equal-FLOPs baseline"}
@@ -102,14 +103,10 @@ def inference_flops(cell: Cell, shape: Shape, prompt_len: int, generated: int, l
     """FLOPs of one answer-only decode of a cell's problems (fullband.experiments.flops.decode_flops)."""
     mode, variant = cell["mode"], cell["variant"]
     if cell["model"] == "looped":
-        return decode_flops(shape, prompt_len, generated, mode="looped", passes=looped)
-    # A fused cell's pass count is in its variant ("fullband fused(2)"); soft = one plain pass, then fused decoding.
-    plan = prefill_of(DecodingMode.from_label(variant.split()[-1]) if mode == "fused" else DecodingMode.parse(mode))
-    if plan.exact:
-        return decode_flops(shape, prompt_len, generated, mode="exact")
-    if plan.carries:
-        return decode_flops(shape, prompt_len, generated, mode="fused", passes=plan.passes)
-    return decode_flops(shape, prompt_len, generated, mode="standard")
+        return looped_decode_flops(shape, prompt_len, generated, looped)
+    # A fused cell's pass count is in its variant ("fullband fused(2)").
+    decoding = DecodingMode.from_label(variant.split()[-1]) if mode == "fused" else DecodingMode.parse(mode)
+    return decode_flops(shape, prompt_len, generated, decoding)
 
 
 def annotate_flops(cfg: ReasoningConfig, runs: dict[str, dict[str, Any]], cells: list[Cell],

@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from fullband.modes import DecodingMode, prefill_of
+
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
@@ -109,25 +111,28 @@ def batch_lengths(run_cfg: Any) -> list[int]:
     return [batch_fn(step, 0, 1)[0].shape[1] for step in range(run_cfg.train.total_steps(1))]
 
 
-def decode_flops(shape: Shape, prompt_len: int, generated: int, *, mode: str, passes: int = 1) -> float:
-    """FLOPs of one greedy decode: a ``prompt_len`` prompt, ``generated`` tokens (the last one, end-of-text, needs
-    no forward). ``mode``: ``standard`` (plain, the baselines), ``exact`` (the prompt fully recurrent, one position
-    at a time, then fused decoding: each position once), ``fused`` (``passes`` passes over the prompt, then fused
-    decoding), ``looped`` (``passes`` passes at every position; counted as an implementation that keeps every
-    pass's keys and values would run it, since earlier positions never change, though ours reruns the whole
-    sequence per token)."""
+def decode_flops(shape: Shape, prompt_len: int, generated: int, mode: DecodingMode) -> float:
+    """FLOPs of one greedy decode in ``mode``: a ``prompt_len`` prompt, ``generated`` tokens (the last one,
+    end-of-text, needs no forward). Its prefill (:func:`~fullband.modes.prefill_of`) decides: plain (standard, the
+    baselines), exact (the prompt fully recurrent, one position at a time, then fused decoding: each position once),
+    or ``passes`` passes over the prompt carried into fused decoding (fused:k, soft)."""
     total = prompt_len + generated - 1
-    if mode == "standard":
-        return positions_flops(shape, 1, total, False)
-    if mode == "exact":
+    plan = prefill_of(mode)
+    if plan.exact:
         return positions_flops(shape, 1, 1, False) + positions_flops(shape, 2, total, True)
-    if mode == "fused":
-        prompt = (positions_flops(shape, 1, prompt_len, False)
-                  + (passes - 1) * positions_flops(shape, 1, prompt_len, True))
-        return prompt + positions_flops(shape, prompt_len + 1, total, True)
-    if mode == "looped":
-        return positions_flops(shape, 1, total, False) + (passes - 1) * positions_flops(shape, 1, total, True)
-    raise ValueError(f"mode must be standard, exact, fused or looped, got {mode!r}")
+    if not plan.carries:
+        return positions_flops(shape, 1, total, False)
+    prompt = (positions_flops(shape, 1, prompt_len, False)
+              + (plan.passes - 1) * positions_flops(shape, 1, prompt_len, True))
+    return prompt + positions_flops(shape, prompt_len + 1, total, True)
+
+
+def looped_decode_flops(shape: Shape, prompt_len: int, generated: int, passes: int) -> float:
+    """:func:`decode_flops` of a looped model: ``passes`` passes at every position, counted as an implementation that
+    keeps every pass's keys and values would run it, since earlier positions never change, though ours reruns the
+    whole sequence per token."""
+    total = prompt_len + generated - 1
+    return positions_flops(shape, 1, total, False) + (passes - 1) * positions_flops(shape, 1, total, True)
 
 
 def equal_flops_depth(shape: Shape, target: float, flops_of: Any) -> int:

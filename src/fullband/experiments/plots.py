@@ -11,6 +11,7 @@ from typing import Any
 from fullband.experiments.multiplier import baseline_loss_at
 from fullband.experiments.records import CompareResults
 from fullband.experiments.results import mean_sd, mode_label, run_names, runs_named
+from fullband.files import write_file
 
 MARKERS = {"standard": "o", "fused1": "s", "fused2": "D", "fused3": "v", "fused4": "^", "exact": "*"}
 
@@ -34,7 +35,7 @@ def pyplot() -> Any:
 def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
     """Lay out, write and close a finished figure (closed, so a long study does not keep every figure open)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    write_file(path, lambda f: fig.savefig(f, dpi=dpi, format=Path(path).suffix[1:]))  # atomically
     pyplot().close(fig)
 
 

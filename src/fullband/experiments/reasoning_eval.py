@@ -16,10 +16,11 @@ from fullband.data import ByteTokenizer, Tokenizer
 from fullband.experiments.config import ReasoningConfig
 from fullband.experiments.reasoning_data import EXTRA_TOKENS, task_of
 from fullband.experiments.records import Cell, DecodedCell
-from fullband.experiments.results import write_json
 from fullband.experiments.study import cells_cache, summarize
+from fullband.families import load_any
+from fullband.files import write_json
+from fullband.generation.decoding import generate
 from fullband.model import FullBandwidthLM
-from fullband.model_io import load_any
 from fullband.modes import DecodingMode
 from fullband.tasks.reasoning import Problem, ReasoningTask, TracedProblem
 
@@ -45,8 +46,8 @@ def decode_cell(
     room = model.config.max_seq_len - max(len(ids) for ids in prompts)
     max_new_tokens = min(room, max(len(task.completion(e)) for e in examples) + 1 + EXTRA_TOKENS)
     start = time.perf_counter()
-    outputs = model.generate(prompts, max_new_tokens=max_new_tokens, mode=mode, prefill_passes=fused_passes,
-                             stop_token_ids=[tokenizer.eos_id])
+    outputs = generate(model, prompts, max_new_tokens=max_new_tokens, mode=mode, prefill_passes=fused_passes,
+                       stop_token_ids=[tokenizer.eos_id])
     seconds = time.perf_counter() - start
     correct, exact, lengths = 0, 0, []
     for example, ids, out in zip(examples, prompts, outputs, strict=True):

@@ -1,15 +1,11 @@
 """Reading a compare results dict: its runs by name, its modes, means over seeds, mode labels (for the report and the
-plots alike); writing any study's results as JSON."""
+plots alike). Studies write their results with :func:`fullband.files.write_json`."""
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import statistics
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from fullband.experiments.records import CompareResults, RunRecord
@@ -43,22 +39,3 @@ def mean_sd(values: Iterable[float | None]) -> tuple[float | None, float | None]
     if not vals:
         return None, None
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
-
-
-def finite(value: Any) -> Any:
-    """JSON has no NaN/inf: write them as null (a diverged loss, say)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
-
-
-def write_json(path: Path, data: Any) -> None:
-    """``data`` as indented JSON (NaN/inf as null), written atomically: an interrupted write never looks finished."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(finite(data), indent=2, default=str) + "\n")
-    os.replace(tmp, path)

@@ -36,11 +36,11 @@ from fullband.data import ByteTokenizer
 from fullband.experiments.config import StateTrackingConfig
 from fullband.experiments.probes import PREFILLS, final_token_states, fit_ridge_probe
 from fullband.experiments.records import ProbeCell, ProbeScore, StateTrackingResults
-from fullband.experiments.results import write_json
 from fullband.experiments.state_report import PLOT, plot_probes, render_report
 from fullband.experiments.study import PairStudy, cells_cache
+from fullband.families import load_any
+from fullband.files import write_json
 from fullband.model import FullBandwidthLM
-from fullband.model_io import load_any
 from fullband.tasks.base import write_jsonl
 from fullband.tasks.state_tracking import Example, StateTask, make_examples, num_classes
 

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 from fullband.config import ConfigError
 from fullband.configio import config_to_dict, save_resolved_config
 from fullband.experiments import plots as plotting
-from fullband.experiments.results import write_json
 from fullband.experiments.synthetic_config import flat_view
+from fullband.files import write_json, write_text
 from fullband.training.config import (
     DataConfig,
     OptimConfig,
@@ -136,7 +136,7 @@ def write_study(out_dir: Path, results: dict[str, Any], plot: Callable[[dict[str
     if is_smoke(results):
         title, _, rest = text.partition("\n")
         text = f"{title}\n\n{SMOKE_NOTE}\n{rest}"
-    (out_dir / REPORT).write_text(text)
+    write_text(out_dir / REPORT, text)
 
 
 def equivalent_command(cfg: Any, command: str, base: Any, skip: tuple[str, ...] = ()) -> str:

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fullband.config import (
-    DECODING_MODES,
     _is_int,
     _is_number,
     _require,
@@ -22,7 +21,7 @@ from fullband.config import (
     validate_device_name,
     validate_threads,
 )
-from fullband.modes import EXACT, STANDARD, fused
+from fullband.modes import DECODING_MODES, EXACT, STANDARD, fused
 from fullband.training.config import DataConfig, OptimConfig, ScheduleConfig, TrainConfig, TrainModelConfig
 
 # The training knobs of the two models live in fullband train's sections ([model], [train], [optim], [schedule]),

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from fullband.config import (
-    DEFAULT_MODE,
+    _is_int,
     _require,
     doc,
     threads_field,
@@ -13,24 +14,20 @@ from fullband.config import (
     validate_speculative_options,
     validate_threads,
 )
-from fullband.modes import validate_decoding_options
+from fullband.modes import DecodeOptions, retired_to_decode
 
 
 @dataclass
 class GenerateConfig:
     """Options of ``fullband generate``."""
 
+    # the flat options that moved into [decode]: refused with a line naming the new flag (configio)
+    ALIASES: ClassVar[dict[str, str]] = retired_to_decode("mode", "prefill_passes", "exact_chunk_size", "temperature",
+                                                          "top_k", "top_p", "seed")
+
     checkpoint: str = doc("", "Model directory written by save_pretrained / fullband train (required).")
     prompt: str = doc("", "Prompt text (or space/comma-separated token ids when no tokenizer is saved).")
-    mode: str = doc(DEFAULT_MODE, "Decoding mode: standard | soft | fused | fused:K | exact (DESIGN.md section 4; "
-                    "fused = fused:prefill_passes).")
     max_new_tokens: int = doc(64, "Tokens to generate.")
-    prefill_passes: int = doc(1, "fused mode: extra fused (Jacobi) passes over the prompt.")
-    exact_chunk_size: int = doc(1, "exact mode: prompt chunk per exact Jacobi solve (1 = sequential).")
-    temperature: float = doc(0.0, "Sampling temperature; 0 = greedy.")
-    top_k: int = doc(0, "Keep the k most likely tokens (0 = off).")
-    top_p: float = doc(1.0, "Nucleus sampling mass (1 = off).")
-    seed: int | None = doc(None, "Sampling seed for reproducible draws.")
     stop_at_eos: bool = doc(True, "Stop at the tokenizer's end-of-sequence token.")
     device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
     threads: str = threads_field()
@@ -42,11 +39,12 @@ class GenerateConfig:
     gamma: int = doc(4, "Speculative decoding: tokens drafted per verification (the start value with adaptive_gamma).")
     adaptive_gamma: bool = doc(False, "Speculative decoding: +1 draft token after a fully accepted block, -1 after a "
                                "rejection.")
+    decode: DecodeOptions = field(default_factory=DecodeOptions)
 
     def __post_init__(self) -> None:
         _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
         validate_device_name(self.device)
         self.threads = validate_threads(self.threads)
-        validate_decoding_options(self.mode, self.prefill_passes, self.temperature, self.top_k, self.top_p,
-                                  self.max_new_tokens, self.exact_chunk_size)
+        _require(_is_int(self.max_new_tokens) and self.max_new_tokens >= 0, "max_new_tokens", self.max_new_tokens,
+                 "must be an integer >= 0")
         validate_speculative_options(self.drafter or "standard", self.gamma, max(16, self.gamma))

@@ -20,13 +20,13 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from fullband.config import DECODING_MODES, DEFAULT_MODE
+from fullband.config import _is_int, _require
 from fullband.generation.looped import check_looped_options, is_looped, looped_stream
 from fullband.generation.sampling import sample_next
 from fullband.generation.speculative import SpeculativeConfig, speculative_stream
 from fullband.generation.state import DecodeState
 from fullband.model import FeedbackLM, FullBandwidthLM
-from fullband.modes import DecodingMode, prefill_of, validate_decoding_options
+from fullband.modes import DECODING_MODES, DEFAULT_MODE, DecodeOptions, DecodingMode, prefill_of
 
 MODES = DECODING_MODES
 
@@ -111,8 +111,64 @@ def decode_step(model: FullBandwidthLM, state: DecodeState, tokens: torch.Tensor
 
 
 @torch.no_grad()
+def decode(
+    model: FeedbackLM,
+    prompt_ids: PromptInput,
+    max_new_tokens: int,
+    options: DecodeOptions,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    exact_tol: float | None = None,
+    speculative: SpeculativeConfig | dict | None = None,
+) -> Iterator[torch.Tensor]:
+    """Yield the next token of every row (B,) at each step, decoding as ``options`` say; rows that hit a stop token
+    yield the pad id.
+
+    Stops after ``max_new_tokens`` steps or when every row has stopped. ``speculative`` (a
+    :class:`~fullband.generation.speculative.SpeculativeConfig` or its fields as a dict) drafts and verifies several
+    tokens per target call; the tokens are the same (greedy) or follow the same distribution (sampling).
+    """
+    _require(_is_int(max_new_tokens) and max_new_tokens >= 0, "max_new_tokens", max_new_tokens,
+             "must be an integer >= 0")
+    mode = options.decoding_mode
+    device = model.embed.weight.device
+    ids, mask = _as_batch(prompt_ids, attention_mask)
+    ids, mask = ids.to(device), mask.to(device)
+    if max_new_tokens == 0:
+        return
+    generator = torch.Generator(device=device).manual_seed(options.seed) if options.seed is not None else None
+    if is_looped(model):  # no recurrence along the sequence: whole-sequence passes per token (generation.looped)
+        check_looped_options(mode, speculative)
+        if mode.feeds_back:
+            yield from looped_stream(model, ids, mask, max_new_tokens, options, generator)
+            return
+    state = prefill(model, ids, mask, mode, ids.shape[1] + max_new_tokens, exact_chunk_size=options.exact_chunk_size,
+                    exact_tol=exact_tol)
+    if speculative is not None:
+        yield from speculative_stream(model, state, ids, mask, max_new_tokens, speculative, options, generator)
+        return
+    stops = torch.tensor(options.stop_token_ids, dtype=torch.long, device=device)
+    pad = pad_id(options)
+    finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)
+    for step in range(max_new_tokens):
+        token = sample_next(state.next_logits, options.temperature, options.top_k, options.top_p, generator)
+        token = torch.where(finished, torch.full_like(token, pad), token)
+        yield token
+        finished |= torch.isin(token, stops)
+        if bool(finished.all()) or step == max_new_tokens - 1:
+            return
+        decode_step(model, state, token)
+
+
+def pad_id(options: DecodeOptions) -> int:
+    """What a stopped row yields: ``pad_token_id``, else the first stop id, else 0."""
+    if options.pad_token_id is not None:
+        return options.pad_token_id
+    return options.stop_token_ids[0] if options.stop_token_ids else 0
+
+
 def stream(
-    model: FullBandwidthLM,
+    model: FeedbackLM,
     prompt_ids: PromptInput,
     max_new_tokens: int = 64,
     mode: str | DecodingMode = DEFAULT_MODE,
@@ -129,43 +185,11 @@ def stream(
     exact_tol: float | None = None,
     speculative: SpeculativeConfig | dict | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Yield the next token of every row (B,) at each step; rows that hit a stop token yield the pad id.
-
-    Stops after ``max_new_tokens`` steps or when every row has stopped. ``speculative`` (a
-    :class:`~fullband.generation.speculative.SpeculativeConfig` or its fields as a dict) drafts and verifies several
-    tokens per target call; the tokens are the same (greedy) or follow the same distribution (sampling).
-    """
-    decoding = validate_decoding_options(mode, prefill_passes, temperature, top_k, top_p, max_new_tokens,
-                                         exact_chunk_size)
-    device = model.embed.weight.device
-    ids, mask = _as_batch(prompt_ids, attention_mask)
-    ids, mask = ids.to(device), mask.to(device)
-    if max_new_tokens == 0:
-        return
-    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
-    if is_looped(model):  # no recurrence along the sequence: whole-sequence passes per token (generation.looped)
-        check_looped_options(decoding, speculative)
-        if decoding.feeds_back:
-            yield from looped_stream(model, ids, mask, max_new_tokens, decoding, temperature, top_k, top_p, generator,
-                                     stop_token_ids, pad_token_id)
-            return
-    state = prefill(model, ids, mask, decoding, ids.shape[1] + max_new_tokens, exact_chunk_size=exact_chunk_size,
-                    exact_tol=exact_tol)
-    if speculative is not None:
-        yield from speculative_stream(model, state, ids, mask, max_new_tokens, speculative, temperature, top_k, top_p,
-                                      generator, stop_token_ids, pad_token_id)
-        return
-    stops = torch.tensor(list(stop_token_ids), dtype=torch.long, device=device)
-    pad = pad_token_id if pad_token_id is not None else (int(stops[0]) if len(stops) else 0)
-    finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)
-    for step in range(max_new_tokens):
-        token = sample_next(state.next_logits, temperature, top_k, top_p, generator)
-        token = torch.where(finished, torch.full_like(token, pad), token)
-        yield token
-        finished |= torch.isin(token, stops)
-        if bool(finished.all()) or step == max_new_tokens - 1:
-            return
-        decode_step(model, state, token)
+    """:func:`decode` with the :class:`~fullband.modes.DecodeOptions` given one by one."""
+    options = DecodeOptions(mode, prefill_passes, exact_chunk_size, temperature, top_k, top_p, seed,
+                            tuple(stop_token_ids), pad_token_id)
+    return decode(model, prompt_ids, max_new_tokens, options, attention_mask=attention_mask, exact_tol=exact_tol,
+                  speculative=speculative)
 
 
 def generate(
@@ -181,11 +205,16 @@ def generate(
     ids returns a list, a list of lists returns a list of lists, each cut after its first stop token.
     """
     steps = list(stream(model, prompt_ids, max_new_tokens, mode, **kwargs))
-    ids, mask = _as_batch(prompt_ids, kwargs.get("attention_mask"))
+    return _with_prompts(prompt_ids, steps, kwargs.get("attention_mask"), set(kwargs.get("stop_token_ids", ())))
+
+
+def _with_prompts(prompt_ids: PromptInput, steps: list[torch.Tensor], attention_mask: torch.Tensor | None,
+                  stops: set[int]) -> torch.Tensor | list[int] | list[list[int]]:
+    """What :func:`generate` returns: the prompts with the tokens of ``steps`` after them."""
+    ids, mask = _as_batch(prompt_ids, attention_mask)
     new = torch.stack(steps, dim=1).cpu() if steps else torch.zeros(ids.shape[0], 0, dtype=torch.long)
     if isinstance(prompt_ids, torch.Tensor):
         return torch.cat((ids.cpu(), new), dim=1)
-    stops = set(kwargs.get("stop_token_ids", ()))
     rows = []
     for row in range(ids.shape[0]):
         prompt = ids[row][mask[row].bool()].tolist()
@@ -198,7 +227,3 @@ def generate(
     single = len(prompt_ids) > 0 and isinstance(prompt_ids[0], int)
     return rows[0] if single else rows
 
-
-# Importing this module makes every model's generate / stream run the functions above (the model package imports
-# nothing from generation).
-FeedbackLM.bind_decoding(generate, stream)

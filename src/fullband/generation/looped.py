@@ -15,15 +15,16 @@ reasoning: 2-3 tokens).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import torch
 
 from fullband.generation.sampling import sample_next
 from fullband.model import FeedbackLM, exact_pass_count
-from fullband.modes import DecodingMode, prefill_of
+from fullband.modes import DECODING_MODES, SOFT, DecodeOptions, DecodingMode, prefill_of
 
-LOOPED_MODES = ("standard", "fused", "exact")
+# every mode but soft, whose fused decoding carries the state along the sequence
+LOOPED_MODES = tuple(name for name in DECODING_MODES if name != SOFT.name)
 
 
 def is_looped(model: FeedbackLM) -> bool:
@@ -54,20 +55,16 @@ def looped_stream(
     ids: torch.Tensor,  # (B, T) left-padded prompts
     mask: torch.Tensor,  # (B, T)
     max_new_tokens: int,
-    mode: DecodingMode,
-    temperature: float,
-    top_k: int,
-    top_p: float,
+    options: DecodeOptions,
     generator: torch.Generator | None,
-    stop_token_ids: Sequence[int],
-    pad_token_id: int | None,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) at each step, rerunning the looped forward over the whole sequence."""
     if ids.shape[1] + max_new_tokens > model.config.max_seq_len:
         raise ValueError(f"prompt ({ids.shape[1]} tokens, padded) + max_new_tokens = {ids.shape[1] + max_new_tokens} "
                          f"exceeds the model context max_seq_len={model.config.max_seq_len}")
-    stops = torch.tensor(list(stop_token_ids), dtype=torch.long, device=ids.device)
-    pad = pad_token_id if pad_token_id is not None else (int(stops[0]) if len(stops) else 0)
+    mode = options.decoding_mode
+    stops = torch.tensor(options.stop_token_ids, dtype=torch.long, device=ids.device)
+    pad = options.pad_token_id if options.pad_token_id is not None else (int(stops[0]) if len(stops) else 0)
     finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
     # With left padding, a row's first real token is the one that stays plain (p = 1 in that row).
     first_real = (mask.shape[1] - mask.sum(dim=1)).to(ids.device)
@@ -75,7 +72,7 @@ def looped_stream(
         # the pass count follows the real tokens of the longest row (the count a sequence of that length needs)
         passes = looped_passes(mode, int(mask.sum(dim=1).max()))
         logits = model(ids, passes=passes, plain_prefix=first_real + 1, attention_mask=mask, logits_to_keep=1).logits
-        token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
+        token = sample_next(logits[:, -1], options.temperature, options.top_k, options.top_p, generator)
         token = torch.where(finished, torch.full_like(token, pad), token)
         yield token
         finished |= torch.isin(token, stops)

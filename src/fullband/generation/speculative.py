@@ -34,6 +34,9 @@ from fullband.generation.drafters import Drafter, Sampler, make_drafter
 from fullband.generation.sampling import token_probs
 from fullband.generation.state import DecodeState
 from fullband.model import FeedbackLM
+from fullband.modes import DecodeOptions
+
+GREEDY = DecodeOptions()  # the sampling settings of greedy decoding
 
 
 @dataclass
@@ -81,15 +84,15 @@ class SpeculativeDecoder:
         self,
         model: FeedbackLM,
         config: SpeculativeConfig,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
+        options: DecodeOptions = GREEDY,
         generator: torch.Generator | None = None,
         drafter: Drafter | None = None,
     ) -> None:
+        """``options``: the sampling settings the tokens follow (the mode is the prefill's, already run)."""
         self.model, self.config = model, config
         self.drafter = drafter if drafter is not None else make_drafter(config.drafter, model)
-        self.temperature, self.top_k, self.top_p, self.generator = temperature, top_k, top_p, generator
+        self.temperature, self.top_k, self.top_p = options.temperature, options.top_k, options.top_p
+        self.generator = generator
         self.gamma = config.gamma
         self.stats = SpeculativeStats()
         # Diagnostic (None = off; costs one head call per pass): per round, the first pass whose argmax tokens at
@@ -256,14 +259,10 @@ def speculative_stream(
     mask: torch.Tensor,
     max_new_tokens: int,
     speculative: SpeculativeConfig | dict,
-    temperature: float,
-    top_k: int,
-    top_p: float,
+    options: DecodeOptions,
     generator: torch.Generator | None,
-    stop_token_ids: Sequence[int],
-    pad_token_id: int | None,
 ) -> Iterator[torch.Tensor]:
     """What ``stream(..., speculative=...)`` runs after the prefill."""
     config = speculative if isinstance(speculative, SpeculativeConfig) else SpeculativeConfig(**speculative)
-    decoder = SpeculativeDecoder(model, config, temperature, top_k, top_p, generator)
-    yield from decoder.stream(state, ids, mask, max_new_tokens, stop_token_ids, pad_token_id)
+    decoder = SpeculativeDecoder(model, config, options, generator)
+    yield from decoder.stream(state, ids, mask, max_new_tokens, options.stop_token_ids, options.pad_token_id)

@@ -2,8 +2,6 @@
 
 Nothing here is imported with ``fullband``; each submodule imports its library when it is imported itself:
 
-- :mod:`fullband.integrations.families`: the model families (torch-free): which FeedbackLM subclass a directory or
-  ``hf:PATH`` holds, and their options sections;
 - :mod:`fullband.integrations.hf`: ``FullBandwidthConfig`` / ``FullBandwidthForCausalLM`` for the Auto classes
   (registered on import) and ``generate``;
 - :mod:`fullband.integrations.llama`: ``to_llama`` / ``from_llama`` for baseline (feedback=False) models;

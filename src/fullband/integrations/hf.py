@@ -28,7 +28,7 @@ from fullband.generation.decoding import DecodeState, decode_step, prefill
 from fullband.integrations._hf_compat import OUTPUT_CACHE_FIELD
 from fullband.model import FullBandwidthLM, hub
 from fullband.model.layers import RMSNorm, rope_inv_freq
-from fullband.modes import DecodingMode, validate_decoding_options
+from fullband.modes import DEFAULT_SCORE_MODE, DecodeOptions, DecodingMode
 
 try:  # transformers >= 5: init functions that skip tensors already loaded from a checkpoint
     from transformers import initialization as init
@@ -234,11 +234,11 @@ class FullBandwidthForCausalLM(FeedbackForwardMixin, PreTrainedModel, Generation
         _ensure_room(self._native, state)
 
 
-def _check_decoding(mode: str, prefill_passes: int, exact_chunk_size: int, score_mode: str = "standard"
+def _check_decoding(mode: str, prefill_passes: int, exact_chunk_size: int, score_mode: str = DEFAULT_SCORE_MODE
                     ) -> DecodingMode:
     # The sampling options are generate's own (GenerationConfig); only the mode's options are checked here.
     DecodingMode.parse(score_mode, name="score_mode")
-    return validate_decoding_options(mode, prefill_passes, 0.0, 0, 1.0, 0, exact_chunk_size)
+    return DecodeOptions(mode, prefill_passes, exact_chunk_size).decoding_mode
 
 
 def _next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ A family (the native :class:`~fullband.model.lm.FullBandwidthLM`, a retrofitted 
 - ``parameter_roles``: which parameters the optimiser treats as hidden matrices (Muon / NorMuon) and which
   belong to the fusion (its learning-rate multiplier).
 
-Which family a directory or a source holds is decided by ``fullband.integrations.families``, the one table of
+Which family a directory or a source holds is decided by ``fullband.families``, the one table of
 families; nothing below it names one.
 """
 

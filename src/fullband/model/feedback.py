@@ -18,12 +18,12 @@ One forward computes every execution mode of DESIGN.md §2 by running the multi-
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
 
-from fullband.config import DEFAULT_MODE, EXACT_METHODS
+from fullband.config import EXACT_METHODS
 from fullband.model.family import FamilyInterface
 from fullband.model.kv_cache import CacheSlots
 from fullband.model.recurrence import (
@@ -296,35 +296,6 @@ class FeedbackLM(FamilyInterface, nn.Module):
             hidden.append(out.hidden)
             passes += out.passes
         return LMOutput(logits=torch.cat(logits, 1), hidden=torch.cat(hidden, 1), passes=passes)
-
-    # ------------------------------------------------------------------ decoding
-
-    # Decoding lives in fullband.generation.decoding, which binds its functions here when it is imported (the
-    # model package imports nothing from it). ``import fullband`` users get it with the model classes.
-    _decoding: ClassVar[dict[str, Callable[..., Any]]] = {}
-
-    @staticmethod
-    def bind_decoding(generate: Callable[..., Any], stream: Callable[..., Any]) -> None:
-        """Called by :mod:`fullband.generation.decoding` on import: what :meth:`generate` and :meth:`stream` run."""
-        FeedbackLM._decoding.update(generate=generate, stream=stream)
-
-    def _decoder(self, name: str) -> Callable[..., Any]:
-        if name not in FeedbackLM._decoding:
-            raise RuntimeError(f"{type(self).__name__}.{name} needs fullband.generation: import "
-                               "fullband.generation.decoding (or take the model from `import fullband`, which does)")
-        return FeedbackLM._decoding[name]
-
-    def generate(
-        self, prompt_ids: torch.Tensor | list, max_new_tokens: int = 64, mode: str = DEFAULT_MODE, **kwargs: Any
-    ) -> torch.Tensor | list:
-        """Decode in ``mode`` (standard | soft | fused | exact); see :func:`fullband.generation.generate`."""
-        return self._decoder("generate")(self, prompt_ids, max_new_tokens, mode, **kwargs)
-
-    def stream(
-        self, prompt_ids: torch.Tensor | list, max_new_tokens: int = 64, mode: str = DEFAULT_MODE, **kwargs: Any
-    ) -> Iterator[torch.Tensor]:
-        """Yield each step's tokens (B,); see :func:`fullband.generation.stream`."""
-        return self._decoder("stream")(self, prompt_ids, max_new_tokens, mode, **kwargs)
 
     # ------------------------------------------------------------------ helpers
 

@@ -23,7 +23,8 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from fullband.config import DEFAULT_MODE, DEFAULT_SCORE_MODE
+from fullband.files import dumps, write_text
+from fullband.modes import DEFAULT_MODE, DEFAULT_SCORE_MODE
 
 MODEL_TYPE = "fullband"
 REMOTE_CONFIG_FILE = "configuration_fullband.py"
@@ -118,8 +119,8 @@ def write_remote_code(directory: str | Path, remote: RemoteCode = NATIVE_REMOTE_
     directory = Path(directory)
     text = {REMOTE_CONFIG_FILE: _CONFIG_TEMPLATE, REMOTE_MODELING_FILE: _MODELING_TEMPLATE}
     for name, template in text.items():
-        (directory / name).write_text(template.format(module=remote.module, config=remote.config,
-                                                      model=remote.model, missing=_MISSING))
+        write_text(directory / name, template.format(module=remote.module, config=remote.config, model=remote.model,
+                                                     missing=_MISSING))
 
 
 def read_training_info(directory: str | Path) -> dict[str, Any] | None:
@@ -218,12 +219,12 @@ def write_model_card(directory: str | Path, config: dict[str, Any], training: di
         "",
         "lm-evaluation-harness: `lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True,"
         "decoding_mode=soft,score_mode=soft --tasks ...`. fullband itself: `fullband generate --checkpoint DIR`, "
-        "`fullband eval --checkpoint DIR --tasks ... --mode soft`, `fullband.model_io.load_any(DIR)`.",
+        "`fullband eval --checkpoint DIR --tasks ... --decode.mode soft`, `fullband.families.load_any(DIR)`.",
         "",
     ]
     if training:
-        lines += ["```json fullband-training", json.dumps(training, indent=2, sort_keys=True), "```", ""]
-    path.write_text("\n".join(lines))
+        lines += ["```json fullband-training", dumps(training, sort_keys=True), "```", ""]
+    write_text(path, "\n".join(lines))
 
 
 def model_config_fields(data: dict[str, Any], names: set[str]) -> dict[str, Any]:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from fullband.config import ConfigError, ModelConfig
+from fullband.config import HF_PREFIX, ConfigError, ModelConfig
+from fullband.files import write_json, write_through
 from fullband.model import hub
 
 WEIGHTS_NAME = "model.safetensors"
@@ -26,15 +26,6 @@ CONFIG_NAME = "config.json"
 
 class CheckpointError(ValueError):
     """A checkpoint directory is missing, incomplete or does not match its config."""
-
-
-def _atomic_write(path: Path, write) -> None:
-    # Write beside the target, flush to disk, then rename: a crash never leaves a half-written file.
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_pretrained(model: torch.nn.Module, directory: str | Path, **decoding) -> None:
@@ -47,14 +38,13 @@ def save_pretrained(model: torch.nn.Module, directory: str | Path, **decoding) -
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if model.config.tie_embeddings:
         state.pop("lm_head.weight")  # shared with embed.weight; safetensors stores each tensor once
-    _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
+    write_through(directory / WEIGHTS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
     dtype = str(next(iter(state.values())).dtype).removeprefix("torch.")
     config = hub.hf_config_dict(model.config.to_dict(), dtype=dtype, tie_word_embeddings=model.config.tie_embeddings,
                                 **decoding)
-    config_text = json.dumps(config, indent=2) + "\n"
     hub.write_remote_code(directory)
     hub.write_model_card(directory, config, architecture=hub.native_architecture(config))
-    _atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(config_text))  # last: marks a complete save
+    write_json(directory / CONFIG_NAME, config)  # last: marks a complete save
 
 
 def load_config(directory: str | Path) -> ModelConfig:
@@ -72,10 +62,10 @@ def load_config(directory: str | Path) -> ModelConfig:
     model_type = data.get("model_type")
     if model_type is not None and model_type != hub.MODEL_TYPE and "fullband_version" in data:
         raise CheckpointError(f"{directory} holds a fullband {model_type!r} model, not a native one; load it with "
-                              "fullband.model_io.load_any")
+                              "fullband.families.load_any")
     if model_type is not None and model_type != hub.MODEL_TYPE:
         raise CheckpointError(f"{directory} holds a transformers {model_type!r} model, not a native fullband one; "
-                              f"give hf:{directory} to load it with latent feedback added")
+                              f"give {HF_PREFIX}{directory} to load it with latent feedback added")
     try:
         if model_type is None:  # an older checkpoint: the ModelConfig fields alone, read as they always were
             return ModelConfig.load(path)

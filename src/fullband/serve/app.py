@@ -9,12 +9,13 @@ OpenAI's error body naming the field; a full queue gets 429.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -26,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fullband.data.tokenizer import Tokenizer
+from fullband.modes import DecodeOptions
 from fullband.serve.body_limit import BodyLimit, drain
 from fullband.serve.engine import (
     Engine,
@@ -33,8 +35,8 @@ from fullband.serve.engine import (
     GenerationRequest,
     QueueFull,
     RequestError,
-    SamplingParams,
 )
+from fullband.serve.requests import decode_options
 from fullband.serve.responses import Builder
 from fullband.serve.schema import (
     APIError,
@@ -52,10 +54,9 @@ from fullband.serve.text import TextStream, chat_prompt
 class Defaults:
     """What a request that leaves a field out gets (``fullband serve``'s options)."""
 
-    mode: str = "soft"
-    prefill_passes: int = 1
+    # mode, sampling settings (OpenAI's default temperature), stop ids besides end-of-text
+    decode: DecodeOptions = field(default_factory=lambda: DecodeOptions(temperature=1.0))
     max_tokens: int = 16
-    temperature: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -226,24 +227,24 @@ def create_app(
 
     def start(body: CommonBody, prompts: list[list[int]], stops: list[str], logprobs: int | None,
               renamed: dict[str, str] | None = None) -> _Run:
-        mode = body.mode if body.mode is not None else defaults.mode
         max_tokens = body.max_tokens if body.max_tokens is not None else defaults.max_tokens
         if max_tokens > max_tokens_allowed:
             raise APIError(400, f"max_tokens={max_tokens} is over {max_tokens_why} of {max_tokens_allowed}: ask for "
                                 f"at most {max_tokens_allowed}", "max_tokens")
-        temperature = body.temperature if body.temperature is not None else defaults.temperature
-        stop_ids = (tokenizer.eos_id,) if tokenizer is not None and tokenizer.eos_id is not None else ()
-        requests = [
-            GenerationRequest(
-                tuple(prompt), mode,
-                # More tokens than the prompt leaves room for in the context: up to its end (finish_reason length).
-                SamplingParams(min(max_tokens, max(engine.context - len(prompt), 1)), temperature, body.top_p,
-                               body.top_k, body.seed + choice if body.seed is not None else None, stop_ids, logprobs),
-                body.prefill_passes if body.prefill_passes is not None else defaults.prefill_passes,
-            )
-            for prompt in prompts for choice in range(body.n)
-        ]
+        eos = (tokenizer.eos_id,) if tokenizer is not None and tokenizer.eos_id is not None else ()
         try:
+            decode = decode_options(defaults.decode, mode=body.mode, prefill_passes=body.prefill_passes,
+                                    temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed)
+            decode = dataclasses.replace(decode, stop_token_ids=(*eos, *defaults.decode.stop_token_ids))
+            seeds = [decode.seed + choice if decode.seed is not None else None for choice in range(body.n)]
+            requests = [
+                GenerationRequest(
+                    tuple(prompt), decode_options(decode, seed=seeds[choice]),
+                    # More tokens than the prompt leaves room for in the context: up to its end (finish_reason length).
+                    min(max_tokens, max(engine.context - len(prompt), 1)), logprobs,
+                )
+                for prompt in prompts for choice in range(body.n)
+            ]
             return _Run(engine, requests, tokenizer, stops, limits.request_timeout)
         except RequestError as err:
             param = (renamed or {}).get(err.param or "", err.param)  # the field as this endpoint spells it
@@ -354,7 +355,7 @@ def create_app(
         return {"object": "list", "data": [{
             "id": model_name, "object": "model", "created": created, "owned_by": "fullband",
             "max_model_len": int(config.max_seq_len), "feedback": engine.model.fuse is not None,
-            "default_mode": defaults.mode,
+            "default_mode": defaults.decode.mode,
         }]}
 
     @app.get("/health")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from fullband.config import (
-    DEFAULT_MODE,
+    HF_PREFIX,
     _is_int,
     _require,
     doc,
@@ -14,7 +15,7 @@ from fullband.config import (
     validate_device_name,
     validate_threads,
 )
-from fullband.modes import validate_decoding_options
+from fullband.modes import DecodeOptions, retired_to_decode
 
 API_KEY_ENV = "FULLBAND_API_KEY"
 SERVE_DTYPES = ("float32", "bfloat16")
@@ -22,23 +23,22 @@ SERVE_DTYPES = ("float32", "bfloat16")
 
 @dataclass
 class ServeConfig:
-    """Options of ``fullband serve``."""
+    """Options of ``fullband serve``. A request's own fields (mode, prefill_passes, temperature, top_p, top_k, seed)
+    win over [decode]; exact_chunk_size is the server's; [decode]'s stop ids end every request besides end-of-text."""
 
-    checkpoint: str = doc("", "Model directory (of any model family) or hf:PATH (required).")
+    # the flat options that moved into [decode]: refused with a line naming the new flag (configio)
+    ALIASES: ClassVar[dict[str, str]] = retired_to_decode("mode", "prefill_passes", "exact_chunk_size", "temperature")
+
+    checkpoint: str = doc("", f"Model directory (of any model family) or {HF_PREFIX}PATH (required).")
     host: str = doc("127.0.0.1", "Address to listen on (0.0.0.0 for every interface).")
     port: int = doc(8000, "TCP port to listen on (0 = any free port).")
     max_batch: int = doc(16, "Most sequences decoded together in one engine step.")
     max_queue: int = doc(64, "Most requests waiting for a batch slot; beyond it requests get HTTP 429.")
-    mode: str = doc(DEFAULT_MODE, "Default decoding mode: standard | soft | fused | fused:K | exact (a request's "
-                    "`mode` wins).")
-    prefill_passes: int = doc(1, "Default extra fused prompt passes in fused mode (a request's field wins).")
-    exact_chunk_size: int = doc(1, "exact mode: prompt chunk per exact Jacobi solve (1 = sequential).")
     interleave_prefill: bool = doc(True, "Exact-mode prompts prefill between decoding steps: one token per step "
                                    "(exact_chunk_size 1) or one exact chunk per engine iteration, bit-identical to "
                                    "prefilling the whole prompt first, which false does (a long exact prompt then "
                                    "stalls the running streams).")
     max_tokens: int = doc(16, "Default max_tokens of a request that gives none (the OpenAI default).")
-    temperature: float = doc(1.0, "Default temperature of a request that gives none (the OpenAI default).")
     model_name: str = doc("", "The served model's name: /v1/models and the responses report it, and a request whose "
                           "`model` names another gets 404 (as vLLM's --served-model-name); default: the checkpoint "
                           "directory's name.")
@@ -61,6 +61,7 @@ class ServeConfig:
     api_key: str = doc("", f"Require `Authorization: Bearer <key>` on every endpoint but /health (HTTP 401 without "
                        f"it); empty = the {API_KEY_ENV} environment variable, and without that no authentication "
                        "(a warning when listening beyond localhost).")
+    decode: DecodeOptions = field(default_factory=lambda: DecodeOptions(temperature=1.0))  # OpenAI's temperature
 
     def resolved_api_key(self, environ: Mapping[str, str]) -> str:
         """The key requests must carry: ``api_key``, else ``environ``'s FULLBAND_API_KEY; "" = none."""
@@ -92,8 +93,6 @@ class ServeConfig:
         validate_device_name(self.device)
         _require(self.dtype in SERVE_DTYPES, "dtype", self.dtype, f"must be one of {SERVE_DTYPES}")
         self.threads = validate_threads(self.threads)
-        validate_decoding_options(self.mode, self.prefill_passes, self.temperature, 0, 1.0, self.max_tokens,
-                                  self.exact_chunk_size)
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")

@@ -51,7 +51,6 @@ from fullband.serve.requests import (
     Listener,
     QueueFull,
     RequestError,
-    SamplingParams,
     TokenEvent,
     validate_request,
 )
@@ -59,7 +58,7 @@ from fullband.serve.requests import (
 log = logging.getLogger("fullband.serve")
 
 __all__ = ["MAX_TOP_LOGPROBS", "Engine", "FinishEvent", "GenerationRequest", "Handle", "QueueFull", "RequestError",
-           "SamplingParams", "TokenEvent"]
+           "TokenEvent"]
 
 
 
@@ -139,7 +138,7 @@ class Engine(Admission):
             if len(self._pending) + len(requests) > self.max_queue + free_slots:
                 raise QueueFull(f"the queue is full ({self.max_queue} waiting, {self.max_batch} decoding): retry later")
             for request, listener, handle in zip(requests, listeners, handles, strict=True):
-                seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
+                seed = request.decode.seed if request.decode.seed is not None else secrets.randbits(63)
                 generator = torch.Generator(device=self.device).manual_seed(seed)
                 self._pending.append(_Sequence(request, listener, handle, generator))
             self._cond.notify_all()
@@ -235,18 +234,18 @@ class Engine(Admission):
             if seq.handle.cancelled:
                 self._finish(seq, "cancelled")
                 continue
-            s = seq.request.sampling
-            if s.temperature < MIN_TEMPERATURE:
+            s, d = seq.request, seq.request.decode
+            if d.temperature < MIN_TEMPERATURE:
                 token = greedy[row]
             else:  # the generation module's sampler, on this row alone, with the request's own generator
                 try:
-                    token = int(sample_next(logits[row : row + 1], s.temperature, s.top_k, s.top_p, seq.generator))
+                    token = int(sample_next(logits[row : row + 1], d.temperature, d.top_k, d.top_p, seq.generator))
                 except RuntimeError as err:  # this row's distribution alone is broken: fail it, not the batch
                     self._finish(seq, "error", f"sampling failed: {err}")
                     continue
             seq.generated += 1
             seq.last_token = token
-            if token in s.stop_token_ids:
+            if token in d.stop_token_ids:
                 self._finish(seq, "stop")
                 continue
             event = TokenEvent(token)
@@ -309,7 +308,7 @@ class Engine(Admission):
         """One batch of ``rows`` (source batch, row): each row's cached tokens right-aligned in a fresh cache."""
         L = max(int(b.cache.next_position[i]) for b, i in rows)
         # Rows advance together: the cache needs room for the row with the most feeds still to come.
-        remaining = max(len(b.sequences[i].feed) + b.sequences[i].request.sampling.max_tokens - b.sequences[i].generated
+        remaining = max(len(b.sequences[i].feed) + b.sequences[i].request.max_tokens - b.sequences[i].generated
                         for b, i in rows)
         cache = gather_rows(self.model, [(b.cache, i) for b, i in rows], min(self.context, L + remaining))
         sequences = [b.sequences[i] for b, i in rows]

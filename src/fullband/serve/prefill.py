@@ -12,7 +12,7 @@ import torch
 from fullband.generation.decoding import left_pad, prefill
 from fullband.model import FeedbackLM
 from fullband.model.kv_cache import CacheSlots
-from fullband.modes import EXACT, SOFT, STANDARD, fused, prefill_of
+from fullband.modes import Prefill, mode_of_prefill, prefill_of
 from fullband.serve.requests import GenerationRequest, Handle, Listener, useful_passes
 
 log = logging.getLogger("fullband.serve")
@@ -82,7 +82,7 @@ class Admission:
                 self._finish(seq, "cancelled")
             elif self._chunks(seq):
                 ids = torch.tensor([seq.request.prompt_ids], dtype=torch.long, device=self.device)
-                room = ids.shape[1] if self.regroups else ids.shape[1] + seq.request.sampling.max_tokens
+                room = ids.shape[1] if self.regroups else ids.shape[1] + seq.request.max_tokens
                 self._chunked.append(_Chunked(seq, ids, self.model.new_cache(1, room)))
                 self.prompt_tokens += ids.shape[1]
             else:
@@ -90,21 +90,20 @@ class Admission:
         if not self.regroups:  # a cache that is not regrouped: each sequence its own batch of one
             groups = [[seq] for seq in live]
         else:
-            by_kind: dict[tuple[str, int], list[_Sequence]] = {}
+            by_passes: dict[int | None, list[_Sequence]] = {}
             for seq in live:
-                by_kind.setdefault(self._prefill_kind(seq), []).append(seq)
-            groups = list(by_kind.values())
+                by_passes.setdefault(self._prefill_passes(seq), []).append(seq)
+            groups = list(by_passes.values())
         return [batch for group in groups if (batch := self._prefill(group)) is not None]
 
-    def _prefill_kind(self, seq: _Sequence) -> tuple[str, int]:
-        """Which prefill computation a sequence needs: arrivals of one kind share a forward."""
+    def _prefill_passes(self, seq: _Sequence) -> int | None:
+        """Which prefill computation a sequence needs, as :class:`~fullband.modes.Prefill` counts it: whole-prompt
+        passes (1 = one plain pass), or None for the exact prompt. Arrivals that need the same share a forward."""
         plan = prefill_of(seq.request.decoding)
         if plan.exact:
             # an interleaved exact prompt's first token (always plain) is prefilled by one plain pass
-            return ("plain", 0) if self._interleaves(seq) else ("exact", 0)
-        if plan.passes > 1:
-            return "fused", useful_passes(plan.passes - 1, len(seq.request.prompt_ids))
-        return "plain", 0  # standard and soft prompts: one plain pass
+            return 1 if self._interleaves(seq) else None
+        return 1 + useful_passes(plan.passes - 1, len(seq.request.prompt_ids))  # standard and soft: 1
 
     def _interleaves(self, seq: _Sequence) -> bool:
         """Does this exact-mode prompt feed its tokens after the first inside decoding steps? Sequential exact
@@ -150,10 +149,10 @@ class Admission:
         return joined
 
     def _prefill(self, group: list[_Sequence]) -> _Batch | None:
-        kind, passes = self._prefill_kind(group[0])
+        passes = self._prefill_passes(group[0])
         prompts = [list(s.request.prompt_ids) for s in group]
         for seq, prompt in zip(group, prompts, strict=True):
-            if kind == "plain" and prefill_of(seq.request.decoding).exact:
+            if passes == 1 and prefill_of(seq.request.decoding).exact:
                 seq.feed = prompt[1:]
                 del prompt[1:]
         ids, mask = left_pad(prompts)
@@ -161,9 +160,9 @@ class Admission:
         # A regrouped cache is gathered into the batch cache at once, so it needs room for the prompt alone; a batch
         # of one decodes on in its prefill cache.
         first = group[0].request
-        room = ids.shape[1] if self.regroups else len(first.prompt_ids) + first.sampling.max_tokens
+        room = ids.shape[1] if self.regroups else len(first.prompt_ids) + first.max_tokens
         carries = any(prefill_of(s.request.decoding).carries for s in group)
-        mode = {"plain": SOFT if carries else STANDARD, "fused": fused(passes), "exact": EXACT}[kind]
+        mode = mode_of_prefill(Prefill(passes, carries))
         try:
             state = prefill(self.model, ids, mask, mode, room, exact_chunk_size=self.exact_chunk_size)
         except Exception as err:  # these requests alone fail

@@ -1,13 +1,14 @@
-"""What the engine takes and gives: requests with their sampling settings, their validation, and the events a
+"""What the engine takes and gives: requests with their decoding settings, their validation, and the events a
 request's listener gets (torch-free)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from fullband.config import ConfigError
-from fullband.modes import DecodingMode
+from fullband.modes import DecodeOptions, DecodingMode
 
 MAX_TOP_LOGPROBS = 20
 # Below this a temperature is greedy: logits / 1e-320 overflow to inf, and the limit T -> 0 of sampling is argmax.
@@ -27,27 +28,16 @@ class QueueFull(RuntimeError):
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    logprobs: int | None = None  # alternatives per token besides the chosen one's log-probability; None = none
-
-
-@dataclass(frozen=True)
 class GenerationRequest:
     prompt_ids: tuple[int, ...]
-    mode: str | DecodingMode  # as the client typed it: standard | soft | fused | fused:K | exact
-    sampling: SamplingParams
-    prefill_passes: int = 1  # a bare "fused"'s extra prompt passes
+    decode: DecodeOptions  # the mode as the client typed it (standard | soft | fused | fused:K | exact), its sampling
+    max_tokens: int
+    logprobs: int | None = None  # alternatives per token besides the chosen one's log-probability; None = none
 
     @property
     def decoding(self) -> DecodingMode:
-        """The parsed mode (:func:`validate_request` has checked that it parses)."""
-        return DecodingMode.parse(self.mode, self.prefill_passes)
+        """The parsed mode."""
+        return self.decode.decoding_mode
 
 
 @dataclass
@@ -82,22 +72,9 @@ class Handle:
 def validate_request(request: GenerationRequest, vocab_size: int, context: int) -> None:
     """Raise :class:`RequestError` naming the field for anything a model of ``vocab_size`` ids and ``context``
     positions cannot run."""
-    s = request.sampling
-    if not _is_int(request.prefill_passes) or request.prefill_passes < 0:
-        raise RequestError("prefill_passes",
-                           f"prefill_passes must be an integer >= 0, got {request.prefill_passes!r}")
-    try:
-        DecodingMode.parse(request.mode, request.prefill_passes)
-    except ConfigError as err:
-        raise RequestError("mode", str(err)) from None
+    s = request  # its DecodeOptions checked themselves when they were made (decode_options turns that into this)
     if not _is_int(s.max_tokens) or s.max_tokens < 1:
         raise RequestError("max_tokens", f"max_tokens must be an integer >= 1, got {s.max_tokens!r}")
-    if not s.temperature >= 0:
-        raise RequestError("temperature", f"temperature must be >= 0, got {s.temperature!r}")
-    if s.seed is not None and not (_is_int(s.seed) and -(2**63) <= s.seed < 2**64):  # what torch's seeding takes
-        raise RequestError("seed", f"seed must be in -2**63 .. 2**64 - 1, got {s.seed!r}")
-    if not 0 < s.top_p <= 1:
-        raise RequestError("top_p", f"top_p must be in (0, 1], got {s.top_p!r}")
     if s.logprobs is not None and not 0 <= s.logprobs <= MAX_TOP_LOGPROBS:
         raise RequestError("logprobs", f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {s.logprobs!r}")
     prompt = request.prompt_ids
@@ -113,6 +90,15 @@ def validate_request(request: GenerationRequest, vocab_size: int, context: int) 
         raise RequestError("max_tokens", f"max_tokens={s.max_tokens} is too many: the prompt has {len(prompt)} "
                                          f"tokens and the context is {context}; use at most "
                                          f"{context - len(prompt)}")
+
+
+def decode_options(defaults: DecodeOptions, **given: object) -> DecodeOptions:
+    """A request's decoding: ``defaults`` (the server's [decode]) with the request's own settings (those not None);
+    a bad one raises :class:`RequestError` naming it."""
+    try:
+        return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None})
+    except ConfigError as err:
+        raise RequestError(err.field, str(err)) from None
 
 
 def useful_passes(prefill_passes: int, prompt_len: int) -> int:

@@ -31,8 +31,9 @@ class CommonBody(BaseModel):
     # json_schema_extra documents the ranges in the OpenAPI schema; the engine checks them with its own messages.
     max_tokens: Int | None = Field(None, json_schema_extra={"minimum": 1})
     temperature: float | None = Field(None, json_schema_extra={"minimum": 0})
-    top_p: float = Field(1.0, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
-    top_k: Int = Field(0, ge=0)
+    # None: the server's [decode] setting (by default top_p 1 and top_k 0, both off)
+    top_p: float | None = Field(None, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
+    top_k: Int | None = Field(None, json_schema_extra={"minimum": 0})
     n: Int = Field(1, ge=1, le=16)
     stream: bool = False
     stop: str | Annotated[list[str], Field(max_length=4)] | None = None

@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import sys
-from pathlib import Path
 from typing import Any
 
 from fullband.config import ConfigError
@@ -29,18 +28,17 @@ def build_app(cfg: ServeConfig) -> Any:
                           f"'fullband[serve]' ({err})") from None
     import torch
 
-    from fullband.data import load_tokenizer
     from fullband.devices import resolve_device
-    from fullband.model_io import checkpoint_dir, load_any
+    from fullband.families import checkpoint_dir, load_any, load_tokenizer_of
     from fullband.serve.engine import Engine
 
-    # a directory of any model family or hf:PATH; the KV cache takes the weights' dtype
+    # a model argument of any family, as its spec loads it; the KV cache takes the weights' dtype
     model = load_any(cfg.checkpoint, device=resolve_device(cfg.device), dtype=getattr(torch, cfg.dtype))
-    tokenizer = load_tokenizer(checkpoint_dir(cfg.checkpoint))
-    engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, exact_chunk_size=cfg.exact_chunk_size,
-                    interleave_prefill=cfg.interleave_prefill)
-    name = cfg.model_name or Path(str(cfg.checkpoint).removeprefix("hf:")).resolve().name
-    defaults = Defaults(cfg.mode, cfg.prefill_passes, cfg.max_tokens, cfg.temperature)
+    tokenizer = load_tokenizer_of(cfg.checkpoint)
+    engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue,
+                    exact_chunk_size=cfg.decode.exact_chunk_size, interleave_prefill=cfg.interleave_prefill)
+    name = cfg.model_name or checkpoint_dir(cfg.checkpoint).resolve().name
+    defaults = Defaults(cfg.decode, cfg.max_tokens)
     api_key = cfg.resolved_api_key(os.environ)
     if not api_key and cfg.host not in LOOPBACK_HOSTS:
         print(f"fullband serve: warning: listening on {cfg.host} without an API key: anyone who reaches the port can "

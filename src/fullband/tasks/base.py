@@ -4,12 +4,13 @@ it; the answer read back from a model's output and checked by code; prompt/compl
 
 from __future__ import annotations
 
-import json
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Generic, TypeVar
+
+from fullband.files import dumps, write_text
 
 E = TypeVar("E")
 
@@ -53,6 +54,5 @@ class Task(ABC, Generic[E]):
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, str]]) -> Path:
     """One JSON object a line (the SFT data files of the studies)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_text(path, "".join(dumps(r, indent=None) + "\n" for r in rows))
     return path

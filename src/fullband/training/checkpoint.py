@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from fullband.integrations import families
+from fullband import families
+from fullband.files import fsync_dir, fsync_file, write_file, write_json
 from fullband.model import FeedbackLM
-from fullband.training.atomic_files import fsync_dir, fsync_file, write_file, write_json
 
 # The layout's names stay importable from here (older code and users import them from this module).
 from fullband.training.checkpoint_layout import (  # noqa: F401

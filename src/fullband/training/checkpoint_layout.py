@@ -3,7 +3,7 @@
 Layout of ``<out_dir>/checkpoints/step-0000400/`` (the state after 400 optimizer steps):
 
     model.safetensors, config.json   the model: its family's own ``save_pretrained`` files (a native model's
-                                     here; ``fullband.model_io.load_any`` loads any family's)
+                                     here; ``fullband.families.load_any`` loads any family's)
     optimizer.pt                     AdamW state_dict
     distributed/                     instead of optimizer.pt in an FSDP run: model and AdamW state as
                                      ``torch.distributed.checkpoint`` shards (each process writes its own)
@@ -14,7 +14,7 @@ Layout of ``<out_dir>/checkpoints/step-0000400/`` (the state after 400 optimizer
 
 A ``step-*`` directory whose manifest is missing or does not match its files (copied half-way, truncated,
 edited) is incomplete: :func:`verify_checkpoint` says why, and it is never loaded. Which family a checkpoint
-holds, and which files its model needs, the family says (``fullband.integrations.families``, the model-family
+holds, and which files its model needs, the family says (``fullband.families``, the model-family
 interface); this module owns the rest of the layout, and the writing (``checkpoint.py``) and reading code call it.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fullband.integrations import families
+from fullband import families
 from fullband.training.errors import CheckpointWarning
 
 CHECKPOINTS = "checkpoints"

@@ -1,6 +1,6 @@
 """The configs of ``fullband train`` (torch-free, so the command line checks them before importing torch): the
 run ([model], [data], [train], [optim], [schedule] sections, and the options sections the model families declare
-in ``fullband.integrations.families``) and the checks of each section. The [train], [optim] and [schedule]
+in ``fullband.families``) and the checks of each section. The [train], [optim] and [schedule]
 sections live in ``fullband.training.sections`` and are importable from here too."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from fullband.config import (
     validate_threads,
 )
 from fullband.data.splits import HELD_OUT
-from fullband.integrations.families import FamilyOptions, source_help
+from fullband.families import FamilyOptions, source_family, source_help
 from fullband.training.recipes import TRAIN_PRESETS
 from fullband.training.sections import (  # noqa: F401  (the sections' public home stays this module)
     AUTOCAST,
@@ -79,13 +79,15 @@ class DataConfig:
 
     source: str = doc("shakespeare", "Corpus: 'shakespeare' (embedded default), a directory written by fullband "
                       "prepare (token shards + index.json, read through memory maps, its own tokenizer), a text file "
-                      "or directory, 'hf:NAME[:field]' (Hugging Face datasets), or with format=sft a JSONL file.")
+                      f"or directory, '{HF_PREFIX}NAME[:field]' (Hugging Face datasets), or with format=sft a JSONL "
+                      "file.")
     format: str = doc("text", "text = language modelling on the corpus; sft = prompt/completion or chat JSONL "
                       "with the prompt masked out of the loss.")
     validation_source: str | None = doc(None, "sft: JSONL for validation (text sources bring their own split).")
-    tokenizer: str = doc("byte", "byte (UTF-8 bytes, no training), bpe (trained on the train split), or hf:PATH: a "
-                         "pretrained tokenizer, a tokenizer.json file or a local transformers tokenizer directory "
-                         "(vocabulary and end-of-text token from it). A prepared source brings its own tokenizer.")
+    tokenizer: str = doc("byte", "byte (UTF-8 bytes, no training), bpe (trained on the train split), or "
+                         f"{HF_PREFIX}PATH: a pretrained tokenizer, a tokenizer.json file or a local transformers "
+                         "tokenizer directory (vocabulary and end-of-text token from it). A prepared source brings its "
+                         "own tokenizer.")
     bpe_vocab_size: int = doc(2048, "Vocabulary size of a trained BPE tokenizer.")
     curriculum: float = doc(
         0.0, "sft: over the first this fraction of the steps, batches come from a prefix of the file that grows "
@@ -101,10 +103,10 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _require(isinstance(self.source, str) and bool(self.source), "data.source", self.source,
-                 "give a corpus name, a path or hf:NAME")
+                 f"give a corpus name, a path or {HF_PREFIX}NAME")
         _require(self.format in DATA_FORMATS, "data.format", self.format, f"must be one of {DATA_FORMATS}")
         _require(self.tokenizer in TOKENIZERS or (self.tokenizer.startswith(HF_PREFIX) and self.tokenizer != HF_PREFIX),
-                 "data.tokenizer", self.tokenizer, f"must be one of {TOKENIZERS} or hf:PATH")
+                 "data.tokenizer", self.tokenizer, f"must be one of {TOKENIZERS} or {HF_PREFIX}PATH")
         _require(_is_int(self.bpe_vocab_size) and 260 <= self.bpe_vocab_size <= 1_000_000, "data.bpe_vocab_size",
                  self.bpe_vocab_size, "must be an integer in 260..1000000")
         _require(_is_number(self.curriculum) and 0 <= self.curriculum <= 1, "data.curriculum", self.curriculum,
@@ -163,8 +165,7 @@ class TrainRunConfig(FamilyOptions, TrainSections):
         _require(bool(self.eval_passes) and all(_is_int(k) and k >= 1 for k in self.eval_passes), "eval_passes",
                  self.eval_passes, "must be a non-empty list of integers >= 1")
         _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
-        hf = isinstance(self.init_from, str) and self.init_from.startswith(HF_PREFIX)
-        if hf:
-            _require(bool(self.init_from[len(HF_PREFIX):].strip()), "init_from", self.init_from,
-                     "give the directory after hf: (init_from='hf:PATH')")
+        if (family := source_family(self.init_from)) is not None:  # a source the model is built from: PREFIX:PATH
+            _require(bool(str(self.init_from)[len(family.source_prefix or ""):].strip()), "init_from", self.init_from,
+                     f"give the directory after {family.source_prefix} (init_from='{family.source_prefix}PATH')")
         self.check_family_options(self.init_from, self.model.feedback)

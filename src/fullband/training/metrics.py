@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from fullband.config import ConfigError
+from fullband.files import dumps, write_text
 
 # Dense bf16 tensor-core peak FLOP/s per GPU, by a fragment of torch.cuda.get_device_name(); the first match
 # wins, so more specific names come first. Devices not listed get no MFU rather than a made-up one.
@@ -53,7 +54,7 @@ class MetricsLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_bytes is None:
-            self.path.write_text("")  # a fresh run starts a fresh log
+            write_text(self.path, "")  # a fresh run starts a fresh log
         else:
             self._truncate(resume_bytes)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
@@ -72,7 +73,7 @@ class MetricsLog:
             f.truncate(size)
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(dumps(record, indent=None) + "\n")  # appended: the one file not replaced whole
         self._file.flush()
         if self._tb is not None:
             for tag, item in scalars(record).items():
@@ -122,7 +123,7 @@ class WandbSink:
                               "'fullband[wandb]' (or leave train.wandb_project unset)") from None
         id_file = out_dir / WANDB_RUN_ID_FILE
         run_id = id_file.read_text().strip() if start_step > 0 and id_file.is_file() else secrets.token_hex(4)
-        id_file.write_text(run_id + "\n")
+        write_text(id_file, run_id + "\n")
         self.run = wandb.init(project=project, dir=str(out_dir), id=run_id, resume="allow", name=out_dir.name,
                               config=config, settings=wandb.Settings(console="off", silent=True))
 

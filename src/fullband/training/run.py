@@ -5,9 +5,9 @@
       tokenizer/         the tokenizer (also inside every checkpoint and the final model)
       metrics.jsonl      one record per logged step and per validation
       checkpoints/       step-NNNNNNN/ (atomic, verified, last N kept)
-      model/             the final model: ``fullband.model_io.load_any`` / ``fullband generate``
+      model/             the final model: ``fullband.families.load_any`` / ``fullband generate``
 
-``init_from`` names a model directory of any model family (``fullband.integrations.families``), which continues
+``init_from`` names a model directory of any model family (``fullband.families``), which continues
 training it, or a source a family builds from: ``hf:PATH`` gives the transformers causal LM saved in the local
 directory PATH latent feedback (its options section, [retrofit]) and tokenizes with its own tokenizer
 (``AutoTokenizer.from_pretrained(PATH)``, as a :class:`~fullband.data.TransformersTokenizer`). Checkpoints and
@@ -30,30 +30,26 @@ from typing import Any
 
 import torch
 
-from fullband.config import HF_PREFIX, ConfigError
+from fullband import families
+from fullband.config import ConfigError
 from fullband.configio import config_to_dict, save_resolved_config
 from fullband.data import (
-    ByteTokenizer,
-    DataError,
     SFTBatches,
     TokenBatches,
     Tokenizer,
-    TransformersTokenizer,
     is_prepared,
     load_corpus,
     load_prepared,
-    load_pretrained_tokenizer,
     load_sft,
     load_tokenizer,
     load_tokens,
+    named_tokenizer,
     prepared_tokenizer,
     train_bpe,
 )
 from fullband.devices import resolve_device
-from fullband.integrations import families
+from fullband.families.loading import AnyLM, init_from
 from fullband.model import hub
-from fullband.model.serialization import CheckpointError
-from fullband.model_io import AnyLM, build_from_source, load_any, model_class
 from fullband.training.checkpoint import save_model
 from fullband.training.checkpoint_layout import latest_good_checkpoint, list_checkpoints
 from fullband.training.config import TrainRunConfig
@@ -112,40 +108,19 @@ def resume_command(out_dir: Path) -> str:
     return f"fullband train --out_dir {shlex.quote(str(out_dir))} --resume true"
 
 
-def hf_init_path(cfg: TrainRunConfig) -> Path | None:
-    """PATH of ``init_from="hf:PATH"`` (checked to be a directory), or None for any other init_from."""
-    if not (cfg.init_from or "").startswith(HF_PREFIX):
-        return None
-    path = Path(cfg.init_from[len(HF_PREFIX):]).expanduser()
-    if not path.is_dir():
-        raise ConfigError(f"init_from={cfg.init_from!r} is invalid: {str(path)!r} is not a directory; give the "
-                          "local directory a transformers causal LM and its tokenizer were saved to "
-                          "(save_pretrained)")
-    return path
-
-
 def build_tokenizer(cfg: TrainRunConfig, resume_dir: Path | None, is_main: bool,
                     share: Callable[[Any], Any]) -> Tokenizer:
-    """The run's tokenizer: the one saved in ``resume_dir`` (the run being resumed), the init_from model's, or a new
-    one. ``share(x)`` gives every process rank 0's ``x``: a BPE tokenizer is trained once, by rank 0, and handed to
-    the others in memory (nothing is written into out_dir before the run's checks pass)."""
-    hf_path = hf_init_path(cfg)
-    init_dir = Path(cfg.init_from) if cfg.init_from and hf_path is None else None
-    for directory in (resume_dir / "tokenizer" if resume_dir is not None else None, init_dir):
-        if directory is not None and (tokenizer := load_tokenizer(directory)) is not None:
-            return tokenizer
-    if hf_path is not None:
-        try:
-            return TransformersTokenizer.from_pretrained(hf_path)
-        except DataError as err:
-            raise ConfigError(f"init_from={cfg.init_from!r}: {err} (save the model's tokenizer into the same "
-                              "directory: tokenizer.save_pretrained(PATH))") from None
+    """The run's tokenizer: the one saved in ``resume_dir`` (the run being resumed), the init_from model's (as its
+    family finds it), or a new one. ``share(x)`` gives every process rank 0's ``x``: a BPE tokenizer is trained once,
+    by rank 0, and handed to the others in memory (nothing is written into out_dir before the run's checks pass)."""
+    if resume_dir is not None and (tokenizer := load_tokenizer(resume_dir / "tokenizer")) is not None:
+        return tokenizer
+    if cfg.init_from and (tokenizer := init_from(cfg.init_from).tokenizer()) is not None:
+        return tokenizer
     if cfg.data.format == "text" and is_prepared(cfg.data.source):
         return _prepared_tokenizer(cfg)
-    if cfg.data.tokenizer.startswith(HF_PREFIX):
-        return load_pretrained_tokenizer(cfg.data.tokenizer[len(HF_PREFIX):])
-    if cfg.data.tokenizer == "byte":
-        return ByteTokenizer()
+    if (named := named_tokenizer(cfg.data.tokenizer)) is not None:  # byte, or a pretrained tokenizer's files
+        return named
     if cfg.data.format == "sft":
         raise ConfigError("data.tokenizer='bpe' is invalid with data.format='sft': fine-tune a pretrained model "
                           "with --init_from DIR (its tokenizer is used) or use data.tokenizer='byte'")
@@ -160,66 +135,25 @@ def _prepared_tokenizer(cfg: TrainRunConfig) -> Tokenizer:
     """The tokenizer saved beside prepared shards; data.tokenizer may only name the same one (or stay 'byte')."""
     tokenizer = prepared_tokenizer(cfg.data.source)
     asked = cfg.data.tokenizer
-    if asked == "bpe" or (asked.startswith(HF_PREFIX) and load_pretrained_tokenizer(
-            asked[len(HF_PREFIX):]).fingerprint != tokenizer.fingerprint):
+    named = named_tokenizer(asked) if asked not in ("bpe", "byte") else None
+    if asked == "bpe" or (named is not None and named.fingerprint != tokenizer.fingerprint):
         raise ConfigError(f"data.tokenizer={asked!r} differs from the tokenizer {cfg.data.source!r} was prepared with; "
                           "leave data.tokenizer out (the shards' own is used) or prepare the data with this one")
     return tokenizer
 
 
 def build_model(cfg: TrainRunConfig, tokenizer: Tokenizer, device: torch.device) -> AnyLM:
+    """A fresh model of the default family from [model], or the one init_from names, as its family's spec loads it
+    for training (a source in float32 with the family's options section)."""
     torch.manual_seed(cfg.train.seed)  # the same initial weights on every process and every rerun
-    hf_path = hf_init_path(cfg)
-    if hf_path is not None:
-        model = from_source(cfg)
-    elif cfg.init_from:
-        family = families.family_of(cfg.init_from)
-        if family is families.DEFAULT:
-            _refuse_transformers_dir(cfg.init_from)
-        dtype = model_class(family, repr(cfg.init_from)).train_dtype
-        model = load_any(cfg.init_from, dtype=dtype, feedback=cfg.model.feedback).train()
-    else:
-        model = families.new_model(cfg.model.resolve(tokenizer.vocab_size))  # the default family's: [model]
-    if cfg.init_from and model.config.vocab_size < tokenizer.vocab_size:
-        fix = ("resize the model's embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer))) and "
-               "save it again" if hf_path is not None else "use the checkpoint's own tokenizer")
+    if not cfg.init_from:
+        return families.DEFAULT.build(cfg.model.resolve(tokenizer.vocab_size)).to(device)
+    start = init_from(cfg.init_from)
+    model = start.model(cfg.family_options(start.family), cfg.model.feedback)
+    if model.config.vocab_size < tokenizer.vocab_size:
         raise ConfigError(f"init_from={cfg.init_from!r} has vocab_size={model.config.vocab_size} but the "
-                          f"tokenizer has {tokenizer.vocab_size} tokens; {fix}")
+                          f"tokenizer has {tokenizer.vocab_size} tokens; {start.vocab_fix()}")
     return model.to(device)
-
-
-def _refuse_transformers_dir(init_from: str) -> None:
-    """A plain init_from naming a transformers checkpoint: say to give it latent feedback (hf:PATH) rather than
-    fail on its config.json."""
-    try:
-        saved = json.loads((Path(init_from) / "config.json").read_text())
-    except (OSError, ValueError):
-        return  # not readable here: the family's loader gives its own message
-    model_type = saved.get("model_type") if isinstance(saved, dict) else None
-    if model_type and model_type not in families.FAMILIES:
-        raise ConfigError(f"init_from={init_from!r} is a transformers {model_type!r} model, not a fullband one; "
-                          f"use init_from='hf:{init_from}' to give it latent feedback")
-
-
-def from_source(cfg: TrainRunConfig) -> AnyLM:
-    """The model ``init_from`` builds from a source (``hf:PATH``), in float32, with its family's options section;
-    its problems as ConfigErrors naming ``init_from`` or the option."""
-    family = families.source_family(cfg.init_from)
-    try:
-        model = build_from_source(cfg.init_from, cfg.family_options(family), torch.float32,
-                                  f"init_from={cfg.init_from!r}")
-        return model.train()
-    except ConfigError:
-        raise
-    except CheckpointError as err:
-        raise ConfigError(str(err)) from None
-    except (ValueError, NotImplementedError) as err:
-        raise ConfigError(f"init_from={cfg.init_from!r}: {_first_line(err)}") from None
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 @dataclass
@@ -412,5 +346,6 @@ def _last_eval(out_dir: Path) -> dict[str, float]:
         for line in path.read_text().splitlines():
             record = json.loads(line)
             if record.get("kind") == "eval":
-                last = {k: v for k, v in record.items() if k.startswith("val_")}
+                # a non-finite loss is written as null (fullband.files): read it back as NaN
+                last = {k: float("nan") if v is None else v for k, v in record.items() if k.startswith("val_")}
     return last

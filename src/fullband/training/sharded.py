@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from fullband.integrations import families
+from fullband import families
 from fullband.model import FeedbackLM
 from fullband.training.errors import CheckpointError
 
@@ -37,7 +37,7 @@ def unsharded(model: FeedbackLM, state: dict[str, torch.Tensor]) -> FeedbackLM:
     a strict load, so a missing or extra tensor fails here rather than in a later from_pretrained.
     """
     with torch.device("meta"):
-        plain = families.family_named(model.family).model_class().from_config(model.config)
+        plain = families.family_named(model.family).build(model.config)
     plain.load_state_dict(state, assign=True)
     return plain
 

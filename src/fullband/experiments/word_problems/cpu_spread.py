@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fullband.experiments.results import write_json
+from fullband.files import write_json
 
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 SPREAD_FILE = "cpu_spread.json"

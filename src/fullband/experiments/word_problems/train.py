@@ -23,9 +23,9 @@ import torch
 from safetensors.torch import save_model
 
 from fullband.devices import resolve_device
-from fullband.experiments.results import write_json
 from fullband.experiments.word_problems.arms import Arm, make_arm, parameters
 from fullband.experiments.word_problems.config import ControlsConfig
+from fullband.files import write_json
 from fullband.model.recurrence import ntp_loss
 from fullband.tasks.word_problems import WordBatch, WordProblems, accuracy_by_length
 from fullband.training.optim import lr_at, set_lr

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from fullband.files import write_json, write_through
 from fullband.integrations._hf_compat import no_progress_bars
 from fullband.integrations.retrofit.config import (
     RETROFIT_BASE,
@@ -53,9 +54,9 @@ def save_retrofitted(model: nn.Module, directory: str | Path, **decoding: Any) -
     with no_progress_bars():  # as quiet as the native save (fullband train shows one progress bar of its own)
         model.base.save_pretrained(directory / BASE_DIR)
     fusion = {k: v.detach().contiguous().cpu() for k, v in model.fusion.state_dict().items()}
-    save_file(fusion, str(directory / FUSION_WEIGHTS), metadata={"format": "pt"})
+    write_through(directory / FUSION_WEIGHTS, lambda p: save_file(fusion, str(p), metadata={"format": "pt"}))
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "base_dir": BASE_DIR, **model.config.to_dict()}
-    (directory / RETROFIT_CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
+    write_json(directory / RETROFIT_CONFIG, meta)
     dtype = str(model.embed.weight.dtype).removeprefix("torch.")
     config = hub.hf_config_dict(model.config.to_dict(), dtype=dtype, tie_word_embeddings=False,
                                 model_type=MODEL_TYPE, remote=REMOTE_CODE, **decoding)
@@ -64,7 +65,7 @@ def save_retrofitted(model: nn.Module, directory: str | Path, **decoding: Any) -
         f"a pretrained `{config.get('base_architecture')}` ({config.get('n_layers')} layers, width "
         f"{config.get('d_model')}) retrofitted with latent feedback: the fed-back state is "
         f"`{config.get('feedback_source')}`; the base model is in `base/`, the fusion in `fusion.safetensors`"))
-    (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    write_json(directory / CONFIG_NAME, config)
 
 
 def load_retrofit_config(directory: str | Path) -> RetrofitConfig:

@@ -30,7 +30,6 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-import fullband.generation.decoding  # noqa: F401 (binds generate / stream: a retrofitted model decodes)
 from fullband.config import ConfigError
 from fullband.integrations._hf_compat import cache_argument
 from fullband.integrations.retrofit import io

@@ -8,12 +8,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 from fullband.config import ConfigError
-from fullband.integrations.lm_eval.config import LmEvalConfig
+from fullband.evaluation.config import LmEvalConfig
+from fullband.files import write_json
 
 
 def run_lm_eval(cfg: LmEvalConfig) -> tuple[dict[str, Any], str]:
@@ -22,8 +22,8 @@ def run_lm_eval(cfg: LmEvalConfig) -> tuple[dict[str, Any], str]:
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable, make_table
 
-    import fullband.integrations.lm_eval.adapter as adapter  # registers the "fullband" model name
-    from fullband.model_io import checkpoint_dir
+    import fullband.evaluation.adapter as adapter  # registers the "fullband" model name
+    from fullband.families import checkpoint_dir
 
     if not checkpoint_dir(cfg.checkpoint).is_dir():
         raise ConfigError(f"checkpoint={cfg.checkpoint!r} is invalid: no such directory")
@@ -34,8 +34,10 @@ def run_lm_eval(cfg: LmEvalConfig) -> tuple[dict[str, Any], str]:
     if unknown:
         raise ConfigError(f"tasks={list(cfg.tasks)!r}: unknown task(s) {unknown}"
                           + ("" if cfg.include_path else "; local task YAMLs need --include_path DIR"))
+    d = cfg.decode
     model = adapter.FullbandLM(
-        cfg.checkpoint, mode=cfg.mode, prefill_passes=cfg.prefill_passes, exact_chunk_size=cfg.exact_chunk_size,
+        cfg.checkpoint, mode=d.mode, prefill_passes=d.prefill_passes, exact_chunk_size=d.exact_chunk_size,
+        temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, seed=d.seed, stop_token_ids=d.stop_token_ids,
         batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype, max_gen_toks=cfg.max_gen_toks,
     )
     results = lm_eval.simple_evaluate(
@@ -47,7 +49,7 @@ def run_lm_eval(cfg: LmEvalConfig) -> tuple[dict[str, Any], str]:
     results["fullband"] = dataclasses.asdict(cfg)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
+    write_json(out_dir / "results.json", results, default=handle_non_serializable)
     if samples is not None:
-        (out_dir / "samples.json").write_text(json.dumps(samples, indent=2, default=handle_non_serializable) + "\n")
+        write_json(out_dir / "samples.json", samples, default=handle_non_serializable)
     return results, make_table(results)

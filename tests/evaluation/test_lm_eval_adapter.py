@@ -16,9 +16,10 @@ from lm_eval.api.instance import Instance
 from fullband import FullBandwidthLM
 from fullband.cli import main
 from fullband.data import ByteTokenizer
+from fullband.evaluation.adapter import FullbandLM
+from fullband.evaluation.continuation import score_continuations
+from fullband.generation import generate
 from fullband.generation.decoding import decode_step, left_pad, prefill
-from fullband.integrations.lm_eval.adapter import FullbandLM
-from fullband.integrations.lm_eval.continuation import score_continuations
 
 MODES = ("standard", "soft", "fused", "exact")
 PAIRS = [("2+3=", "5"), ("The cat", " sat on"), ("", "hello"), ("ab ", "cd"), ("x" * 20, "yz")]
@@ -97,7 +98,7 @@ def test_modes_differ_and_fused_with_enough_passes_is_exact(checkpoint):
 def test_greedy_flag_matches_greedy_decoding(checkpoint, mode):
     model = adapter(checkpoint, mode).model
     prompts = [[7, 8, 9], [100, 3, 4, 5, 6, 7], [42]]
-    generated = model.generate(prompts, max_new_tokens=5, mode=mode, prefill_passes=2)
+    generated = generate(model, prompts, max_new_tokens=5, mode=mode, prefill_passes=2)
     pairs = [(p, g[len(p) :]) for p, g in zip(prompts, generated, strict=True)]
     assert all(greedy for _, greedy in score_continuations(model, pairs, mode, prefill_passes=2))
     changed = [(p, [*x[:-1], (x[-1] + 1) % 320]) for p, x in pairs]
@@ -135,7 +136,8 @@ def test_generate_until_decodes_in_the_mode_and_cuts_at_the_stop_string(checkpoi
     model, tok = lm.model, ByteTokenizer()
     full = []
     for p in prompts:
-        ids = model.generate(tok.encode(p), max_new_tokens=10, mode=mode, prefill_passes=2, stop_token_ids=[tok.eos_id])
+        ids = generate(model, tok.encode(p), max_new_tokens=10, mode=mode, prefill_passes=2,
+                       stop_token_ids=[tok.eos_id])
         full.append(tok.decode(ids[len(p) :]))
     # Stop at the first character of the first output that is a real character (random bytes decode partly to
     # U+FFFD, which a stream decoder and a whole-text decoder place differently) and not at its start.
@@ -188,13 +190,13 @@ def task_dir(tmp_path_factory):
 def test_eval_lm_runs_a_local_5_shot_task_offline(checkpoint, task_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["eval", "--checkpoint", str(checkpoint), "--tasks", "fb_add_mc,fb_add_gen", "--num-fewshot", "5",
-                 "--include_path", str(task_dir), "--include_defaults", "false", "--mode", "soft",
+                 "--include_path", str(task_dir), "--include_defaults", "false", "--decode.mode", "soft",
                  "--log_samples", "true", "--out_dir", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "fb_add_mc" in printed and "exact_match" in printed and "|acc" in printed
     results = json.loads((out / "results.json").read_text())
     assert results["n-shot"] == {"fb_add_mc": 5, "fb_add_gen": 5}
-    assert results["fullband"]["mode"] == "soft"
+    assert results["fullband"]["decode"]["mode"] == "soft"  # the config as run: its [decode] section
     samples = json.loads((out / "samples.json").read_text())
     context = samples["fb_add_mc"][0]["arguments"][0][0]
     assert context.count("=") == 6  # five solved examples, then the question
@@ -224,7 +226,7 @@ def test_simple_evaluate_finds_the_registered_model_by_name(checkpoint, task_dir
     ("argv", "message"),
     [
         (["--tasks", "nope", "--include_defaults", "false"], "unknown task(s) ['nope']"),
-        (["--tasks", "x", "--mode", "fast"], "mode='fast' is invalid"),
+        (["--tasks", "x", "--decode.mode", "fast"], "mode='fast' is invalid"),
         (["--tasks", ""], "tasks=() is invalid"),
     ],
 )

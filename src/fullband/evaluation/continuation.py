@@ -29,10 +29,9 @@ from collections.abc import Sequence
 
 import torch
 
-from fullband.config import DEFAULT_SCORE_MODE
 from fullband.generation.decoding import left_pad, prefill
 from fullband.model import FullBandwidthLM
-from fullband.modes import DecodingMode
+from fullband.modes import DEFAULT_SCORE_MODE, DecodingMode
 
 TokenPair = tuple[Sequence[int], Sequence[int]]  # (context ids, continuation ids)
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from fullband.config import (
-    DEFAULT_SCORE_MODE,
     _is_int,
     _require,
     doc,
@@ -13,7 +13,7 @@ from fullband.config import (
     validate_device_name,
     validate_threads,
 )
-from fullband.modes import DecodingMode
+from fullband.modes import DEFAULT_SCORE_MODE, DecodeOptions, retired_to_decode
 
 # ---------------------------------------------------------------------------------------------- fullband eval
 
@@ -24,6 +24,9 @@ EVAL_DTYPES = ("float32", "float64", "bfloat16")
 class LmEvalConfig:
     """``fullband eval``: lm-evaluation-harness tasks on a checkpoint, through the ``fullband`` lm-eval model."""
 
+    # the flat options that moved into [decode]: refused with a line naming the new flag (configio)
+    ALIASES: ClassVar[dict[str, str]] = retired_to_decode("mode", "prefill_passes", "exact_chunk_size")
+
     checkpoint: str = doc("", "Model directory with its tokenizer (fullband train's out_dir/model); required.")
     tasks: tuple[str, ...] = doc((), "Comma-separated lm-eval task (or group) names; required.")
     num_fewshot: int | None = doc(None, "Few-shot examples per prompt; none = each task's default.")
@@ -33,11 +36,6 @@ class LmEvalConfig:
     include_defaults: bool = doc(
         True, "Also index lm-eval's built-in tasks; false = only include_path (much faster to start)."
     )
-    mode: str = doc(DEFAULT_SCORE_MODE, "Decoding mode: standard | soft | fused | fused:K | exact (which positions are "
-                    "fused: see fullband.integrations.lm_eval.adapter).")
-    prefill_passes: int = doc(1, "fused mode: extra fused (Jacobi) passes over the context.")
-    exact_chunk_size: int = doc(1, "Exact parts (continuations; exact-mode contexts): chunk per exact Jacobi solve "
-                                "(1 = sequential).")
     batch_size: int = doc(16, "Requests per model batch.")
     limit: int | None = doc(None, "Evaluate only the first N documents of each task (none = all).")
     max_gen_toks: int = doc(256, "Default cap on generated tokens for generate_until tasks.")
@@ -47,6 +45,10 @@ class LmEvalConfig:
     seed: int = doc(0, "Seed of the few-shot sampling and of every other random choice of lm-eval.")
     log_samples: bool = doc(False, "Also save every request and response (samples.json).")
     out_dir: str = doc("runs/eval", "Run directory: results.json (and samples.json).")
+    # The mode scores text and decodes generate_until tasks (which positions are fused: the lm-eval adapter's
+    # docstring); exact_chunk_size also computes the exact continuations. A task's own generation settings (do_sample,
+    # temperature) win over [decode]'s; its stop ids end a generation besides end-of-text.
+    decode: DecodeOptions = field(default_factory=lambda: DecodeOptions(mode=DEFAULT_SCORE_MODE))
 
     def __post_init__(self) -> None:
         _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
@@ -60,9 +62,7 @@ class LmEvalConfig:
                      "must be an integer >= 0 (or none)")
         if self.limit is not None:
             _require(_is_int(self.limit) and self.limit >= 1, "limit", self.limit, "must be an integer >= 1 (or none)")
-        DecodingMode.parse(self.mode)
-        for name, low in (("prefill_passes", 0), ("exact_chunk_size", 1), ("batch_size", 1), ("max_gen_toks", 1),
-                          ("seed", 0)):
+        for name, low in (("batch_size", 1), ("max_gen_toks", 1), ("seed", 0)):
             value = getattr(self, name)
             _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
         _require(self.dtype in EVAL_DTYPES, "dtype", self.dtype, f"must be one of {EVAL_DTYPES}")

@@ -6,6 +6,8 @@ Importing this module registers the model name ``fullband`` with lm-eval. Model 
   native or retrofitted, or ``hf:PATH`` (a transformers model, retrofitted on load); text is tokenized with the
   tokenizer saved there (``tokenizer_config.json``).
 - ``mode``: ``standard | soft | fused | fused:K | exact`` (default ``standard``); ``fused`` takes ``prefill_passes=K``.
+- ``temperature``, ``top_k``, ``top_p``, ``seed``: how ``generate_until`` samples where a task does not say (a task's
+  ``do_sample`` / ``temperature`` win; default greedy), as ``fullband eval``'s [decode] section.
 - ``exact_chunk_size`` (1 = sequential) and ``exact_tol``: how the exact parts are computed (see below).
 - ``batch_size`` (default 16; ``auto`` means the default), ``device`` (default cpu), ``dtype``
   (``float32 | float64 | bfloat16``), ``max_gen_toks`` (default 256), ``progress`` (tqdm bars, default true).
@@ -23,7 +25,7 @@ fused(k)    c_1 plain, c_2..c_n fused, ``1 + k`` Jacobi passes    all fused, exa
 exact       c_1 plain, c_2..c_n fused, exact                     all fused, exact recurrence
 ==========  ===================================================  ==========================================
 
-That is the log-probability that greedy decoding in the same mode (``fullband generate --mode M``) assigns
+That is the log-probability that greedy decoding in the same mode (``fullband generate --decode.mode M``) assigns
 to the continuation when it is teacher-forced; "exact" parts are sequential through the KV cache (or exact
 Jacobi chunks of ``exact_chunk_size``). ``loglikelihood_rolling`` uses lm-eval's disjoint rolling windows of
 ``max_seq_len`` tokens, each scored as a (context, continuation) pair by the table above (the first window's
@@ -35,6 +37,7 @@ A checkpoint trained without feedback gives identical results in every mode.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -45,11 +48,12 @@ from lm_eval.models.utils import normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
-from fullband.config import DEFAULT_SCORE_MODE, ConfigError
-from fullband.data import Tokenizer, load_tokenizer
-from fullband.integrations.lm_eval.continuation import score_continuations
-from fullband.model_io import checkpoint_dir, load_any
-from fullband.modes import DecodingMode
+from fullband.config import ConfigError
+from fullband.data import Tokenizer
+from fullband.evaluation.continuation import score_continuations
+from fullband.families import load_any, load_tokenizer_of
+from fullband.generation.decoding import decode
+from fullband.modes import DEFAULT_SCORE_MODE, DecodeOptions
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 DEFAULT_BATCH_SIZE = 16
@@ -66,6 +70,11 @@ class FullbandLM(LM):
         prefill_passes: int = 1,
         exact_chunk_size: int = 1,
         exact_tol: float | None = None,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_token_ids: Sequence[int] = (),
         batch_size: int | str | None = DEFAULT_BATCH_SIZE,
         max_batch_size: int | None = None,
         device: str | None = "cpu",
@@ -76,17 +85,17 @@ class FullbandLM(LM):
         super().__init__()
         if dtype not in DTYPES:
             raise ConfigError(f"dtype={dtype!r} is invalid: must be one of {tuple(DTYPES)}")
-        if not isinstance(prefill_passes, int) or prefill_passes < 0:
-            raise ConfigError(f"prefill_passes={prefill_passes!r} is invalid: must be an integer >= 0")
-        decoding = DecodingMode.parse(mode, prefill_passes)  # fused:K, or fused with prefill_passes=K
-        tokenizer = load_tokenizer(checkpoint_dir(pretrained))
+        # fused:K, or fused with prefill_passes=K; the sampling settings of generate_until
+        self.decode = DecodeOptions(mode, prefill_passes, exact_chunk_size, temperature, top_k, top_p, seed,
+                                    tuple(stop_token_ids))
+        tokenizer = load_tokenizer_of(pretrained)
         if tokenizer is None:
             raise ConfigError(f"pretrained={pretrained!r} has no saved tokenizer (tokenizer_config.json); "
                               "lm-eval needs one to turn text into ids")
         self.tokenizer: Tokenizer = tokenizer
         self._device = torch.device(device or "cpu")
-        self.model = load_any(pretrained, device=self._device, dtype=DTYPES[dtype])  # native, retrofitted, hf:PATH
-        self.mode = decoding
+        self.model = load_any(pretrained, device=self._device, dtype=DTYPES[dtype])  # any family, as its spec loads it
+        self.mode = self.decode.decoding_mode
         self.exact_chunk_size, self.exact_tol = exact_chunk_size, exact_tol
         self.batch_size = _batch_size(batch_size, max_batch_size)
         self.max_gen_toks, self.progress = max_gen_toks, progress
@@ -165,7 +174,9 @@ class FullbandLM(LM):
             kwargs = normalize_gen_kwargs(requests[indices[0]].args[1], self.max_gen_toks)
             until = [kwargs["until"]] if isinstance(kwargs["until"], str) else list(kwargs["until"] or [])
             max_new = int(kwargs["max_gen_toks"])
-            temperature = float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample") else 0.0
+            given = requests[indices[0]].args[1]
+            temperature = ((float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample") else 0.0)
+                           if "do_sample" in given or "temperature" in given else self.decode.temperature)
             prompts = [self._prompt(requests[i].args[0], max_new) for i in indices]
             order = sorted(range(len(indices)), key=lambda j: -len(prompts[j]))
             for batch in self._batches(order, f"generate_until ({self.mode})"):
@@ -187,8 +198,9 @@ class FullbandLM(LM):
         eos = self.tokenizer.eos_id
         generated: list[list[int]] = [[] for _ in prompts]
         done = [False] * len(prompts)
-        steps = self.model.stream(prompts, max_new, self.mode, temperature=temperature, stop_token_ids=[eos],
-                                  exact_chunk_size=self.exact_chunk_size, exact_tol=self.exact_tol)
+        options = dataclasses.replace(self.decode, temperature=temperature,
+                                      stop_token_ids=(eos, *self.decode.stop_token_ids))
+        steps = decode(self.model, prompts, max_new, options, exact_tol=self.exact_tol)
         for step in steps:
             for row, token in enumerate(step.tolist()):
                 if done[row]:

@@ -1,5 +1,5 @@
-"""A model family added by its class and one entry in the family table, nothing else: loading, training
-checkpoints and the optimiser find it through the model-family interface (docs/DESIGN.md §6)."""
+"""A model family added as one spec in the family table, nothing else: loading, starting a training run,
+training checkpoints and the optimiser find it through its spec and the model-family interface (docs/DESIGN.md §6)."""
 
 import json
 from pathlib import Path
@@ -8,11 +8,10 @@ import pytest
 import torch
 from conftest import make_model
 
-from fullband.integrations import families
-from fullband.integrations.families import Family
+from fullband import families
+from fullband.families import FamilySpec, load_any
 from fullband.model import FullBandwidthLM
 from fullband.model.family import ParamRole
-from fullband.model_io import load_any
 from fullband.training import (
     CheckpointError,
     TrainingState,
@@ -47,7 +46,7 @@ class ToyLM(FullBandwidthLM):
 
 @pytest.fixture(autouse=True)
 def toy_family(monkeypatch):
-    monkeypatch.setitem(families.FAMILIES, "toy", Family("toy", f"{__name__}:ToyLM", "a toy model", marker=MARKER))
+    monkeypatch.setitem(families.FAMILIES, "toy", FamilySpec("toy", f"{__name__}:ToyLM", "a toy model", marker=MARKER))
 
 
 def toy(seed: int = 0) -> ToyLM:
@@ -59,7 +58,7 @@ def toy(seed: int = 0) -> ToyLM:
 
 def test_load_any_finds_the_family_by_its_marker(tmp_path):
     model = toy().eval()
-    model.save_pretrained(tmp_path)
+    families.FAMILIES["toy"].save(model, tmp_path)  # the spec saves through the class's own files
     assert families.family_of(tmp_path).name == "toy"
     loaded = load_any(tmp_path)
     tokens = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(1))
@@ -90,3 +89,15 @@ def test_its_roles_pick_muons_matrices_and_its_checkpoints_resume(tmp_path):
     del manifest["files"]["model.safetensors"]  # the family's checkpoint_problem sees its weights are not covered
     (path / "manifest.json").write_text(json.dumps(manifest))
     assert verify_checkpoint(path) == "manifest.json does not list model.safetensors"
+
+
+def test_a_training_run_starts_from_it_through_its_spec(tmp_path):
+    # fullband train --init_from DIR asks the spec (families.init_from): its class, in training mode, its weights.
+    model = toy().eval()
+    model.save_pretrained(tmp_path)
+    start = families.init_from(str(tmp_path))
+    assert start.family.name == "toy" and not start.built_from_source
+    trained = start.model(None, None)
+    assert type(trained) is ToyLM and trained.training
+    assert all(torch.equal(a, b) for a, b in zip(trained.parameters(), model.parameters(), strict=True))
+    assert start.tokenizer() is None  # it saved none: the run's data section picks one
