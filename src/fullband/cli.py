@@ -15,7 +15,9 @@ from fullband.bench.config import BenchConfig
 from fullband.config import CheckConfig, ConfigError
 from fullband.configio import add_dataclass_arguments, config_from_args, given_values
 from fullband.data.config import PrepareConfig
-from fullband.experiments.config import CompareConfig, ReasoningConfig, RecipeConfig, StateTrackingConfig
+from fullband.experiments.compare.config import CompareConfig
+from fullband.experiments.core.config import ReasoningConfig, StateTrackingConfig
+from fullband.experiments.recipe.config import RecipeConfig
 from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.generation.config import GenerateConfig
 from fullband.integrations.lm_eval.config import LmEvalConfig
@@ -152,14 +154,14 @@ def _check_resumable(cfg: ReasoningConfig | StateTrackingConfig | ControlsConfig
 def run_eval_reasoning(cfg: ReasoningConfig) -> None:
     _check_resumable(cfg, "eval-reasoning")
     if cfg.families:  # one study per family: their reports sit in out_dir/<family>/
-        from fullband.experiments.controls_study import run_families
+        from fullband.experiments.reasoning.controls.study import run_families
 
         results = run_families(cfg)
         print("\n".join(results["verdict"]))
         print(f"\nreport: {cfg.out_dir}/report.md")
         return
-    from fullband.experiments.reasoning import run_reasoning
-    from fullband.experiments.reasoning_report import tables
+    from fullband.experiments.reasoning.report import tables
+    from fullband.experiments.reasoning.study import run_reasoning
 
     results = run_reasoning(cfg)
     for name in ("training", "accuracy", "mean_len", "equal_accuracy"):
@@ -169,8 +171,8 @@ def run_eval_reasoning(cfg: ReasoningConfig) -> None:
 
 def run_eval_state(cfg: StateTrackingConfig) -> None:
     _check_resumable(cfg, "eval-state")
-    from fullband.experiments.state_report import tables
-    from fullband.experiments.state_tracking import run_state_tracking
+    from fullband.experiments.state_tracking.report import tables
+    from fullband.experiments.state_tracking.study import run_state_tracking
 
     for name, table in tables(run_state_tracking(cfg)).items():
         print(f"\n{name}:\n{table}")
@@ -187,13 +189,13 @@ def run_eval_controls(cfg: ControlsConfig) -> None:
 
 
 def run_compare(cfg: CompareConfig) -> None:
-    from fullband.experiments.compare import run_compare as compare
+    from fullband.experiments.compare.study import run_compare as compare
 
     compare(cfg)  # prints the summary table and where report.md is
 
 
 def run_recipe(cfg: RecipeConfig) -> None:
-    from fullband.experiments.recipe import run_recipe as recipe
+    from fullband.experiments.recipe.study import run_recipe as recipe
 
     results = recipe(cfg)
     print("\n".join(["", *results["verdict_lines"], f"report: {cfg.out_dir}/report.md"]))

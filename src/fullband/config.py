@@ -1,6 +1,6 @@
 """ModelConfig and what every config shares: validation helpers, the decoding mode names and defaults, the preset
 mechanism. The other configs live beside the code they configure: fullband.training.config (``fullband train``),
-fullband.generation.config (``fullband generate``), fullband.experiments.config (the studies),
+fullband.generation.config (``fullband generate``), fullband.experiments.<study>.config (the studies),
 fullband.integrations.lm_eval.config (``fullband eval``).
 
 Every field carries a ``help`` string in its metadata; the CLI builds its ``--help`` from it. Bad values

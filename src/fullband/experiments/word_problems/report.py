@@ -6,8 +6,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from fullband.experiments.plots import pyplot, save_figure
-from fullband.experiments.study import markdown_table, report_head
+from fullband.experiments.compare.plots import pyplot, save_figure
+from fullband.experiments.core.study import markdown_table, report_head
 from fullband.experiments.word_problems.analysis import (
     BASELINE,
     FIT_TOLERANCE,
@@ -142,7 +142,7 @@ def _setup(cfg: dict[str, Any]) -> list[str]:
         f"length. The margin at length n is full-bandwidth exact minus that seed's best control (baseline, "
         "equal-FLOPs, looped), paired over seeds with a Student t 95% interval. Floors: the most common answer of "
         f"each length in the test set, the start cup, and tracking the first {L} steps only. FLOPs as "
-        "`fullband.experiments.flops` counts them (2 per multiply-add, causal attention, 3x for a pass with "
+        "`fullband.experiments.core.flops` counts them (2 per multiply-add, causal attention, 3x for a pass with "
         "gradients).",
         "",
     ]

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fullband.configio import config_to_dict
-from fullband.experiments.parallel import map_jobs
-from fullband.experiments.study import Study, set_threads
+from fullband.experiments.core.parallel import map_jobs
+from fullband.experiments.core.study import Study, set_threads
 from fullband.experiments.word_problems.analysis import MODEL, analyse_group, choose
 from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.experiments.word_problems.cpu_spread import SPREAD_FILE
