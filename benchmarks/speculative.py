@@ -34,6 +34,8 @@ import torch
 
 from fullband import ModelConfig
 from fullband.data import load_tokenizer
+from fullband.experiments.core.report import Report
+from fullband.files import write_json
 from fullband.generation import SpeculativeConfig, SpeculativeDecoder, prefill
 from fullband.model_io import load_any
 
@@ -184,13 +186,28 @@ def _where(r: dict) -> str:
     return f"{r['drafter']}, γ={r['gamma']}"
 
 
+COMMAND = "OMP_NUM_THREADS=1 python benchmarks/speculative.py --out_dir docs/results/speculative"
+
+
 def write_report(out_dir: Path, meta: dict, rows: list[dict], table: list[str]) -> None:
     """report.md (its first lines answer the question from the rows) and results.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / "results.json", dict(meta=meta, rows=rows))
+    print(f"report: {report(meta, rows, table).write(out_dir)}")
+
+
+def saved_report(out_dir: Path) -> Report:
+    """The report of the rows in out_dir/results.json (what --rewrite writes)."""
+    saved = json.loads((out_dir / "results.json").read_text())
+    return report(saved["meta"], saved["rows"], [HEADER, "-" * len(HEADER), *map(table_line, saved["rows"])])
+
+
+def report(meta: dict, rows: list[dict], table: list[str]) -> Report:
+    """The report (through the studies' writer, fullband.experiments.core.report), from the rows alone."""
     soft = [r for r in rows if r["mode"] == "soft"]
     # In standard mode the standard drafter is the target itself: always right by construction, so not a result.
     std = [r for r in rows if r["mode"] == "standard" and r["drafter"] != "standard"]
-    lines = ["# Speculative decoding with latent feedback", ""]
+    lines = []
     if soft:
         wall, proj, calls = _best(soft, "speedup"), _best(soft, "projected_speedup"), _best(soft, "tokens_per_call")
         settled = _best(soft, "projected_speedup_if_settled")
@@ -248,7 +265,7 @@ def write_report(out_dir: Path, meta: dict, rows: list[dict], table: list[str]) 
         "Regenerate (trains the two checkpoints with `fullband train` if they are missing, ~4 min on one core):",
         "",
         "```bash",
-        "OMP_NUM_THREADS=1 python benchmarks/speculative.py --out_dir docs/results/speculative",
+        COMMAND,
         "```",
         "",
         "```",
@@ -302,9 +319,9 @@ def write_report(out_dir: Path, meta: dict, rows: list[dict], table: list[str]) 
         f"(target: {' '.join(meta['train_flags']['target'])}; drafter: {' '.join(meta['train_flags']['drafter'])}).",
         "",
     ]
-    (out_dir / "report.md").write_text("\n".join(lines))
-    (out_dir / "results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
-    print(f"report: {out_dir / 'report.md'}")
+    rep = Report("Speculative decoding with latent feedback", COMMAND)
+    rep.lines += lines  # paragraphs, the table and the notes, each followed by its blank line
+    return rep
 
 
 def main() -> None:
@@ -321,9 +338,7 @@ def main() -> None:
     parser.add_argument("--rewrite", action="store_true", help="only rewrite report.md from out_dir/results.json")
     args = parser.parse_args()
     if args.rewrite:
-        saved = json.loads((Path(args.out_dir) / "results.json").read_text())
-        table = [HEADER, "-" * len(HEADER), *map(table_line, saved["rows"])]
-        write_report(Path(args.out_dir), saved["meta"], saved["rows"], table)
+        print(f"report: {saved_report(Path(args.out_dir)).write(Path(args.out_dir))}")
         return
     torch.set_num_threads(1)  # tiny matrices on a shared machine: one thread is steadiest
 
@@ -361,7 +376,7 @@ def main() -> None:
                 rounds=args.rounds, large_target=LARGE, target=str(target_path), drafter=str(drafter_path),
                 train_flags={k: [*v, *TRAIN_COMMON] for k, v in TRAIN.items()})
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+        write_json(Path(args.json), dict(meta=meta, rows=rows))
     if args.out_dir:
         write_report(Path(args.out_dir), meta, rows, [HEADER, "-" * len(HEADER), *map(table_line, rows)])
 

@@ -12,7 +12,7 @@ from fullband.experiments.compare.config import COMPARE_PRESETS, CompareConfig
 from fullband.experiments.compare.report import write_report
 from fullband.experiments.compare.study import plan_runs, preset_config, shortest_run_steps, study_compile, train_config
 from fullband.experiments.core.records import CompareResults, ModeScore, RunRecord, key_problems
-from fullband.experiments.core.study import SMOKE_NOTE
+from fullband.experiments.core.report import SMOKE_NOTE
 from fullband.training import step_setup
 from fullband.training.config import COMPILE_MIN_CPU_STEPS
 

@@ -66,7 +66,7 @@ def test_equal_flops_depth_solves_the_affine_cost():
 
 
 def test_training_flops_replays_the_runs_batches(tmp_path):
-    from fullband.experiments.core.study import StudyModel, sft_run_config
+    from fullband.experiments.core.pair import StudyModel, sft_run_config
     from fullband.tasks.base import write_jsonl
     from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig, TrainModelConfig
 

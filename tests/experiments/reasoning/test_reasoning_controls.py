@@ -162,7 +162,7 @@ def test_a_run_killed_mid_training_continues_from_its_checkpoint(tmp_path, monke
     for kind in ("baseline", "fullband"):
         assert after["training"][kind]["final_loss"] == before["training"][kind]["final_loss"], kind
     # Checkpointing itself changes no number (the committed reports were trained without checkpoints).
-    monkeypatch.setattr("fullband.experiments.core.study.study_checkpoint_every", lambda steps: 0)
+    monkeypatch.setattr("fullband.experiments.core.pair.study_checkpoint_every", lambda steps: 0)
     assert main([*args, "--out_dir", str(tmp_path / "plain")]) == 0
     plain = json.loads((tmp_path / "plain" / "results.json").read_text())
     assert not list((tmp_path / "plain" / "fullband" / "checkpoints").glob("step-000000[1-5]"))

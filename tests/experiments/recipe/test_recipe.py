@@ -6,7 +6,7 @@ import pytest
 
 from fullband.cli import main
 from fullband.config import ConfigError
-from fullband.experiments.core.study import SMOKE_NOTE
+from fullband.experiments.core.report import SMOKE_NOTE
 from fullband.experiments.recipe.config import RECIPE_VARIANTS, RecipeConfig
 from fullband.experiments.recipe.report import verdict
 

@@ -1,42 +1,18 @@
-"""The compare plots (and the one pyplot every study draws with), with matplotlib (the ``plot`` extra), imported
-only here and drawn off-screen (Agg)."""
+"""The compare plots: loss against tokens, the stability curves, the gaps against tokens (drawn with
+:func:`fullband.experiments.core.plots.pyplot`)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 from typing import Any
 
 from fullband.experiments.compare.multiplier import baseline_loss_at
 from fullband.experiments.compare.results import mean_sd, mode_label, run_names, runs_named
+from fullband.experiments.core.plots import pyplot, save_figure
 from fullband.experiments.core.records import CompareResults
-from fullband.files import write_file
 
 MARKERS = {"standard": "o", "fused1": "s", "fused2": "D", "fused3": "v", "fused4": "^", "exact": "*"}
-
-
-def have_matplotlib() -> bool:
-    return importlib.util.find_spec("matplotlib") is not None
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend, imported only when a study draws (it is an optional dependency)."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ImportError("the study plots need matplotlib: pip install 'fullband[plot]'") from None
-    matplotlib.use("Agg")  # files only: no display needed (CI, servers)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
-    """Lay out, write and close a finished figure (closed, so a long study does not keep every figure open)."""
-    fig.tight_layout()
-    write_file(path, lambda f: fig.savefig(f, dpi=dpi, format=Path(path).suffix[1:]))  # atomically
-    pyplot().close(fig)
 
 
 def _plain_log_ticks(axis: Any, fmt: Any) -> None:

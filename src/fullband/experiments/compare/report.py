@@ -9,22 +9,23 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fullband.config import ModelConfig
 from fullband.experiments.compare import plots as plotting
 from fullband.experiments.compare import trend
 from fullband.experiments.compare.multiplier import BETTER_THAN_LARGEST, INTERPOLATED, WORSE_THAN_SMALLEST, against_one
-from fullband.experiments.compare.results import finished_at, mean_sd, mode_label, modes_of, run_names, runs_named
+from fullband.experiments.compare.results import mean_sd, mode_label, modes_of, run_names, runs_named
 from fullband.experiments.core.records import CompareResults, RunRecord
-from fullband.experiments.core.study import is_smoke, report_head, write_study
+from fullband.experiments.core.report import REPORT, Report, input_text, is_smoke
+from fullband.experiments.core.study import write_study
 
 LOSS_PLOT = "loss_vs_tokens.png"
 STABILITY_PLOT = "stability.png"
 GAP_PLOT = "gaps_vs_tokens.png"
+TITLE = "fullband compare: does latent feedback buy training tokens?"
 
 
 def write_report(results: CompareResults, out_dir: Path) -> None:
     """results.json, then the plots (skipped, with a warning, without matplotlib), then report.md."""
-    write_study(out_dir, results, lambda r: plot_compare(r, out_dir), render_markdown)
+    write_study(out_dir, results, lambda r: plot_compare(r, out_dir), report)
 
 
 def plot_compare(results: CompareResults, out_dir: Path) -> None:
@@ -60,18 +61,19 @@ def checkpoints(n: int) -> list[int]:
 
 # ---------------------------------------------------------------------------------------------- report.md
 
-def render_markdown(results: CompareResults, plots: bool = True) -> str:
+def report(results: CompareResults, plots: bool = True) -> Report:
+    """report.md: verdict, setup, test loss and bits per byte, multipliers, the gap trend, stability, wall times,
+    machine, commands."""
     cfg = results["config"]
     names, modes = run_names(results), modes_of(results)
     t, m = cfg["train"], cfg["model"]
     runs = results["runs"]
     windows = runs[0]["test_windows"]
     unit = t["token_budget"]
-    lines = [
-        *report_head("fullband compare: does latent feedback buy training tokens?", results["commands"]["command"],
-                     finished_at(results),
-                     f" (preset `{cfg['preset']}`, {cfg['seeds']} seed{'s' if cfg['seeds'] > 1 else ''}; total wall "
-                     f"time {results['seconds'] / 60:.1f} min).", verdict(results)),
+    rep = Report.of(results, TITLE, results["commands"]["command"],
+                    f" (preset `{cfg['preset']}`, {cfg['seeds']} seed{'s' if cfg['seeds'] > 1 else ''}; total wall "
+                    f"time {results['seconds'] / 60:.1f} min)")
+    rep.section("Verdict").block(*verdict(results)).section("Setup").block(
         f"- Model: d_model {m['d_model']}, {m['n_layers']} layers, {m['n_heads']} heads, "
         f"{_params(results)}; tokenizer `{cfg['data']['tokenizer']}`, corpus `{cfg['data']['source']}`.",
         f"- Training: batch {t['batch_size']} x {t['seq_len']} tokens, {optimizer_text(cfg['optim'])} "
@@ -90,40 +92,30 @@ def render_markdown(results: CompareResults, plots: bool = True) -> str:
         "- Modes (the window is the prompt, plain_prefix = 1): **standard** = one plain pass (an ordinary "
         "transformer); **fused(k)** = `model(x, passes=k+1, plain_prefix=1)`: the plain pass plus k extra fused "
         "Jacobi passes, each position scored with its predecessor's state after k passes; **exact** = the fully "
-        f"recurrent states, {_exact_text(cfg, runs)}.",
-        "",
-        "## Test loss (nats/token)",
-        "",
-        *table(results, names, modes, "loss"),
-        "",
-        "## Test bits per byte",
-        "",
-        *table(results, names, modes, "bits_per_byte"),
-        "",
-        f"![loss vs tokens]({LOSS_PLOT})" if plots else "(no plots: matplotlib was not installed)",
-        "",
-        "## Effective token multiplier",
-        "",
+        f"recurrent states, {_exact_text(cfg, runs)}.")
+    rep.section("Test loss (nats/token)")
+    score_table(rep, results, names, modes, "loss")
+    rep.section("Test bits per byte")
+    score_table(rep, results, names, modes, "bits_per_byte")
+    rep.figure(LOSS_PLOT, "loss vs tokens", plots)
+    rep.section("Effective token multiplier").paragraph(
         "The baseline's test loss at its budgets, as piecewise-linear in log(tokens) (straight segments on a log-x "
         "plot), is inverted at each mode's loss: **token multiplier** = tokens the baseline needs for that loss / "
         "tokens the feedback model saw (> 1: feedback is worth more than its tokens). **Compute multiplier** = the "
         "same baseline tokens / the feedback model's token-equivalent training compute (tokens x passes), i.e. "
         "what the trade costs in training FLOPs. **Inference passes** = stack evaluations per window in that mode "
         "(the baseline always needs 1). Outside the measured range the nearest segment is extended and the row is "
-        "flagged *extrapolated*.",
-        "",
-        *multiplier_table(results),
-        "",
-        *_extrapolation_hint(results),
-    ]
-    lines += trend.section(results, GAP_PLOT if plots and has_gap_series(results) else None)
-    lines += stability_section(results, plots)
-    lines += timing_section(results)
-    lines += ["## Machine", "", *[f"- {k}: {v}" for k, v in results["machine"].items()], ""]
+        "flagged *extrapolated*.")
+    multiplier_table(rep, results)
+    rep.lines += _extrapolation_hint(results)
+    trend.section(rep, results, GAP_PLOT if plots and has_gap_series(results) else None)
+    stability_section(rep, results, plots)
+    timing_section(rep, results)
+    rep.section("Machine").block(*[f"- {k}: {v}" for k, v in results["machine"].items()])
     cmds = results["commands"]
-    lines += ["## Commands", "", "```", cmds["command"], f"# rerun exactly: {cmds['reproduce']}",
-              f"# one training run on its own: {cmds['one_run']}", "```", ""]
-    return "\n".join(lines)
+    rep.section("Commands").block("```", cmds["command"], f"# rerun exactly: {cmds['reproduce']}",
+                                  f"# one training run on its own: {cmds['one_run']}", "```")
+    return rep
 
 
 def optimizer_text(optim: dict[str, Any]) -> str:
@@ -134,90 +126,71 @@ def optimizer_text(optim: dict[str, Any]) -> str:
     return f"AdamW lr {optim['lr']:g} (wd {optim['weight_decay']:g})"
 
 
-def input_text(model: dict[str, Any]) -> str:
-    """The input form of a run's model section (DESIGN.md §1), booleans from older results.json included."""
-    config = ModelConfig(**{k: model[k] for k in ("input_norm", "input_norm_init") if k in model})
-    gain = f"(gain initialised at {config.input_gain:g})"
-    if config.input_norm == "all":
-        return f"input form `all`: every input, plain or fused, through one input RMSNorm {gain}"
-    if config.input_norm == "paper":
-        return (f"input form `paper` (App. C's code): raw embeddings at plain positions in pass 1 and at inference, "
-                f"the plain prefix of training passes >= 2 and every fused input through one input RMSNorm {gain}")
-    return f"input form `fused`: raw embeddings at plain positions, RMS-normalised fused inputs {gain}"
-
-
-def table(results: CompareResults, names: Sequence[str], modes: Sequence[str], key: str) -> list[str]:
-    head = ["run", "tokens", "token-equiv. compute", *map(mode_label, modes)]
-    rows = [_row(head), _row(["---"] * len(head))]
+def score_table(rep: Report, results: CompareResults, names: Sequence[str], modes: Sequence[str], key: str) -> None:
+    rows = []
     for name in names:
         runs = runs_named(results, name)
         cells = [f"`{name}`", fmt_int(r["tokens"] for r in runs), fmt_int(r["token_equiv_compute"] for r in runs)]
         cells += [fmt(r["test"][mode][key] for r in runs) if mode in runs[0]["test"] else "" for mode in modes]
-        rows.append(_row(cells))
-    return rows
+        rows.append(cells)
+    rep.table(["run", "tokens", "token-equiv. compute", *map(mode_label, modes)], rows)
 
 
-def multiplier_table(results: CompareResults) -> list[str]:
+def multiplier_table(rep: Report, results: CompareResults) -> None:
     head = ["model", "mode", "test loss", "baseline tokens to match", "token multiplier", "compute multiplier",
             "inference passes", "fit"]
-    rows = [_row(head), _row(["---"] * len(head))]
+    rows = []
     for name, by_mode in results["multipliers"].items():
         runs = runs_named(results, name)
         for mode, per_seed in by_mode.items():
             fits = sorted({s["fit"] for s in per_seed})
-            rows.append(_row([
+            rows.append([
                 f"`{name}`", mode_label(mode), fmt(s["loss"] for s in per_seed),
                 fmt_int(s["baseline_tokens"] for s in per_seed if s["baseline_tokens"] is not None),
                 fmt((s["token_multiplier"] for s in per_seed), 2, "x"),
                 fmt((s["compute_multiplier"] for s in per_seed), 2, "x"),
                 _passes_text(results, runs, mode),
                 "; ".join(f if f == INTERPOLATED else f"*{f}*" for f in fits),
-            ]))
-    return rows
+            ])
+    rep.table(head, rows)
 
 
-def stability_section(results: CompareResults, plots: bool = True) -> list[str]:
+def stability_section(rep: Report, results: CompareResults, plots: bool = True) -> None:
     curves = results["stability"]
     if not curves:
-        return []
+        return
     n = len(curves[0]["passes"])
     marks = checkpoints(n)
     T = curves[0]["window_len"]
-    lines = ["## Stability (the paper's Figure 3)", "",
+    rep.section("Stability (the paper's Figure 3)").paragraph(
              f"Fused prefill passes 1..{n} over {curves[0]['windows']} validation windows of {T} tokens, one loop "
              "of passes recording after each: validation loss of pass k's logits, and the per-position change of "
              "the carried state ‖h_t^(k) − h_t^(k−1)‖₂ (mean and max over positions t ≥ 2) next to the mean "
-             "‖h_t^(k)‖₂ for scale.", ""]
+             "‖h_t^(k)‖₂ for scale.")
     if n > T:
-        lines += [f"Note: a window of {T} tokens is exact after {T} passes, so from pass {T + 1} on the iteration "
-                  "repeats itself (change exactly 0); raise stability_seq_len to see more passes of real "
-                  "iteration.", ""]
-    lines += ["In float32 a change of about 1e-6 x ‖h‖ is round-off, the floor of a converged iteration.", ""]
-    head = ["model", "quantity", *[f"k={k}" for k in marks]]
-    lines += [_row(head), _row(["---"] * len(head))]
+        rep.paragraph(f"Note: a window of {T} tokens is exact after {T} passes, so from pass {T + 1} on the "
+                      "iteration repeats itself (change exactly 0); raise stability_seq_len to see more passes of "
+                      "real iteration.")
+    rep.paragraph("In float32 a change of about 1e-6 x ‖h‖ is round-off, the floor of a converged iteration.")
+    rows = []
     for name in dict.fromkeys(c["name"] for c in curves):
         mine = [c for c in curves if c["name"] == name]
         for key, label, digits in (("loss", "val loss", 4), ("delta_mean", "mean ‖Δh‖", ".3g"),
                                    ("delta_max", "max ‖Δh‖", ".3g"), ("state_norm", "mean ‖h‖", 2)):
-            lines.append(_row([f"`{name}`", label, *[fmt((c[key][k - 1] for c in mine), digits) for k in marks]]))
-    lines += ["", f"![stability]({STABILITY_PLOT})" if plots else "", ""]
-    return lines
+            rows.append([f"`{name}`", label, *[fmt((c[key][k - 1] for c in mine), digits) for k in marks]])
+    rep.table(["model", "quantity", *[f"k={k}" for k in marks]], rows).figure(STABILITY_PLOT, "stability", plots)
 
 
-def timing_section(results: CompareResults) -> list[str]:
-    head = ["seed", "run", "steps", "train s", "test eval s", "stability s"]
-    rows = ["## Wall times", "", _row(head), _row(["---"] * len(head))]
-    for r in results["runs"]:
-        rows.append(_row([str(r["seed"]), f"`{r['name']}`", str(r["steps"]), f"{r['train_seconds']:.0f}",
-                          f"{r['eval_seconds']:.0f}",
-                          f"{r['stability_seconds']:.0f}" if "stability_seconds" in r else ""]))
-    rows += ["", f"Total: {results['seconds']:.0f} s ({results['seconds'] / 60:.1f} min), report writing excluded.", ""]
+def timing_section(rep: Report, results: CompareResults) -> None:
+    rows = [[str(r["seed"]), f"`{r['name']}`", str(r["steps"]), f"{r['train_seconds']:.0f}", f"{r['eval_seconds']:.0f}",
+             f"{r['stability_seconds']:.0f}" if "stability_seconds" in r else ""] for r in results["runs"]]
+    rep.section("Wall times").table(["seed", "run", "steps", "train s", "test eval s", "stability s"], rows)
+    rep.paragraph(f"Total: {results['seconds']:.0f} s ({results['seconds'] / 60:.1f} min), report writing excluded.")
     checks = [(r["name"], r["seed"], r["exact_check"]) for r in results["runs"] if "exact_check" in r]
     if checks:
-        rows += ["Exact mode against the sequential definition (largest difference of a window's mean loss / of a "
+        rep.paragraph("Exact mode against the sequential definition (largest difference of a window's mean loss / of a "
                  "logit): " + "; ".join(f"`{n}` seed {s}: {c['max_loss_diff']:.2e} / {c['max_logit_diff']:.2e} on "
-                                          f"{c['windows']} windows" for n, s, c in checks), ""]
-    return rows
+                                          f"{c['windows']} windows" for n, s, c in checks))
 
 
 def verdict(results: CompareResults) -> list[str]:
@@ -366,35 +339,33 @@ def _exact_text(cfg: dict[str, Any], runs: list[RunRecord]) -> str:
     return f"computed by Jacobi passes{chunk} {stop}, on the same windows"
 
 
-def _row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
 # ---------------------------------------------------------------------------------------------- terminal
 
-def print_summary(results: CompareResults) -> None:
+def summary(results: CompareResults) -> str:
+    """The terminal summary: test loss per run and mode, the token multipliers, the stability curves."""
     names, modes = run_names(results), modes_of(results)
     runs = results["runs"]
-    print(f"\nfullband compare: test loss (nats/token) on {runs[0]['test_windows']} windows; "
-          f"{results['seconds'] / 60:.1f} min")
+    lines = ["", f"fullband compare: test loss (nats/token) on {runs[0]['test_windows']} windows; "
+          f"{results['seconds'] / 60:.1f} min"]
     head = f"{'run':<16}{'tokens':>12}{'compute':>12}" + "".join(f"{mode_label(m):>18}" for m in modes)
-    print(head)
+    lines.append(head)
     for name in names:
         mine = runs_named(results, name)
         cells = [fmt(r["test"][m]["loss"] for r in mine) if m in mine[0]["test"] else "" for m in modes]
-        print(f"{name:<16}{fmt_int(r['tokens'] for r in mine):>12}{fmt_int(r['token_equiv_compute'] for r in mine):>12}"
-              + "".join(f"{c:>18}" for c in cells))
+        lines.append(f"{name:<16}{fmt_int(r['tokens'] for r in mine):>12}"
+                     f"{fmt_int(r['token_equiv_compute'] for r in mine):>12}" + "".join(f"{c:>18}" for c in cells))
     for name, by_mode in results["multipliers"].items():
         parts = []
         for mode, per_seed in by_mode.items():
             star = "*" if any(s["fit"] != INTERPOLATED for s in per_seed) else ""
             parts.append(f"{mode_label(mode)} {fmt((s['token_multiplier'] for s in per_seed), 2, 'x')}{star}")
-        print(f"token multiplier {name}: " + ", ".join(parts))
+        lines.append(f"token multiplier {name}: " + ", ".join(parts))
     if any(s["fit"] != INTERPOLATED for v in results["multipliers"].values() for p in v.values() for s in p):
-        print("  * extrapolated beyond the measured baselines (see report.md)")
+        lines.append("  * extrapolated beyond the measured baselines (see report.md)")
     for name in dict.fromkeys(c["name"] for c in results["stability"]):
         mine = [c for c in results["stability"] if c["name"] == name]
         marks = checkpoints(len(mine[0]["loss"]))
-        print(f"stability {name} (val loss at pass {'/'.join(map(str, marks))}): "
-              + " ".join(fmt((c["loss"][k - 1] for c in mine), 3) for k in marks))
-    print(f"report: {Path(results['config']['out_dir']) / 'report.md'}")
+        lines.append(f"stability {name} (val loss at pass {'/'.join(map(str, marks))}): "
+                     + " ".join(fmt((c["loss"][k - 1] for c in mine), 3) for k in marks))
+    lines.append(f"report: {Path(results['config']['out_dir']) / REPORT}")
+    return "\n".join(lines)

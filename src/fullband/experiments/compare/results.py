@@ -4,9 +4,7 @@ plots alike). Studies write their results with :func:`fullband.files.write_json`
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Iterable
-from typing import Any
 
 from fullband.experiments.core.records import CompareResults, RunRecord
 from fullband.modes import DecodingMode
@@ -27,11 +25,6 @@ def runs_named(results: CompareResults, name: str) -> list[RunRecord]:
 
 def modes_of(results: CompareResults) -> list[str]:
     return list(dict.fromkeys(m for r in results["runs"] for m in r["test"]))
-
-
-def finished_at(results: dict[str, Any]) -> str:
-    """When the study finished (recorded in results.json), so a report re-rendered later keeps its date."""
-    return results.get("finished") or time.strftime("%Y-%m-%d %H:%M %Z")
 
 
 def mean_sd(values: Iterable[float | None]) -> tuple[float | None, float | None]:

@@ -34,12 +34,13 @@ from fullband.devices import cpu_name, usable_cores
 from fullband.experiments.compare.config import CompareConfig
 from fullband.experiments.compare.multiplier import tokens_to_match
 from fullband.experiments.compare.perplexity import ExactSpec, evaluate_modes, exact_agreement
-from fullband.experiments.compare.plots import have_matplotlib
-from fullband.experiments.compare.report import plot_compare, print_summary, render_markdown
+from fullband.experiments.compare.report import plot_compare, report, summary
 from fullband.experiments.compare.stability import stability_curve
 from fullband.experiments.compare.trend import gap_trend
 from fullband.experiments.core.parallel import map_jobs
+from fullband.experiments.core.plots import have_matplotlib
 from fullband.experiments.core.records import CompareResults, RunRecord
+from fullband.experiments.core.report import Report
 from fullband.experiments.core.study import Study, _leaves
 from fullband.files import write_json
 from fullband.model.recurrence import auto_exact_method
@@ -166,12 +167,13 @@ class CompareStudy(Study):
     def plot(self, results: CompareResults) -> None:
         plot_compare(results, self.out_dir)
 
-    def render(self, results: CompareResults, plots: bool) -> str:
-        return render_markdown(results, plots)
+    records_command = False  # results["commands"] holds it, with the commands that reproduce each run
 
-    def write(self, results: CompareResults, plots: bool | None = None) -> None:
-        super().write(results, plots)
-        print_summary(results)
+    def report(self, results: CompareResults, plots: bool) -> Report:
+        return report(results, plots)
+
+    def summary(self, results: CompareResults) -> str:
+        return summary(results)
 
 
 def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:

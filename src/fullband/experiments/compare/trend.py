@@ -22,6 +22,7 @@ from typing import Any
 
 from fullband.experiments.compare.results import mode_label
 from fullband.experiments.core.records import CompareResults, RunRecord
+from fullband.experiments.core.report import Report
 
 FEEDBACK = "feedback"  # the run the verdict is about (compare.FEEDBACK; not imported: compare imports torch)
 VALIDATED_MODES = {1: "standard", 2: "fused1", 3: "fused2"}  # val_loss_{k}pass = the last of k passes
@@ -239,15 +240,14 @@ def _parameters(results: CompareResults) -> int | None:
     return next((r.get("parameters") for r in results["runs"] if r["name"] == FEEDBACK and r.get("parameters")), None)
 
 
-def section(results: CompareResults, plot_file: str | None) -> list[str]:
+def section(rep: Report, results: CompareResults, plot_file: str | None) -> None:
     """The report's section: the per-validation gaps (mean over seeds) and the plot."""
     trend = results.get("gap_trend") or gap_trend(results)
-    lines = ["## The gaps against training tokens (validation split)", "",
-             "Validation loss during training (the same validation batches every time): **fused(k) − standard** "
+    text = ("Validation loss during training (the same validation batches every time): **fused(k) − standard** "
              "inside each feedback model, and each validated mode of `feedback` **− the 1x baseline** at the same "
              "step (both runs are then at the same point of one learning-rate schedule, so a gap of 0 is a token "
              "multiplier of 1.0x there; these are mid-schedule models, not models trained to that budget). Mean "
-             "over seeds; negative = the first term is better.", ""]
+             "over seeds; negative = the first term is better.")
     fb = trend["series"].get(FEEDBACK, {})
     rows: dict[int, dict[str, list[float]]] = {}
     for name, by_seed in trend["series"].items():
@@ -260,13 +260,11 @@ def section(results: CompareResults, plot_file: str | None) -> list[str]:
                     for mode, g in p["vs_baseline"].items():
                         row.setdefault(f"`{name}` {mode_label(mode)} − baseline", []).append(g)
     if not rows or not fb:
-        return []
+        return
     columns = list(dict.fromkeys(c for row in rows.values() for c in row))
-    lines += ["| tokens | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-    for tokens in sorted(rows):
-        cells = [f"{statistics.fmean(rows[tokens][c]):+.4f}" if c in rows[tokens] else "" for c in columns]
-        lines.append(f"| {tokens:,} | " + " | ".join(cells) + " |")
-    lines.append("")
+    table = [[f"{tokens:,}", *(f"{statistics.fmean(rows[tokens][c]):+.4f}" if c in rows[tokens] else ""
+                               for c in columns)] for tokens in sorted(rows)]
+    rep.section("The gaps against training tokens (validation split)").paragraph(text)
+    rep.table(["tokens", *columns], table, compact=True)
     if plot_file:
-        lines += [f"![gaps vs tokens]({plot_file})", ""]
-    return lines
+        rep.figure(plot_file, "gaps vs tokens")

@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from fullband.experiments.core.config import ReasoningConfig, flat_view
+from fullband.experiments.core.pair import PairStudy, StudyModel, train_both
 from fullband.experiments.core.parallel import map_jobs
 from fullband.experiments.core.records import Cell, ReasoningResults
-from fullband.experiments.core.study import PairStudy, StudyModel, train_both
+from fullband.experiments.core.report import Report
 from fullband.experiments.reasoning.data import build_data, context_length, pass_mix_of
 from fullband.experiments.reasoning.evaluation import equal_accuracy, evaluate, over_seeds, pooled
-from fullband.experiments.reasoning.report import PLOT, draw, render_report
+from fullband.experiments.reasoning.report import PLOT, draw, report, summary
 from fullband.tasks.reasoning import Problem
 
 
@@ -51,8 +52,11 @@ class ReasoningStudy(PairStudy):
     def plot(self, results: ReasoningResults) -> None:
         draw(results, self.out_dir / PLOT)
 
-    def render(self, results: ReasoningResults, plots: bool) -> str:
-        return render_report(results, self.command_line(), plots)
+    def report(self, results: ReasoningResults, plots: bool) -> Report:
+        return report(results, plots)
+
+    def summary(self, results: ReasoningResults) -> str:
+        return f"{summary(results)}\n\n{super().summary(results)}"
 
     def build_data(self, data_dir: Path) -> tuple[Path, Path]:
         self.test, train_path, test_path = build_data(self.cfg, data_dir)

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from fullband.experiments.compare.multiplier import against_one
-from fullband.experiments.compare.plots import pyplot, save_figure
-from fullband.experiments.compare.report import _row, input_text
-from fullband.experiments.compare.results import finished_at, mean_sd, mode_label
-from fullband.experiments.core.study import is_smoke, report_head
+from fullband.experiments.compare.results import mean_sd, mode_label
+from fullband.experiments.core.plots import pyplot, save_figure
+from fullband.experiments.core.report import REPORT, Report, input_text, is_smoke
 
 GAPS_PLOT = "gap_by_variant.png"
 WIDTH_PLOT = "gap_vs_width.png"
@@ -134,17 +133,17 @@ def _mean(values: Any) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def render(results: dict[str, Any], plots: bool) -> str:
+def report(results: dict[str, Any], plots: bool) -> Report:
+    """report.md: verdict, setup, each ingredient toggled, other widths, the gap against steps, machine."""
     cfg, cc = results["config"], results["compare_config"]
     modes = _modes(results)
     m, t, o, sch = cc["model"], cc["train"], cc["optim"], cc["schedule"]
-    lines = [
-        *report_head("fullband recipe: which ingredient makes latent feedback pay?", results["command"],
-                     finished_at(results),
-                     f": {len(results['runs'])} training runs, {cfg['seeds']} seeds each, {cfg['workers']} at a time; "
-                     f"{_run_minutes(results):.0f} min of training and evaluation summed over the runs, "
-                     f"{results['seconds'] / 60:.1f} min wall time of the last invocation (a resumed study counts "
-                     "only its own).", verdict(results)),
+    rep = Report.of(results, "fullband recipe: which ingredient makes latent feedback pay?", results["command"],
+                    f": {len(results['runs'])} training runs, {cfg['seeds']} seeds each, {cfg['workers']} at a time; "
+                    f"{_run_minutes(results):.0f} min of training and evaluation summed over the runs, "
+                    f"{results['seconds'] / 60:.1f} min wall time of the last invocation (a resumed study counts "
+                    "only its own)")
+    rep.section("Verdict").block(*verdict(results)).section("Setup").block(
         f"- Every run is a `fullband compare --preset {cfg['compare_preset']}` run: d_model {m['d_model']}, "
         f"{m['n_layers']} layers, batch {t['batch_size']} x {t['seq_len']}, 1x = {t['token_budget']:,} tokens, "
         f"optimizer {o['optimizer']} (AdamW lr {o['lr']:g}" + (f", Muon lr {o['muon_lr']:g}" if o['optimizer'] !=
@@ -155,48 +154,42 @@ def render(results: dict[str, Any], plots: bool) -> str:
         f"- Baseline curve (token multipliers): {', '.join(f'{b:g}x' for b in cc['budgets'])}.",
         "- Gap = test loss minus the reference baseline's standard-mode test loss, per seed, then mean ± sd "
         "(negative = better than the baseline). Variants that change the baseline too have their own 1x baseline "
-        "as reference.",
-        "",
-        "## Each ingredient toggled from the compare default (`best`)",
-        "",
-    ]
-    lines += ["Test loss (nats/token), mean ± sd over seeds, and the loss after N fused passes (validation split):",
-              ""]
-    head = ["variant", "what changes", "reference", *[mode_label(md) for md in modes], "after N passes", "train s"]
-    lines += [_row(head), _row(["---"] * len(head))]
+        "as reference.")
+    rep.section("Each ingredient toggled from the compare default (`best`)").paragraph(
+        "Test loss (nats/token), mean ± sd over seeds, and the loss after N fused passes (validation split):")
+    rows = []
     for name, v in results["variants"].items():
         after = v["loss_after_passes"]
-        lines.append(_row([f"`{name}`", v["description"], f"`{v['reference']}`",
-                           *[_f(v["modes"][md]["loss"]) for md in modes],
-                           f"{_f(after['loss'])} (N={after['passes']})" if after else "–",
-                           f"{v['train_seconds']:.0f}"]))
-    lines += ["", "Gap to the reference baseline (nats/token; negative = better than the baseline), and the token "
-              "multiplier on the baseline curve (> 1 = worth more than its tokens):", ""]
-    head = ["variant", *[f"{mode_label(md)} gap" for md in modes], *[f"{mode_label(md)} x" for md in modes]]
-    lines += [_row(head), _row(["---"] * len(head))]
+        rows.append([f"`{name}`", v["description"], f"`{v['reference']}`",
+                     *[_f(v["modes"][md]["loss"]) for md in modes],
+                     f"{_f(after['loss'])} (N={after['passes']})" if after else "–", f"{v['train_seconds']:.0f}"])
+    rep.table(["variant", "what changes", "reference", *[mode_label(md) for md in modes], "after N passes",
+               "train s"], rows)
+    rep.paragraph("Gap to the reference baseline (nats/token; negative = better than the baseline), and the token "
+                  "multiplier on the baseline curve (> 1 = worth more than its tokens):")
+    rows = []
     for name, v in results["variants"].items():
         mult = [_f((_mean(s["token_multiplier"] for s in v["multipliers"].get(md, [])), None), 2) for md in modes]
-        lines.append(_row([f"`{name}`", *[_f(v["modes"][md]["gap_to_baseline"], signed=True) for md in modes],
-                           *mult]))
-    lines += ["", f"![gap by variant]({GAPS_PLOT})" if plots else "", "",
-              "## The compare default at other widths", ""]
-    head = ["d_model", "parameters", *[f"{mode_label(md)} gap" for md in modes]]
-    lines += [_row(head), _row(["---"] * len(head))]
-    for width, v in results["widths"].items():
-        lines.append(_row([width, f"{v['parameters']:,}",
-                           *[_f(v["modes"][md]["gap_to_baseline"], signed=True) for md in modes]]))
-    lines += ["", f"![gap vs width]({WIDTH_PLOT})" if plots else "", ""]
+        rows.append([f"`{name}`", *[_f(v["modes"][md]["gap_to_baseline"], signed=True) for md in modes], *mult])
+    rep.table(["variant", *[f"{mode_label(md)} gap" for md in modes], *[f"{mode_label(md)} x" for md in modes]], rows)
+    rep.figure(GAPS_PLOT, "gap by variant", plots).section("The compare default at other widths")
+    rep.table(["d_model", "parameters", *[f"{mode_label(md)} gap" for md in modes]],
+              [[width, f"{v['parameters']:,}", *[_f(v["modes"][md]["gap_to_baseline"], signed=True) for md in modes]]
+               for width, v in results["widths"].items()])
+    rep.figure(WIDTH_PLOT, "gap vs width", plots)
     if results["steps"]:
-        lines += ["## The gap against training steps (compare default, validation split)", ""]
-        head = ["step", "1 pass", "2 passes", "3 passes", "2 - 1", "3 - 1"]
-        lines += [_row(head), _row(["---"] * len(head))]
-        for s in results["steps"]:
-            lines.append(_row([str(s["step"]), f"{s['loss_1pass']:.4f}", f"{s['loss_2pass']:.4f}",
-                               f"{s['loss_3pass']:.4f}", f"{s['loss_2pass'] - s['loss_1pass']:+.4f}",
-                               f"{s['loss_3pass'] - s['loss_1pass']:+.4f}"]))
-        lines += ["", f"![gap vs steps]({STEPS_PLOT})" if plots else "", ""]
-    lines += ["## Machine", "", *[f"- {k}: {v}" for k, v in results["machine"].items()], ""]
-    return "\n".join(lines)
+        rep.section("The gap against training steps (compare default, validation split)")
+        rep.table(["step", "1 pass", "2 passes", "3 passes", "2 - 1", "3 - 1"],
+                  [[str(s["step"]), f"{s['loss_1pass']:.4f}", f"{s['loss_2pass']:.4f}", f"{s['loss_3pass']:.4f}",
+                    f"{s['loss_2pass'] - s['loss_1pass']:+.4f}", f"{s['loss_3pass'] - s['loss_1pass']:+.4f}"]
+                   for s in results["steps"]])
+        rep.figure(STEPS_PLOT, "gap vs steps", plots)
+    return rep.section("Machine").block(*[f"- {k}: {v}" for k, v in results["machine"].items()])
+
+
+def summary(results: dict[str, Any]) -> str:
+    """The terminal summary: the verdict and where the report is."""
+    return "\n".join(["", *results["verdict_lines"], f"report: {Path(results['config']['out_dir']) / REPORT}"])
 
 
 # ---------------------------------------------------------------------------------------------- plots

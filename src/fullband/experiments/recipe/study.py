@@ -23,7 +23,6 @@ from typing import Any
 from fullband.config import ConfigError
 from fullband.configio import build_config, config_to_dict
 from fullband.experiments.compare.config import CompareConfig
-from fullband.experiments.compare.plots import have_matplotlib
 from fullband.experiments.compare.results import mean_sd
 from fullband.experiments.compare.study import (
     FEEDBACK,
@@ -36,6 +35,8 @@ from fullband.experiments.compare.study import (
     preset_config,
     training_blocks,
 )
+from fullband.experiments.core.plots import have_matplotlib
+from fullband.experiments.core.report import Report
 from fullband.experiments.core.study import Study
 from fullband.experiments.recipe.config import RECIPE_VARIANTS, RecipeConfig
 from fullband.training.run import resolve_device
@@ -112,10 +113,15 @@ class RecipeStudy(CompareStudy):
 
         plot_recipe(results, self.out_dir)
 
-    def render(self, results: dict[str, Any], plots: bool) -> str:
-        from fullband.experiments.recipe.report import render
+    def report(self, results: dict[str, Any], plots: bool) -> Report:
+        from fullband.experiments.recipe.report import report
 
-        return render(results, plots)
+        return report(results, plots)
+
+    def summary(self, results: dict[str, Any]) -> str:
+        from fullband.experiments.recipe.report import summary
+
+        return summary(results)
 
     def write(self, results: dict[str, Any], plots: bool | None = None) -> None:
         from fullband.experiments.recipe.report import verdict

@@ -34,10 +34,11 @@ from tqdm.auto import tqdm
 
 from fullband.data import ByteTokenizer
 from fullband.experiments.core.config import StateTrackingConfig
+from fullband.experiments.core.pair import PairStudy, cells_cache
 from fullband.experiments.core.records import ProbeCell, ProbeScore, StateTrackingResults
-from fullband.experiments.core.study import PairStudy, cells_cache
+from fullband.experiments.core.report import Report
 from fullband.experiments.state_tracking.probes import PREFILLS, final_token_states, fit_ridge_probe
-from fullband.experiments.state_tracking.report import PLOT, plot_probes, render_report
+from fullband.experiments.state_tracking.report import PLOT, plot_probes, report, summary
 from fullband.files import write_json
 from fullband.model import FullBandwidthLM
 from fullband.model_io import load_any
@@ -104,8 +105,11 @@ class StateTrackingStudy(PairStudy):
     def plot(self, results: StateTrackingResults) -> None:
         plot_probes(results, self.out_dir / PLOT)
 
-    def render(self, results: StateTrackingResults, plots: bool) -> str:
-        return render_report(results, self.command_line(), plots)
+    def report(self, results: StateTrackingResults, plots: bool) -> Report:
+        return report(results, plots)
+
+    def summary(self, results: StateTrackingResults) -> str:
+        return f"{summary(results)}\n\n{super().summary(results)}"
 
     def build_data(self, data_dir: Path) -> tuple[Path, Path]:
         return build_data(self.cfg, data_dir)

@@ -12,8 +12,9 @@ from fullband.config import explicit_keys
 from fullband.experiments.core.config import ReasoningConfig, flat_view
 from fullband.experiments.core.parallel import map_jobs
 from fullband.experiments.core.records import ControlsResults
+from fullband.experiments.core.report import Report
 from fullband.experiments.core.study import Study, resolve_study_device, set_threads
-from fullband.experiments.reasoning.controls.report import FLOPS_PLOT, plot_flops, render_controls, verdict
+from fullband.experiments.reasoning.controls.report import FLOPS_PLOT, plot_flops, report, verdict
 from fullband.experiments.reasoning.study import ReasoningStudy, train_and_evaluate
 
 # ---------------------------------------------------------------------------------------------- the study
@@ -84,8 +85,11 @@ class ControlsStudy(Study):
     def plot(self, results: ControlsResults) -> None:
         plot_flops(results, self.out_dir / FLOPS_PLOT)
 
-    def render(self, results: ControlsResults, plots: bool) -> str:
-        return render_controls(results, self.command_line(), plots)
+    def report(self, results: ControlsResults, plots: bool) -> Report:
+        return report(results, plots)
+
+    def summary(self, results: ControlsResults) -> str:
+        return "\n".join([*results["verdict"], "", super().summary(results)])
 
 
 def run_families(cfg: ReasoningConfig) -> ControlsResults:

@@ -32,8 +32,8 @@ from fullband.experiments.core.flops import (
     step_flops,
     training_flops,
 )
+from fullband.experiments.core.pair import StudyModel, sft_run_config, train_run
 from fullband.experiments.core.records import Cell
-from fullband.experiments.core.study import StudyModel, sft_run_config, train_run
 from fullband.experiments.reasoning.evaluation import evaluate
 from fullband.modes import DecodingMode, prefill_of
 from fullband.tasks.reasoning import Problem, prompt, trace
