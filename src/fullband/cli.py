@@ -16,9 +16,10 @@ from fullband.config import CheckConfig, ConfigError
 from fullband.configio import add_dataclass_arguments, config_from_args, given_values
 from fullband.data.config import PrepareConfig
 from fullband.experiments.compare.config import CompareConfig
-from fullband.experiments.core.config import ReasoningConfig, StateTrackingConfig
 from fullband.experiments.core.study import run_study
+from fullband.experiments.reasoning.config import ReasoningConfig
 from fullband.experiments.recipe.config import RecipeConfig
+from fullband.experiments.state_tracking.config import StateTrackingConfig
 from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.generation.config import GenerateConfig
 from fullband.integrations.lm_eval.config import LmEvalConfig

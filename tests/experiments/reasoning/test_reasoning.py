@@ -11,9 +11,9 @@ import pytest
 from fullband.cli import main
 from fullband.config import ConfigError, explicit_keys
 from fullband.configio import build_config
-from fullband.experiments.core.config import ReasoningConfig
 from fullband.experiments.core.records import Cell, ReasoningResults, key_problems
 from fullband.experiments.core.report import SMOKE_NOTE
+from fullband.experiments.reasoning.config import ReasoningConfig
 from fullband.experiments.reasoning.data import build_data, context_length
 from fullband.experiments.reasoning.evaluation import equal_accuracy, over_seeds, pooled
 from fullband.experiments.reasoning.report import chance, verdict

@@ -11,9 +11,9 @@ from conftest import Killed, kill_training_at
 
 from fullband.cli import main
 from fullband.config import ConfigError
-from fullband.experiments.core.config import ReasoningConfig
 from fullband.experiments.core.parallel import map_jobs
 from fullband.experiments.core.records import Cell, ControlsResults, ReasoningResults, key_problems
+from fullband.experiments.reasoning.config import ReasoningConfig
 from fullband.experiments.reasoning.controls.report import family_verdict
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from fullband.config import (
     EXACT_METHODS,
     _is_int,
     _is_number,
     _require,
-    apply_preset,
+    device_field,
     doc,
     resume_field,
-    study_resumes,
     threads_field,
-    validate_device_name,
-    validate_threads,
 )
+from fullband.experiments.core.config import StudyConfig
 from fullband.training.config import DataConfig, OptimConfig, ScheduleConfig, TrainConfig, TrainModelConfig
 
 # Presets of ``fullband compare``: what each changes relative to CompareConfig's defaults, which *are* the
@@ -60,7 +58,7 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class CompareConfig:
+class CompareConfig(StudyConfig):
     """``fullband compare``: does latent feedback buy training tokens? Baselines at several token budgets and
     full-bandwidth models at 1x, evaluated on the test split in every mode (a prepared shard directory as
     ``data.source``: its validation split), plus the stability diagnostic.
@@ -68,6 +66,10 @@ class CompareConfig:
     ``CompareConfig(preset="smoke")``, a config file and the command line apply a preset the same way
     (:func:`apply_preset`); the sections' defaults below are the "default" preset.
     """
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = COMPARE_PRESETS
+    SECTIONS: ClassVar[tuple[str, ...]] = ("model", "data", "train", "optim", "schedule")
+    TUPLES: ClassVar[tuple[str, ...]] = ("budgets", "fused_passes")
 
     preset: str = doc("default", f"Settings to start from: one of {tuple(COMPARE_PRESETS)}. default = 2 CPU cores in "
                       "<= ~10 min; long = the default model at 4.1 tokens/parameter (~2.2 h on 2 cores, resumable); "
@@ -116,41 +118,33 @@ class CompareConfig:
     resume: str = resume_field(
         "with the same settings: runs it finished and evaluated are kept, and a run it was training continues from "
         "its latest checkpoint (train.checkpoint_every), bit for bit")
-    device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
+    device: str = device_field("for training and evaluation")
     threads: str = threads_field()
 
-    def __post_init__(self) -> None:
-        self.threads = validate_threads(self.threads)
-        self.resume = study_resumes(self.resume, self.out_dir)  # from here on a bool: whether the study continues
-        apply_preset(self, COMPARE_PRESETS)
-        self.budgets = tuple(sorted(float(b) for b in self.budgets))
-        self.fused_passes = tuple(self.fused_passes)
-        validate_device_name(self.device)
-        validate_compare_config(self)
-
-
-def validate_compare_config(c: CompareConfig) -> None:
-    _require(c.preset in COMPARE_PRESETS, "preset", c.preset, f"must be one of {tuple(COMPARE_PRESETS)}")
-    _require(len(c.budgets) >= 2 and len(set(c.budgets)) == len(c.budgets) and all(
-        _is_number(b) and b > 0 for b in c.budgets), "budgets", c.budgets,
-        "must be at least two distinct multiples > 0 of train.token_budget")
-    _require(c.train.token_budget is not None, "train.token_budget", c.train.token_budget,
-             "must be set: it is the 1x budget every run is measured in")
-    _require(c.train.seq_len <= c.model.max_seq_len, "train.seq_len", c.train.seq_len,
-             f"must be at most model.max_seq_len={c.model.max_seq_len}")
-    _require(c.data.format == "text", "data.format", c.data.format, "must be 'text' (language modelling)")
-    _require(len(c.fused_passes) >= 1 and all(_is_int(k) and k >= 1 for k in c.fused_passes), "fused_passes",
-             c.fused_passes, "must be a non-empty list of integers >= 1")
-    _require(c.exact_method in EXACT_METHODS, "exact_method", c.exact_method, f"must be one of {EXACT_METHODS}")
-    _require(_is_number(c.exact_tol) and c.exact_tol >= 0, "exact_tol", c.exact_tol, "must be >= 0 (0 = until exact)")
-    for name, low in (("seeds", 1), ("exact_chunk_size", 1), ("exact_check_windows", 0), ("eval_windows", 1),
-                      ("eval_batch_size", 1), ("stability_passes", 1), ("stability_windows", 1),
-                      ("train_eval_points", 0), ("workers", 1)):
-        value = getattr(c, name)
-        _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
-    if c.stability_seq_len is not None:
-        _require(_is_int(c.stability_seq_len) and 2 <= c.stability_seq_len <= c.model.max_seq_len,
-                 "stability_seq_len", c.stability_seq_len, f"must be in 2..model.max_seq_len={c.model.max_seq_len}")
-    for name in ("stability_ablation", "resume"):
-        _require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
-    _require(isinstance(c.out_dir, str) and bool(c.out_dir), "out_dir", c.out_dir, "give a directory")
+    def validate(self) -> None:
+        c = self
+        c.budgets = tuple(sorted(float(b) for b in c.budgets))
+        _require(len(c.budgets) >= 2 and len(set(c.budgets)) == len(c.budgets) and all(
+            _is_number(b) and b > 0 for b in c.budgets), "budgets", c.budgets,
+            "must be at least two distinct multiples > 0 of train.token_budget")
+        _require(c.train.token_budget is not None, "train.token_budget", c.train.token_budget,
+                 "must be set: it is the 1x budget every run is measured in")
+        _require(c.train.seq_len <= c.model.max_seq_len, "train.seq_len", c.train.seq_len,
+                 f"must be at most model.max_seq_len={c.model.max_seq_len}")
+        _require(c.data.format == "text", "data.format", c.data.format, "must be 'text' (language modelling)")
+        _require(len(c.fused_passes) >= 1 and all(_is_int(k) and k >= 1 for k in c.fused_passes), "fused_passes",
+                 c.fused_passes, "must be a non-empty list of integers >= 1")
+        _require(c.exact_method in EXACT_METHODS, "exact_method", c.exact_method, f"must be one of {EXACT_METHODS}")
+        _require(_is_number(c.exact_tol) and c.exact_tol >= 0, "exact_tol", c.exact_tol,
+                 "must be >= 0 (0 = until exact)")
+        for name, low in (("seeds", 1), ("exact_chunk_size", 1), ("exact_check_windows", 0), ("eval_windows", 1),
+                          ("eval_batch_size", 1), ("stability_passes", 1), ("stability_windows", 1),
+                          ("train_eval_points", 0), ("workers", 1)):
+            value = getattr(c, name)
+            _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
+        if c.stability_seq_len is not None:
+            _require(_is_int(c.stability_seq_len) and 2 <= c.stability_seq_len <= c.model.max_seq_len,
+                     "stability_seq_len", c.stability_seq_len,
+                     f"must be in 2..model.max_seq_len={c.model.max_seq_len}")
+        for name in ("stability_ablation", "resume"):
+            _require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from fullband.experiments.core.config import ReasoningConfig
+from fullband.experiments.reasoning.config import ReasoningConfig
 from fullband.tasks.base import write_jsonl
 from fullband.tasks.reasoning import (
     Problem,

@@ -13,9 +13,9 @@ import torch
 from tqdm.auto import tqdm
 
 from fullband.data import ByteTokenizer, Tokenizer
-from fullband.experiments.core.config import ReasoningConfig
 from fullband.experiments.core.pair import cells_cache, summarize
 from fullband.experiments.core.records import Cell, DecodedCell
+from fullband.experiments.reasoning.config import ReasoningConfig
 from fullband.experiments.reasoning.data import EXTRA_TOKENS, task_of
 from fullband.files import write_json
 from fullband.model import FullBandwidthLM

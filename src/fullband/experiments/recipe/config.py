@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from fullband.config import (
     _is_int,
     _require,
     _require_ints,
-    apply_preset,
+    device_field,
     doc,
     resume_field,
-    study_resumes,
     threads_field,
-    validate_threads,
 )
 from fullband.experiments.compare.config import COMPARE_PRESETS
+from fullband.experiments.core.config import StudyConfig
 from fullband.training.config import DataConfig
 
 # Each ingredient of the recipe, toggled away from the compare default (the best recipe found) one at a time:
@@ -50,9 +49,13 @@ RECIPE_PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class RecipeConfig:
+class RecipeConfig(StudyConfig):
     """``fullband recipe``: which ingredient of the recipe moves the fused-vs-plain gap, by how much, and how the
     gap moves with width and with feedback steps. Every run is a ``fullband compare`` run of the preset."""
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = RECIPE_PRESETS
+    SECTIONS: ClassVar[tuple[str, ...]] = ("data",)
+    TUPLES: ClassVar[tuple[str, ...]] = ("variants", "widths")
 
     preset: str = doc("default", f"One of {tuple(RECIPE_PRESETS)}: default = the compare default preset and widths "
                       "64,256 (about an hour on 2 CPU cores); smoke = seconds (tests).")
@@ -68,14 +71,10 @@ class RecipeConfig:
     out_dir: str = doc("runs/recipe", "Run directory: runs, report.md, results.json, plots.")
     report_only: bool = doc(False, "Analyse the results.json in out_dir again and rewrite its report (no training).")
     resume: str = resume_field("runs it finished and evaluated are kept")
-    device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
+    device: str = device_field("for training and evaluation")
     threads: str = threads_field()
 
-    def __post_init__(self) -> None:
-        self.threads = validate_threads(self.threads)
-        self.resume = study_resumes(self.resume, self.out_dir)  # from here on a bool: whether the study continues
-        apply_preset(self, RECIPE_PRESETS)
-        self.variants, self.widths = tuple(self.variants), tuple(self.widths)
+    def validate(self) -> None:
         _require(self.compare_preset in COMPARE_PRESETS, "compare_preset", self.compare_preset,
                  f"must be one of {tuple(COMPARE_PRESETS)}")
         _require(len(self.variants) > 0 and all(v in RECIPE_VARIANTS for v in self.variants), "variants",
@@ -85,4 +84,3 @@ class RecipeConfig:
         _require_ints(self, {"seeds": 1, "train_eval_points": 0, "workers": 1})
         if self.eval_windows is not None:
             _require_ints(self, {"eval_windows": 1})
-        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")

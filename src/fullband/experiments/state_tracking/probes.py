@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fullband.experiments.core.config import STATE_PREFILL_MODES
+from fullband.experiments.state_tracking.config import STATE_PREFILL_MODES
 from fullband.model import FeedbackLM
 from fullband.modes import prefill_of
 

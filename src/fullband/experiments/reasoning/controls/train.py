@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from fullband.data import ByteTokenizer
-from fullband.experiments.core.config import ReasoningConfig
 from fullband.experiments.core.flops import (
     Shape,
     batch_lengths,
@@ -34,6 +33,7 @@ from fullband.experiments.core.flops import (
 )
 from fullband.experiments.core.pair import StudyModel, sft_run_config, train_run
 from fullband.experiments.core.records import Cell
+from fullband.experiments.reasoning.config import ReasoningConfig
 from fullband.experiments.reasoning.evaluation import evaluate
 from fullband.modes import DecodingMode, prefill_of
 from fullband.tasks.reasoning import Problem, prompt, trace
