@@ -9,9 +9,10 @@ from fullband.cli import main
 from fullband.config import ConfigError
 from fullband.configio import build_config
 from fullband.experiments.compare.config import COMPARE_PRESETS, CompareConfig
+from fullband.experiments.compare.records import CompareResults, ModeScore, RunRecord
 from fullband.experiments.compare.report import write_report
 from fullband.experiments.compare.study import plan_runs, preset_config, shortest_run_steps, study_compile, train_config
-from fullband.experiments.core.records import CompareResults, ModeScore, RunRecord, key_problems
+from fullband.experiments.core.records import key_problems
 from fullband.experiments.core.report import SMOKE_NOTE
 from fullband.training import step_setup
 from fullband.training.config import COMPILE_MIN_CPU_STEPS

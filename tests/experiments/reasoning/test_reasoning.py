@@ -11,11 +11,12 @@ import pytest
 from fullband.cli import main
 from fullband.config import ConfigError, explicit_keys
 from fullband.configio import build_config
-from fullband.experiments.core.records import Cell, ReasoningResults, key_problems
+from fullband.experiments.core.records import key_problems
 from fullband.experiments.core.report import SMOKE_NOTE
 from fullband.experiments.reasoning.config import ReasoningConfig
 from fullband.experiments.reasoning.data import build_data, context_length
 from fullband.experiments.reasoning.evaluation import equal_accuracy, over_seeds, pooled
+from fullband.experiments.reasoning.records import Cell, ReasoningResults
 from fullband.experiments.reasoning.report import chance, verdict
 from fullband.tasks.reasoning import sample_problems
 from fullband.training.config import TrainConfig

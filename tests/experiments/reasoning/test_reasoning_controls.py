@@ -12,9 +12,10 @@ from conftest import Killed, kill_training_at
 from fullband.cli import main
 from fullband.config import ConfigError
 from fullband.experiments.core.parallel import map_jobs
-from fullband.experiments.core.records import Cell, ControlsResults, ReasoningResults, key_problems
+from fullband.experiments.core.records import key_problems
 from fullband.experiments.reasoning.config import ReasoningConfig
 from fullband.experiments.reasoning.controls.report import family_verdict
+from fullband.experiments.reasoning.records import Cell, ControlsResults, ReasoningResults
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

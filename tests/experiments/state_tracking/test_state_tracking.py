@@ -9,8 +9,9 @@ import torch
 from conftest import Killed, kill_training_at, make_model
 
 from fullband.cli import main
-from fullband.experiments.core.records import ProbeCell, StateTrackingResults, key_problems
+from fullband.experiments.core.records import key_problems
 from fullband.experiments.state_tracking.probes import fit_ridge_probe, probe_accuracy, residual_stream
+from fullband.experiments.state_tracking.records import ProbeCell, StateTrackingResults
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: torch on one thread
 

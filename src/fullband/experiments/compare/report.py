@@ -12,8 +12,8 @@ from typing import Any
 from fullband.experiments.compare import plots as plotting
 from fullband.experiments.compare import trend
 from fullband.experiments.compare.multiplier import BETTER_THAN_LARGEST, INTERPOLATED, WORSE_THAN_SMALLEST, against_one
+from fullband.experiments.compare.records import CompareResults, RunRecord
 from fullband.experiments.compare.results import mean_sd, mode_label, modes_of, run_names, runs_named
-from fullband.experiments.core.records import CompareResults, RunRecord
 from fullband.experiments.core.report import REPORT, Report, input_text, is_smoke
 from fullband.experiments.core.study import write_study
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 
-from fullband.experiments.core.records import CompareResults, RunRecord
+from fullband.experiments.compare.records import CompareResults, RunRecord
 from fullband.modes import DecodingMode
 
 

@@ -34,12 +34,12 @@ from fullband.devices import cpu_name, usable_cores
 from fullband.experiments.compare.config import CompareConfig
 from fullband.experiments.compare.multiplier import tokens_to_match
 from fullband.experiments.compare.perplexity import ExactSpec, evaluate_modes, exact_agreement
+from fullband.experiments.compare.records import CompareResults, RunRecord
 from fullband.experiments.compare.report import plot_compare, report, summary
 from fullband.experiments.compare.stability import stability_curve
 from fullband.experiments.compare.trend import gap_trend
 from fullband.experiments.core.parallel import map_jobs
 from fullband.experiments.core.plots import have_matplotlib
-from fullband.experiments.core.records import CompareResults, RunRecord
 from fullband.experiments.core.report import Report
 from fullband.experiments.core.study import Study, _leaves
 from fullband.files import write_json

@@ -20,8 +20,8 @@ import random
 import statistics
 from typing import Any
 
+from fullband.experiments.compare.records import CompareResults, RunRecord
 from fullband.experiments.compare.results import mode_label
-from fullband.experiments.core.records import CompareResults, RunRecord
 from fullband.experiments.core.report import Report
 
 FEEDBACK = "feedback"  # the run the verdict is about (compare.FEEDBACK; not imported: compare imports torch)

@@ -1,6 +1,5 @@
-"""The synthetic-task study of two models, the baseline and the full-bandwidth model, trained on the same batches
-(reasoning traces, state tracking): :class:`PairStudy`, the training of its models (resumable, reusable) and the
-training table of its report."""
+"""The synthetic-task study of two models, the baseline and the full-bandwidth model, trained on the same batches:
+:class:`PairStudy`, the training of its models (resumable, reusable) and the training table of its report."""
 
 from __future__ import annotations
 

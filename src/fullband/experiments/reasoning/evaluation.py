@@ -14,9 +14,9 @@ from tqdm.auto import tqdm
 
 from fullband.data import ByteTokenizer, Tokenizer
 from fullband.experiments.core.pair import cells_cache, summarize
-from fullband.experiments.core.records import Cell, DecodedCell
 from fullband.experiments.reasoning.config import ReasoningConfig
 from fullband.experiments.reasoning.data import EXTRA_TOKENS, task_of
+from fullband.experiments.reasoning.records import Cell, DecodedCell
 from fullband.files import write_json
 from fullband.model import FullBandwidthLM
 from fullband.model_io import load_any

@@ -10,9 +10,9 @@ from typing import Any
 
 from fullband.experiments.core.pair import counted_flops, training_table
 from fullband.experiments.core.plots import line_style, pyplot, save_figure
-from fullband.experiments.core.records import Cell, ReasoningResults
 from fullband.experiments.core.report import Report, Table, input_text, markdown_table
 from fullband.experiments.reasoning.evaluation import TOLERANCE
+from fullband.experiments.reasoning.records import Cell, ReasoningResults
 from fullband.tasks.reasoning import chance_level, prompt, random_problem, trace
 
 PLOT = "accuracy_vs_trace_length.png"

@@ -32,11 +32,11 @@ from typing import Any
 from fullband.experiments.core.config import flat_view
 from fullband.experiments.core.pair import PairStudy, StudyModel, train_both
 from fullband.experiments.core.parallel import map_jobs
-from fullband.experiments.core.records import Cell, ReasoningResults
 from fullband.experiments.core.report import Report
 from fullband.experiments.reasoning.config import ReasoningConfig
 from fullband.experiments.reasoning.data import build_data, context_length, pass_mix_of
 from fullband.experiments.reasoning.evaluation import equal_accuracy, evaluate, over_seeds, pooled
+from fullband.experiments.reasoning.records import Cell, ReasoningResults
 from fullband.experiments.reasoning.report import PLOT, draw, report, summary
 from fullband.tasks.reasoning import Problem
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from fullband.experiments.core.pair import training_table
 from fullband.experiments.core.plots import line_style, pyplot, save_figure
-from fullband.experiments.core.records import StateTrackingResults
 from fullband.experiments.core.report import Report, Table, markdown_table
+from fullband.experiments.state_tracking.records import StateTrackingResults
 
 PLOT = "probe_accuracy_vs_depth.png"
 

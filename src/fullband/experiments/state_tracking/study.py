@@ -34,10 +34,10 @@ from tqdm.auto import tqdm
 
 from fullband.data import ByteTokenizer
 from fullband.experiments.core.pair import PairStudy, cells_cache
-from fullband.experiments.core.records import ProbeCell, ProbeScore, StateTrackingResults
 from fullband.experiments.core.report import Report
 from fullband.experiments.state_tracking.config import StateTrackingConfig
 from fullband.experiments.state_tracking.probes import PREFILLS, final_token_states, fit_ridge_probe
+from fullband.experiments.state_tracking.records import ProbeCell, ProbeScore, StateTrackingResults
 from fullband.experiments.state_tracking.report import PLOT, plot_probes, report, summary
 from fullband.files import write_json
 from fullband.model import FullBandwidthLM

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from fullband.experiments.core.plots import pyplot, save_figure
-from fullband.experiments.core.records import Cell, ControlsResults, ReasoningResults
 from fullband.experiments.core.report import Report, Table
 from fullband.experiments.core.stats import format_interval, pooled_wilson
+from fullband.experiments.reasoning.records import Cell, ControlsResults, ReasoningResults
 from fullband.tasks.reasoning import chance_level
 
 FLOPS_PLOT = "accuracy_vs_training_flops.png"

@@ -11,11 +11,11 @@ from typing import Any
 from fullband.config import explicit_keys
 from fullband.experiments.core.config import flat_view
 from fullband.experiments.core.parallel import map_jobs
-from fullband.experiments.core.records import ControlsResults
 from fullband.experiments.core.report import Report
 from fullband.experiments.core.study import Study, resolve_study_device, set_threads
 from fullband.experiments.reasoning.config import ReasoningConfig
 from fullband.experiments.reasoning.controls.report import FLOPS_PLOT, plot_flops, report, verdict
+from fullband.experiments.reasoning.records import ControlsResults
 from fullband.experiments.reasoning.study import ReasoningStudy, train_and_evaluate
 
 # ---------------------------------------------------------------------------------------------- the study

@@ -32,9 +32,9 @@ from fullband.experiments.core.flops import (
     training_flops,
 )
 from fullband.experiments.core.pair import StudyModel, sft_run_config, train_run
-from fullband.experiments.core.records import Cell
 from fullband.experiments.reasoning.config import ReasoningConfig
 from fullband.experiments.reasoning.evaluation import evaluate
+from fullband.experiments.reasoning.records import Cell
 from fullband.modes import DecodingMode, prefill_of
 from fullband.tasks.reasoning import Problem, prompt, trace
 
