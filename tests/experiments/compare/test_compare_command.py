@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-import fullband.experiments.compare.plots as plots
+import fullband.experiments.core.plots as plots
 from fullband.cli import main
 from fullband.config import ConfigError
 from fullband.configio import build_config

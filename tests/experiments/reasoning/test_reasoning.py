@@ -163,9 +163,10 @@ def test_eval_reasoning_smoke_runs_end_to_end(tmp_path, capsys):
         assert (out / plot).stat().st_size > 10_000
     report = (out / "report.md").read_text()
     assert report.splitlines()[2] == SMOKE_NOTE  # a smoke run checks the plumbing and says so under the title
-    assert report.splitlines()[7] == "## Verdict" and "Answer-only accuracy with exact prefill" in report
+    # the writer's one-line header (report.md's line 4) and the verdict below it
+    assert report.splitlines()[6] == "## Verdict" and "Answer-only accuracy with exact prefill" in report
     assert "Unseen lengths (never trained on): n=6" in report and "## Equal accuracy" in report
-    assert "Past the trained lengths it" in report.splitlines()[9]  # the verdict's first line
+    assert "Past the trained lengths it" in report.splitlines()[8]  # the verdict's first line
     assert "- Wall time of this command: " in report and "the seeds one after the other" in report
     assert "the baseline's tokens × passes (pass mix" in report  # FLOPs are counted with controls only
     # Ahead of the baseline but no better than a guess is "at chance", not "beats".

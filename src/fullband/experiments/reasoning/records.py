@@ -58,6 +58,7 @@ class ReasoningResults(TypedDict):
     equal_accuracy: list[dict[str, Any]]  # per length: target_accuracy and each variant's shortest mean trace
     seconds: NotRequired[float]
     finished: NotRequired[str]
+    command: NotRequired[str]  # the rerun command the report's header names (results before it had none)
 
 
 class ControlsResults(TypedDict):
@@ -70,3 +71,4 @@ class ControlsResults(TypedDict):
     verdict: NotRequired[list[str]]  # added by the analysis
     seconds: NotRequired[float]
     finished: NotRequired[str]
+    command: NotRequired[str]  # the rerun command the report's header names (results before it had none)

@@ -33,3 +33,4 @@ class StateTrackingResults(TypedDict):
     cells: list[ProbeCell]
     seconds: NotRequired[float]
     finished: NotRequired[str]
+    command: NotRequired[str]  # the rerun command the report's header names (results before it had none)
