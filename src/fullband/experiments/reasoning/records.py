@@ -25,7 +25,7 @@ class Cell(TypedDict):
     only; ``<metric>_sd`` and seeds: in ``cells``, the means over the seeds; inference_flops: see below.
     """
 
-    variant: str  # "baseline", "fullband fused(2)", ... (reasoning_eval.variant_name)
+    variant: str  # "baseline", "fullband fused(2)", ... (reasoning.evaluation.variant_name)
     stride: int  # s = every s-th intermediate value, 0 = answer only
     length: int | str  # problem length, or "all" when pooled
     n: int

@@ -18,8 +18,8 @@
       results.json                           config, training summaries, every cell, equal-accuracy rows
       report.md, accuracy_vs_trace_length.png
 
-One job per module: the data (:mod:`.reasoning_data`), decoding and scoring (:mod:`.reasoning_eval`), the report
-(:mod:`.reasoning_report`); here the study that runs them (one seed per job, seeds side by side).
+One job per module: the data (:mod:`.data`), decoding and scoring (:mod:`.evaluation`), the report
+(:mod:`.report`); here the study that runs them (one seed per job, seeds side by side).
 """
 
 from __future__ import annotations

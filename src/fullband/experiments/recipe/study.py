@@ -76,7 +76,7 @@ def plan(cfg: RecipeConfig, out_dir: Path) -> list[Job]:
 
 class RecipeStudy(CompareStudy):
     """``fullband recipe``: compare runs of :func:`plan`, analysed per variant, width and step
-    (:func:`analyse`), written down by :mod:`.recipe_report`. ``report_only`` re-analyses a finished study."""
+    (:func:`analyse`), written down by :mod:`.report`. ``report_only`` re-analyses a finished study."""
 
     command = "recipe"
     command_skip = ("resume", "report_only")

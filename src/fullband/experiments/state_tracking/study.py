@@ -19,7 +19,7 @@ has no feedback: its prefills are all the same model, reported once as "baseline
       baseline/, fullband/                  the training runs (model/ inside each)
       results.json, report.md, probe_accuracy_vs_depth.png
 
-The report (tables, report.md, the plot) is :mod:`.state_report`'s.
+The report (tables, report.md, the plot) is :mod:`.report`'s.
 """
 
 from __future__ import annotations

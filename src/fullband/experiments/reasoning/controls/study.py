@@ -1,6 +1,6 @@
 """``fullband eval-reasoning --families ...`` (``--preset controls``): the reasoning study with its controls once
-per family (:class:`FamilyStudy`), then one report (:mod:`.controls_report`). The controls themselves are trained
-by :mod:`.controls`; this module only runs the families, so :mod:`.reasoning` and :mod:`.controls` never import
+per family (:class:`FamilyStudy`), then one report (:mod:`.report`). The controls themselves are trained
+by :mod:`.train`; this module only runs the families, so :mod:`..study` and :mod:`.train` never import
 each other."""
 
 from __future__ import annotations
