@@ -207,7 +207,7 @@ def report(meta: dict, rows: list[dict], table: list[str]) -> Report:
     soft = [r for r in rows if r["mode"] == "soft"]
     # In standard mode the standard drafter is the target itself: always right by construction, so not a result.
     std = [r for r in rows if r["mode"] == "standard" and r["drafter"] != "standard"]
-    lines = []
+    rep = Report("Speculative decoding with latent feedback", COMMAND)
     if soft:
         wall, proj, calls = _best(soft, "speedup"), _best(soft, "projected_speedup"), _best(soft, "tokens_per_call")
         settled = _best(soft, "projected_speedup_if_settled")
@@ -216,7 +216,7 @@ def report(meta: dict, rows: list[dict], table: list[str]) -> Report:
         accepted = [r["acceptance"] for r in soft]
         # Whether the drafts are "often right" is read from the acceptance, not assumed.
         drafts, but = ("often right", "but") if max(accepted) >= 0.5 else ("mostly rejected", "and")
-        lines += [
+        rep.block(
             f"**Latent feedback {verdict} speculative decoding's benefit when the output must stay exact.** The "
             f"drafts are {drafts} (acceptance {min(accepted):.2f}-"
             f"{max(accepted):.2f}, up to {calls['tokens_per_call']:.2f} tokens per target call "
@@ -229,20 +229,18 @@ def report(meta: dict, rows: list[dict], table: list[str]) -> Report:
             f"{proj['projected_speedup']:.2f}x ({_where(proj)}): the drafter's cost comes on top of an unchanged "
             "number of sequential target passes, at any size and on any hardware (even a free drafter would only "
             "reach 1.0x).",
-        ]
+        )
     if std:
         swall, sproj, scalls = _best(std, "speedup"), _best(std, "projected_speedup"), _best(std, "tokens_per_call")
-        lines += [
-            "",
+        rep.block(
             f"The control, the same weights decoded in standard mode (no feedback) with the two drafters that are "
             f"not the target itself, keeps the benefit: up to "
             f"{scalls['tokens_per_call']:.2f} tokens per target call ({_where(scalls)}) in one pass each, "
             f"{swall['speedup']:.2f}x wall clock here ({_where(swall)}) and {sproj['projected_speedup']:.2f}x "
             f"projected for the 1.3B-class target ({_where(sproj)}).",
-        ]
+        )
     if soft:
-        lines += [
-            "",
+        rep.block(
             "Only a verifier that gives up exactness could do better: the kept tokens had already settled (argmax "
             f"equal to the exact one) after {min(r['settle_passes_per_verification'] for r in soft):.2f}-"
             f"{max(r['settle_passes_per_verification'] for r in soft):.2f} passes per verification instead of "
@@ -252,26 +250,28 @@ def report(meta: dict, rows: list[dict], table: list[str]) -> Report:
             "accelerator, with outputs no longer guaranteed to equal plain decoding. That count is an oracle's: a "
             "tolerance test sees the block stop changing one pass later, and a verifier must also decide which "
             "tolerance keeps the tokens right.",
-        ]
-    lines += [
-        "",
+        )
+    rep.block(
         f"Size and hardware: {meta['sizes']}; measured on {meta['machine']} (torch {meta['torch']}), greedy, "
         f"{len(meta['prompts'])} prompts x {meta['new_tokens']} new tokens, float32. The 2 cores were shared with "
         "other jobs: the tokens/s columns move from run to run, the speed-ups are medians of per-round ratios of "
         "interleaved plain and speculative runs, and the pass and acceptance counts are exact.",
-        "",
-        "## Results",
-        "",
+    )
+    rep.section("Results")
+    rep.block(
         "Regenerate (trains the two checkpoints with `fullband train` if they are missing, ~4 min on one core):",
-        "",
+    )
+    rep.block(
         "```bash",
         COMMAND,
         "```",
-        "",
+    )
+    rep.block(
         "```",
         *table,
         "```",
-        "",
+    )
+    rep.block(
         "- `accept`: drafted tokens kept / drafted. `tok/call`: tokens produced per verification (the kept drafts plus "
         "the correction or bonus token; with feedback a fully accepted block keeps its last draft as the next "
         "pending token instead of paying one more pass for a bonus).",
@@ -286,9 +286,9 @@ def report(meta: dict, rows: list[dict], table: list[str]) -> Report:
         "~half, the baseline the measured pair's ratio). `proj. FLOPs`: FLOPs per token relative to plain decoding "
         "(every pass evaluates the whole block). `proj. settled`: `proj. 1.3B` with the settle passes instead of the "
         "exact ones.",
-        "",
-        "## Why exact verification cannot beat plain decoding with feedback",
-        "",
+    )
+    rep.section("Why exact verification cannot beat plain decoding with feedback")
+    rep.block(
         "Decoding with latent feedback is a chain: the input of position t is fuse(e_t, h_{t-1}) with h_{t-1} the top "
         "state of position t-1, so h_t needs a full pass through the stack after h_{t-1} is known. A drafter can guess "
         "the tokens, not the states. Verifying the block [c, d_1..d_γ] runs the Jacobi iteration over it: pass 1 is "
@@ -301,26 +301,27 @@ def report(meta: dict, rows: list[dict], table: list[str]) -> Report:
         "decoder is plain decoding plus the drafter's cost: below 1.0x at every size and on every hardware. The states "
         "stopping changing early (a bitwise fixed point, checked each pass) would shorten a verification, but in "
         f"floating point they never did ({sum(r['fixed_points'] for r in rows)} times in all runs).",
-        "",
+    )
+    rep.block(
         "Without feedback (standard mode) the chain is absent: one pass verifies the whole block, `passes/tok` falls "
         "to 1 / `tok/call`, and the usual speculative speed-up appears.",
-        "",
+    )
+    rep.block(
         "What would change the answer: a verifier allowed to be approximate (stop the Jacobi iteration once the block "
         "settles, `settle/ver`), or a model trained so that the state of a drafted position can be predicted without "
         "the previous state. Fused and exact modes decode like soft after their prefill, so the same holds there; "
         "the implementation supports all four modes and the tests prove greedy outputs, KV caches and carried states "
         "identical to plain decoding, and the sampled distribution equal to plain sampling's.",
-        "",
+    )
+    rep.block(
         "Limits: both checkpoints are tiny and briefly trained (their greedy text is repetitive, which flatters "
         "acceptance); the pass-count identity above does not depend on acceptance. Acceptance and tokens per call "
         "are counted for one prompt at a time (a batch advances by its rows' shortest accepted prefix).",
-        "",
+    )
+    rep.block(
         "Checkpoints: `fullband train` on the embedded Shakespeare corpus, byte tokenizer, 300 steps each "
         f"(target: {' '.join(meta['train_flags']['target'])}; drafter: {' '.join(meta['train_flags']['drafter'])}).",
-        "",
-    ]
-    rep = Report("Speculative decoding with latent feedback", COMMAND)
-    rep.lines += lines  # paragraphs, the table and the notes, each followed by its blank line
+    )
     return rep
 
 

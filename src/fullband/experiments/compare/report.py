@@ -107,7 +107,8 @@ def report(results: CompareResults, plots: bool = True) -> Report:
         "(the baseline always needs 1). Outside the measured range the nearest segment is extended and the row is "
         "flagged *extrapolated*.")
     multiplier_table(rep, results)
-    rep.lines += _extrapolation_hint(results)
+    if hint := _extrapolation_hint(results):
+        rep.block(*hint)
     trend.section(rep, results, GAP_PLOT if plots and has_gap_series(results) else None)
     stability_section(rep, results, plots)
     timing_section(rep, results)
@@ -278,7 +279,7 @@ def _extrapolation_hint(results: CompareResults) -> list[str]:
     if any(f.startswith(BETTER_THAN_LARGEST) for f in fits):
         lines.append(f"Rows better than the largest baseline ({budgets[-1]:g}x) extend its last segment; measure "
                      "them with larger budgets.")
-    return [*lines, ""] if lines else []
+    return lines
 
 
 def _convergence(curves: list[dict[str, Any]]) -> str:

@@ -99,7 +99,7 @@ def report(results: dict[str, Any], plots: bool) -> Report:
 
 def _setup(rep: Report, cfg: dict[str, Any]) -> None:
     L, steps = cfg["train_length"], cfg["steps"]
-    rep.lines += [
+    rep.block(
         "Ball-tracking word problems (`fullband.tasks.word_problems`): a ball under one of 5 cups, n steps that each "
         "move the cups by a generator of the group (S5: the 10 transpositions; A5: the 20 three-cycles), answer = the "
         "ball's cup. One token per step and no step names, so a longer problem differs from a shorter one in length "
@@ -107,7 +107,8 @@ def _setup(rep: Report, cfg: dict[str, Any]) -> None:
         f"as a label, so the trained lengths are 1..{L}; the test problems ({cfg['test_problems']} per group, the "
         f"same for every arm and seed) have {max(cfg['test_lengths'])} steps and every prefix is scored as a problem "
         "of its length (argmax over the cups). Answer-only: no model writes intermediate states.",
-        "",
+    )
+    rep.block(
         "Every arm gets the same selection budget on seed 0: its knob x learning rates "
         f"{', '.join(f'{lr:g}' for lr in cfg['learning_rates'])} x {{{steps}, {2 * steps}}} steps (AdamW, batch "
         f"{cfg['batch_size']}, warmup {cfg['warmup_fraction']:g}, WSD cool-down over the last "
@@ -115,7 +116,8 @@ def _setup(rep: Report, cfg: dict[str, Any]) -> None:
         f"chosen by mean validation accuracy on {cfg['validation_problems']} held-out problems of the trained "
         "lengths (then validation loss, then fewer steps). The chosen setting then trains on seeds "
         f"1..{cfg['seeds'] - 1} (training data and initial weights both seeded). Arms:",
-        "",
+    )
+    rep.block(
         f"- **baseline**: a {cfg['n_layers']}-block transformer, d_model {cfg['d_model']}, one pass (knob: weight "
         "decay);",
         "- **equal-FLOPs transformer**: a plain transformer whose training FLOPs per step equal the full-bandwidth "
@@ -133,7 +135,8 @@ def _setup(rep: Report, cfg: dict[str, Any]) -> None:
         "- **shift-0 ablation** (not a control, not tuned): the same pass loop with feedback_shift 0 (pass k fuses a "
         "position's own state), the full-bandwidth model's chosen setting, its training's pass count at every "
         "length.",
-        "",
+    )
+    rep.block(
         f"Statistics: the seed is the unit. A control that stays more than {FIT_TOLERANCE} below the baseline at a "
         f"trained length on a seed failed to train there and is listed so. Solved = >= {KEEP} at every trained "
         f"length. The margin at length n is full-bandwidth exact minus that seed's best control (baseline, "
@@ -141,8 +144,7 @@ def _setup(rep: Report, cfg: dict[str, Any]) -> None:
         f"each length in the test set, the start cup, and tracking the first {L} steps only. FLOPs as "
         "`fullband.experiments.core.flops` counts them (2 per multiply-add, causal attention, 3x for a pass with "
         "gradients).",
-        "",
-    ]
+    )
 
 
 def _group_section(rep: Report, group: str, data: dict[str, Any], cfg: dict[str, Any]) -> None:
