@@ -1,6 +1,6 @@
 """FLOPs and an estimated run time of a ``fullband compare`` preset, counted, not measured.
 
-For each run of the preset: parameters, training tokens and steps, training FLOPs (fullband.experiments.flops:
+For each run of the preset: parameters, training tokens and steps, training FLOPs (fullband.experiments.core.flops:
 the run's batch plan replayed, every pass the objective runs, attention included) next to 6·N·D; then the
 evaluation's FLOPs (the test windows in standard and fused modes, one loop of 1 + max(fused_passes) passes; exact
 mode bounded above by T passes, Jacobi's worst case; the stability diagnostic). The time estimate divides them by
@@ -21,8 +21,8 @@ import torch
 
 from fullband import FullBandwidthLM
 from fullband.data import ByteTokenizer
-from fullband.experiments.compare import plan_runs, preset_config, train_config
-from fullband.experiments.flops import Shape, batch_lengths, forward_flops, training_flops
+from fullband.experiments.compare.study import plan_runs, preset_config, train_config
+from fullband.experiments.core.flops import Shape, batch_lengths, forward_flops, training_flops
 
 
 def parameters(model_cfg) -> int:
@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--fp32_tflops", type=float, default=67.0, help="float32 peak without TF32 (H100 SXM: 67)")
     args = parser.parse_args()
     cfg = preset_config(args.preset)
-    if cfg.data.tokenizer != "byte":  # fullband.experiments.flops.training_flops counts the byte vocabulary
+    if cfg.data.tokenizer != "byte":  # fullband.experiments.core.flops.training_flops counts the byte vocabulary
         raise SystemExit(f"compare_flops: counts byte-tokenizer presets only, not data.tokenizer={cfg.data.tokenizer}")
     vocab = ByteTokenizer().vocab_size
     print(f"# fullband compare --preset {args.preset}: d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, "

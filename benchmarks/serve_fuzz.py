@@ -24,6 +24,7 @@ import torch
 
 from fullband import FullBandwidthLM, ModelConfig
 from fullband.data import ByteTokenizer
+from fullband.experiments.core.report import table_lines
 from fullband.serve.app import Defaults, Limits, create_app
 from fullband.serve.engine import Engine
 from fullband.serve.fuzz import fuzz_app
@@ -52,10 +53,8 @@ def main() -> int:
 
     print(f"{report.requests} generated requests in {seconds:.0f} s (seed {args.seed}, {args.examples} per operation "
           f"and mode, tokenizer: {'none' if tokenizer is None else 'bytes'})\n")
-    print("| operation | mode | status | requests |")
-    print("|---|---|---|---|")
-    for (operation, mode, status), n in sorted(report.counts.items()):
-        print(f"| {operation} | {mode} | {status} | {n} |")
+    print("\n".join(table_lines(["operation", "mode", "status", "requests"],
+                                 [[*key, n] for key, n in sorted(report.counts.items())], compact=True)))
     statuses = report.by_status()
     fivexx = sum(n for status, n in statuses.items() if status >= 500)
     print(f"\nby status: {statuses}; 5xx: {fivexx} (target 0); /health afterwards: {report.health_after}")

@@ -49,6 +49,8 @@ import psutil
 import torch
 
 from fullband import FullBandwidthLM, ModelConfig
+from fullband.experiments.core.report import table_lines
+from fullband.files import write_json
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -303,7 +305,7 @@ def main() -> None:
     results["rss_growth"] = rss_after / rss_warm - 1
     print_table(results)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        write_json(Path(args.json), results)
 
 
 def print_table(r: dict) -> None:
@@ -313,13 +315,11 @@ def print_table(r: dict) -> None:
           f"max_batch {s['max_batch']}; prompt {s['prompt_len']} tokens, max_tokens {s['max_tokens']}, "
           f"mode {s['mode']}, greedy")
     print()
-    print("| run | clients x requests | requests/s | tokens/s | p50 latency s | p99 latency s | errors |")
-    print("|---|---|---|---|---|---|---|")
-    for name in ("sequential", "scaled", "full"):
-        x = r[name]
-        per = x["requests"] // x["clients"]
-        print(f"| {name} | {x['clients']} x {per} | {x['requests_per_s']:.2f} | {x['tokens_per_s']:.0f} | "
-              f"{x['p50_latency_s']:.3f} | {x['p99_latency_s']:.3f} | {x['errors']} |")
+    rows = [[name, f"{x['clients']} x {x['requests'] // x['clients']}", f"{x['requests_per_s']:.2f}",
+             f"{x['tokens_per_s']:.0f}", f"{x['p50_latency_s']:.3f}", f"{x['p99_latency_s']:.3f}", x["errors"]]
+            for name, x in ((name, r[name]) for name in ("sequential", "scaled", "full"))]
+    print("\n".join(table_lines(["run", "clients x requests", "requests/s", "tokens/s", "p50 latency s",
+                                 "p99 latency s", "errors"], rows, compact=True)))
     print()
     rss = r["rss_mb"]
     print(f"tokens/s at {r['scaled']['clients']} clients / one at a time: {r['speedup_scaled_vs_sequential']:.2f}x "

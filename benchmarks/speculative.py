@@ -34,7 +34,9 @@ import torch
 
 from fullband import ModelConfig
 from fullband.data import load_tokenizer
+from fullband.experiments.core.report import Report
 from fullband.families import load_any
+from fullband.files import write_json
 from fullband.generation import SpeculativeConfig, SpeculativeDecoder, prefill, stream
 
 # The checkpoints: `fullband train` on the embedded Shakespeare corpus, byte tokenizer, 300 steps each (~3 min).
@@ -184,13 +186,28 @@ def _where(r: dict) -> str:
     return f"{r['drafter']}, γ={r['gamma']}"
 
 
+COMMAND = "OMP_NUM_THREADS=1 python benchmarks/speculative.py --out_dir docs/results/speculative"
+
+
 def write_report(out_dir: Path, meta: dict, rows: list[dict], table: list[str]) -> None:
     """report.md (its first lines answer the question from the rows) and results.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / "results.json", dict(meta=meta, rows=rows))
+    print(f"report: {report(meta, rows, table).write(out_dir)}")
+
+
+def saved_report(out_dir: Path) -> Report:
+    """The report of the rows in out_dir/results.json (what --rewrite writes)."""
+    saved = json.loads((out_dir / "results.json").read_text())
+    return report(saved["meta"], saved["rows"], [HEADER, "-" * len(HEADER), *map(table_line, saved["rows"])])
+
+
+def report(meta: dict, rows: list[dict], table: list[str]) -> Report:
+    """The report (through the studies' writer, fullband.experiments.core.report), from the rows alone."""
     soft = [r for r in rows if r["mode"] == "soft"]
     # In standard mode the standard drafter is the target itself: always right by construction, so not a result.
     std = [r for r in rows if r["mode"] == "standard" and r["drafter"] != "standard"]
-    lines = ["# Speculative decoding with latent feedback", ""]
+    rep = Report("Speculative decoding with latent feedback", COMMAND)
     if soft:
         wall, proj, calls = _best(soft, "speedup"), _best(soft, "projected_speedup"), _best(soft, "tokens_per_call")
         settled = _best(soft, "projected_speedup_if_settled")
@@ -199,7 +216,7 @@ def write_report(out_dir: Path, meta: dict, rows: list[dict], table: list[str]) 
         accepted = [r["acceptance"] for r in soft]
         # Whether the drafts are "often right" is read from the acceptance, not assumed.
         drafts, but = ("often right", "but") if max(accepted) >= 0.5 else ("mostly rejected", "and")
-        lines += [
+        rep.block(
             f"**Latent feedback {verdict} speculative decoding's benefit when the output must stay exact.** The "
             f"drafts are {drafts} (acceptance {min(accepted):.2f}-"
             f"{max(accepted):.2f}, up to {calls['tokens_per_call']:.2f} tokens per target call "
@@ -212,20 +229,18 @@ def write_report(out_dir: Path, meta: dict, rows: list[dict], table: list[str]) 
             f"{proj['projected_speedup']:.2f}x ({_where(proj)}): the drafter's cost comes on top of an unchanged "
             "number of sequential target passes, at any size and on any hardware (even a free drafter would only "
             "reach 1.0x).",
-        ]
+        )
     if std:
         swall, sproj, scalls = _best(std, "speedup"), _best(std, "projected_speedup"), _best(std, "tokens_per_call")
-        lines += [
-            "",
+        rep.block(
             f"The control, the same weights decoded in standard mode (no feedback) with the two drafters that are "
             f"not the target itself, keeps the benefit: up to "
             f"{scalls['tokens_per_call']:.2f} tokens per target call ({_where(scalls)}) in one pass each, "
             f"{swall['speedup']:.2f}x wall clock here ({_where(swall)}) and {sproj['projected_speedup']:.2f}x "
             f"projected for the 1.3B-class target ({_where(sproj)}).",
-        ]
+        )
     if soft:
-        lines += [
-            "",
+        rep.block(
             "Only a verifier that gives up exactness could do better: the kept tokens had already settled (argmax "
             f"equal to the exact one) after {min(r['settle_passes_per_verification'] for r in soft):.2f}-"
             f"{max(r['settle_passes_per_verification'] for r in soft):.2f} passes per verification instead of "
@@ -235,26 +250,28 @@ def write_report(out_dir: Path, meta: dict, rows: list[dict], table: list[str]) 
             "accelerator, with outputs no longer guaranteed to equal plain decoding. That count is an oracle's: a "
             "tolerance test sees the block stop changing one pass later, and a verifier must also decide which "
             "tolerance keeps the tokens right.",
-        ]
-    lines += [
-        "",
+        )
+    rep.block(
         f"Size and hardware: {meta['sizes']}; measured on {meta['machine']} (torch {meta['torch']}), greedy, "
         f"{len(meta['prompts'])} prompts x {meta['new_tokens']} new tokens, float32. The 2 cores were shared with "
         "other jobs: the tokens/s columns move from run to run, the speed-ups are medians of per-round ratios of "
         "interleaved plain and speculative runs, and the pass and acceptance counts are exact.",
-        "",
-        "## Results",
-        "",
+    )
+    rep.section("Results")
+    rep.block(
         "Regenerate (trains the two checkpoints with `fullband train` if they are missing, ~4 min on one core):",
-        "",
+    )
+    rep.block(
         "```bash",
-        "OMP_NUM_THREADS=1 python benchmarks/speculative.py --out_dir docs/results/speculative",
+        COMMAND,
         "```",
-        "",
+    )
+    rep.block(
         "```",
         *table,
         "```",
-        "",
+    )
+    rep.block(
         "- `accept`: drafted tokens kept / drafted. `tok/call`: tokens produced per verification (the kept drafts plus "
         "the correction or bonus token; with feedback a fully accepted block keeps its last draft as the next "
         "pending token instead of paying one more pass for a bonus).",
@@ -269,9 +286,9 @@ def write_report(out_dir: Path, meta: dict, rows: list[dict], table: list[str]) 
         "~half, the baseline the measured pair's ratio). `proj. FLOPs`: FLOPs per token relative to plain decoding "
         "(every pass evaluates the whole block). `proj. settled`: `proj. 1.3B` with the settle passes instead of the "
         "exact ones.",
-        "",
-        "## Why exact verification cannot beat plain decoding with feedback",
-        "",
+    )
+    rep.section("Why exact verification cannot beat plain decoding with feedback")
+    rep.block(
         "Decoding with latent feedback is a chain: the input of position t is fuse(e_t, h_{t-1}) with h_{t-1} the top "
         "state of position t-1, so h_t needs a full pass through the stack after h_{t-1} is known. A drafter can guess "
         "the tokens, not the states. Verifying the block [c, d_1..d_γ] runs the Jacobi iteration over it: pass 1 is "
@@ -284,27 +301,28 @@ def write_report(out_dir: Path, meta: dict, rows: list[dict], table: list[str]) 
         "decoder is plain decoding plus the drafter's cost: below 1.0x at every size and on every hardware. The states "
         "stopping changing early (a bitwise fixed point, checked each pass) would shorten a verification, but in "
         f"floating point they never did ({sum(r['fixed_points'] for r in rows)} times in all runs).",
-        "",
+    )
+    rep.block(
         "Without feedback (standard mode) the chain is absent: one pass verifies the whole block, `passes/tok` falls "
         "to 1 / `tok/call`, and the usual speculative speed-up appears.",
-        "",
+    )
+    rep.block(
         "What would change the answer: a verifier allowed to be approximate (stop the Jacobi iteration once the block "
         "settles, `settle/ver`), or a model trained so that the state of a drafted position can be predicted without "
         "the previous state. Fused and exact modes decode like soft after their prefill, so the same holds there; "
         "the implementation supports all four modes and the tests prove greedy outputs, KV caches and carried states "
         "identical to plain decoding, and the sampled distribution equal to plain sampling's.",
-        "",
+    )
+    rep.block(
         "Limits: both checkpoints are tiny and briefly trained (their greedy text is repetitive, which flatters "
         "acceptance); the pass-count identity above does not depend on acceptance. Acceptance and tokens per call "
         "are counted for one prompt at a time (a batch advances by its rows' shortest accepted prefix).",
-        "",
+    )
+    rep.block(
         "Checkpoints: `fullband train` on the embedded Shakespeare corpus, byte tokenizer, 300 steps each "
         f"(target: {' '.join(meta['train_flags']['target'])}; drafter: {' '.join(meta['train_flags']['drafter'])}).",
-        "",
-    ]
-    (out_dir / "report.md").write_text("\n".join(lines))
-    (out_dir / "results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
-    print(f"report: {out_dir / 'report.md'}")
+    )
+    return rep
 
 
 def main() -> None:
@@ -321,9 +339,7 @@ def main() -> None:
     parser.add_argument("--rewrite", action="store_true", help="only rewrite report.md from out_dir/results.json")
     args = parser.parse_args()
     if args.rewrite:
-        saved = json.loads((Path(args.out_dir) / "results.json").read_text())
-        table = [HEADER, "-" * len(HEADER), *map(table_line, saved["rows"])]
-        write_report(Path(args.out_dir), saved["meta"], saved["rows"], table)
+        print(f"report: {saved_report(Path(args.out_dir)).write(Path(args.out_dir))}")
         return
     torch.set_num_threads(1)  # tiny matrices on a shared machine: one thread is steadiest
 
@@ -361,7 +377,7 @@ def main() -> None:
                 rounds=args.rounds, large_target=LARGE, target=str(target_path), drafter=str(drafter_path),
                 train_flags={k: [*v, *TRAIN_COMMON] for k, v in TRAIN.items()})
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+        write_json(Path(args.json), dict(meta=meta, rows=rows))
     if args.out_dir:
         write_report(Path(args.out_dir), meta, rows, [HEADER, "-" * len(HEADER), *map(table_line, rows)])
 

@@ -363,9 +363,10 @@ except ImportError:
 # once here rather than once in every forked child: this took the fixture from about 75 s to under 30 s
 import fullband.cli, fullband.families.loading, fullband.data, fullband.devices, fullband.training.run
 import fullband.generation.speculative, fullband.generation.drafters
-for name in ("fullband.experiments.compare", "fullband.experiments.recipe", "fullband.experiments.reasoning",
-             "fullband.experiments.state_tracking", "fullband.selfcheck", "fullband.bench.run",
-             "fullband.evaluation.run", "fullband.data.prepare", "fullband.integrations.retrofit"):
+for name in ("fullband.experiments.compare.study", "fullband.experiments.recipe.study",
+             "fullband.experiments.reasoning.study", "fullband.experiments.state_tracking.study", "fullband.selfcheck",
+             "fullband.bench.run", "fullband.evaluation.run", "fullband.data.prepare",
+             "fullband.integrations.retrofit"):
     try:
         __import__(name)
     except ImportError:  # an optional extra not installed: its cases are skipped anyway

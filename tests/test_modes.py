@@ -80,10 +80,10 @@ def test_one_function_maps_a_mode_to_its_prefill():
 
 
 def test_the_names_written_into_results_stay_the_committed_strings():
-    from fullband.experiments.perplexity import mode_name
-    from fullband.experiments.probes import PREFILLS
-    from fullband.experiments.reasoning_eval import variant_name
-    from fullband.experiments.results import mode_label
+    from fullband.experiments.compare.perplexity import mode_name
+    from fullband.experiments.compare.results import mode_label
+    from fullband.experiments.reasoning.evaluation import variant_name
+    from fullband.experiments.state_tracking.probes import PREFILLS
 
     # compare: results.json keys and their report labels (the formulas they replaced, spelled out)
     for k in range(0, 9):

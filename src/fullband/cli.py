@@ -17,7 +17,11 @@ from fullband.config import CheckConfig, ConfigError
 from fullband.configio import add_dataclass_arguments, config_from_args, given_values
 from fullband.data.config import PrepareConfig
 from fullband.evaluation.config import LmEvalConfig
-from fullband.experiments.config import CompareConfig, ReasoningConfig, RecipeConfig, StateTrackingConfig
+from fullband.experiments.compare.config import CompareConfig
+from fullband.experiments.core.study import run_study
+from fullband.experiments.reasoning.config import ReasoningConfig
+from fullband.experiments.recipe.config import RecipeConfig
+from fullband.experiments.state_tracking.config import StateTrackingConfig
 from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.generation.config import GenerateConfig
 from fullband.serve.config import ServeConfig
@@ -150,52 +154,40 @@ def _check_resumable(cfg: ReasoningConfig | StateTrackingConfig | ControlsConfig
 
 def run_eval_reasoning(cfg: ReasoningConfig) -> None:
     _check_resumable(cfg, "eval-reasoning")
-    if cfg.families:  # one study per family: their reports sit in out_dir/<family>/
-        from fullband.experiments.controls_study import run_families
+    if cfg.families:  # one study per family (their reports sit in out_dir/<family>/) and their controls
+        from fullband.experiments.reasoning.controls.study import ControlsStudy
 
-        results = run_families(cfg)
-        print("\n".join(results["verdict"]))
-        print(f"\nreport: {cfg.out_dir}/report.md")
+        print(run_study(ControlsStudy(cfg, cfg.progress)))
         return
-    from fullband.experiments.reasoning import run_reasoning
-    from fullband.experiments.reasoning_report import tables
+    from fullband.experiments.reasoning.study import ReasoningStudy
 
-    results = run_reasoning(cfg)
-    for name in ("training", "accuracy", "mean_len", "equal_accuracy"):
-        print(f"\n{name}:\n{tables(results)[name]}")
-    print(f"\nreport: {cfg.out_dir}/report.md")
+    print(run_study(ReasoningStudy(cfg, cfg.progress)))
 
 
 def run_eval_state(cfg: StateTrackingConfig) -> None:
     _check_resumable(cfg, "eval-state")
-    from fullband.experiments.state_report import tables
-    from fullband.experiments.state_tracking import run_state_tracking
+    from fullband.experiments.state_tracking.study import StateTrackingStudy
 
-    for name, table in tables(run_state_tracking(cfg)).items():
-        print(f"\n{name}:\n{table}")
-    print(f"\nreport: {cfg.out_dir}/report.md")
+    print(run_study(StateTrackingStudy(cfg, cfg.progress)))
 
 
 def run_eval_controls(cfg: ControlsConfig) -> None:
     _check_resumable(cfg, "eval-controls")
-    from fullband.experiments.word_problems.report import verdict
-    from fullband.experiments.word_problems.study import run_controls
+    from fullband.experiments.word_problems.study import ControlsStudy
 
-    print("\n".join(verdict(run_controls(cfg))))
-    print(f"\nreport: {cfg.out_dir}/report.md")
+    print(run_study(ControlsStudy(cfg, cfg.progress)))
 
 
 def run_compare(cfg: CompareConfig) -> None:
-    from fullband.experiments.compare import run_compare as compare
+    from fullband.experiments.compare.study import CompareStudy
 
-    compare(cfg)  # prints the summary table and where report.md is
+    print(run_study(CompareStudy(cfg)))
 
 
 def run_recipe(cfg: RecipeConfig) -> None:
-    from fullband.experiments.recipe import run_recipe as recipe
+    from fullband.experiments.recipe.study import RecipeStudy
 
-    results = recipe(cfg)
-    print("\n".join(["", *results["verdict_lines"], f"report: {cfg.out_dir}/report.md"]))
+    print(run_study(RecipeStudy(cfg)))
 
 
 def run_bench(cfg: BenchConfig) -> None:

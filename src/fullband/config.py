@@ -1,6 +1,6 @@
 """ModelConfig and what every config shares: validation helpers, the decoding mode names and defaults, the preset
 mechanism. The other configs live beside the code they configure: fullband.training.config (``fullband train``),
-fullband.generation.config (``fullband generate``), fullband.experiments.config (the studies),
+fullband.generation.config (``fullband generate``), fullband.experiments.<study>.config (the studies),
 fullband.evaluation.config (``fullband eval``).
 
 Every field carries a ``help`` string in its metadata; the CLI builds its ``--help`` from it. Bad values
@@ -177,6 +177,14 @@ THREADS_HELP = ("torch CPU threads: auto = the cores this process may use (its C
                 "processes hold at start; or a count >= 1.")
 
 
+def device_field(runs: str = "", note: str = "") -> Any:
+    """The ``device`` option every command has, in one wording: ``runs`` says what runs on it ("the float64
+    model"), ``note`` what the command adds ("mps has no float64")."""
+    where = f" {runs}" if runs else ""
+    extra = f" ({note})" if note else ""
+    return doc("auto", f"Torch device{where}: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps{extra}.")
+
+
 def threads_field(default: str = "auto") -> Any:
     """The ``threads`` option every command has (resolved and applied by :func:`fullband.devices.apply_threads`)."""
     return doc(default, THREADS_HELP)
@@ -294,8 +302,7 @@ class CheckConfig:
     seq_len: int = doc(48, "Tokens in the test sequence.")
     plain_prefix: int = doc(8, "Plain positions before the fused ones.")
     seed: int = doc(0, "Seed of the random model and tokens.")
-    device: str = doc("auto", "Torch device the float64 model runs on: auto (cuda when available, else cpu), cpu, "
-                      "cuda or cuda:N (mps has no float64).")
+    device: str = device_field("the float64 model runs on", "mps has no float64")
     threads: str = threads_field()
 
     def __post_init__(self) -> None:

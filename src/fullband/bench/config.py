@@ -10,6 +10,7 @@ from fullband.config import (
     _is_number,
     _require,
     apply_preset,
+    device_field,
     doc,
     threads_field,
     validate_device_name,
@@ -137,7 +138,7 @@ class BenchConfig:
     exact: BenchExactConfig = field(default_factory=BenchExactConfig)
     seed: int = doc(0, "Seed of the weights and tokens.")
     json: str | None = doc(None, "Also write every figure, the machine and its load to this JSON file.")
-    device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
+    device: str = device_field("to time on")
     threads: str = threads_field()
 
     def __post_init__(self) -> None:

@@ -132,7 +132,7 @@ class Bench:
     def optim(self) -> None:
         """The whole training step with AdamW, Muon and NorMuon at compare's default, the optimizer's share of it,
         its model FLOP/s against the matmul peak, and (Nor)Muon's time over AdamW's."""
-        from fullband.experiments.config import CompareConfig
+        from fullband.experiments.compare.config import CompareConfig
         from fullband.training.optim import build_optimizer, ns_dtype_for, optimizer_ns_dtype
 
         c = self.cfg.optim
@@ -235,9 +235,9 @@ class Bench:
 
     def compare_compiles(self) -> bool:
         """Whether compare's default study compiles the blocks on this device: its own decision
-        (``fullband.experiments.compare.study_compile``)."""
-        from fullband.experiments.compare import study_compile
-        from fullband.experiments.config import CompareConfig
+        (``fullband.experiments.compare.study.study_compile``)."""
+        from fullband.experiments.compare.config import CompareConfig
+        from fullband.experiments.compare.study import study_compile
 
         return study_compile(CompareConfig(device=str(self.device))) == "true"
 

@@ -1,5 +1,5 @@
 """The training step as ``fullband compare`` runs it on a CPU: several runs at a time, each in its own process with
-the torch threads shared out (``fullband.experiments.parallel.map_jobs``). Each worker times its steps and a matmul
+the torch threads shared out (``fullband.experiments.core.parallel.map_jobs``). Each worker times its steps and a matmul
 of its own in interleaved rounds while the others do the same, so the sum over workers is what the study gets out
 of the machine and what it could get at most."""
 

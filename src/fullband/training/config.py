@@ -17,6 +17,7 @@ from fullband.config import (
     _is_number,
     _require,
     apply_preset,
+    device_field,
     doc,
     threads_field,
     validate_device_name,
@@ -151,7 +152,7 @@ class TrainRunConfig(FamilyOptions, TrainSections):
         "decides whether fusion weights are added; another family's model continues as saved), or from "
         + source_help(),
     )
-    device: str = doc("auto", "auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
+    device: str = device_field("to train on")
     threads: str = threads_field()
     eval_passes: tuple[int, ...] = doc(
         (1, 2, 3), "Pass counts validated: 1 = standard, k = fused prefill with k-1 extra passes.",

@@ -1,5 +1,5 @@
 """The arms of ``fullband eval-controls``: how each model is built, what one training step computes, how it answers,
-and what that costs in FLOPs (counted as :mod:`fullband.experiments.flops` counts them).
+and what that costs in FLOPs (counted as :mod:`fullband.experiments.core.flops` counts them).
 
 Every arm answers a problem of length n at the position of its n-th step (:mod:`fullband.tasks.word_problems`);
 each has one knob of its own beside the learning rate and the steps that every arm's grid shares (DESIGN.md §7):
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from fullband.config import ModelConfig
-from fullband.experiments.flops import Shape, equal_flops_depth, forward_flops, positions_flops, step_flops
+from fullband.experiments.core.flops import Shape, equal_flops_depth, forward_flops, positions_flops, step_flops
 from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.experiments.word_problems.models import (
     RNNLM,

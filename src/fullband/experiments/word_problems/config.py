@@ -11,14 +11,12 @@ from fullband.config import (
     _is_number,
     _require,
     _require_ints,
-    apply_preset,
+    device_field,
     doc,
     resume_field,
-    study_resumes,
     threads_field,
-    validate_device_name,
-    validate_threads,
 )
+from fullband.experiments.core.config import StudyConfig
 
 GROUPS = ("s5", "a5")  # fullband.tasks.word_problems.GROUPS, repeated here to keep this module torch-free
 ARMS = ("baseline", "equal_flops", "looped", "rnn", "fullband")
@@ -36,11 +34,14 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class ControlsConfig:
+class ControlsConfig(StudyConfig):
     """``fullband eval-controls``: the full-bandwidth model against controls trained to win (DESIGN.md §7), on
     ball-tracking word problems over S5 and A5 (fullband.tasks.word_problems)."""
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
+    TUPLES: ClassVar[tuple[str, ...]] = ("groups", "arms", "ablations", "test_lengths", "learning_rates",
+                                         "weight_decays", "equal_flops_shapes", "loops_per_step", "rnn_cells",
+                                         "feedback_weights")
 
     preset: str = doc("default", f"Settings to start from: one of {tuple(PRESETS)}. smoke = seconds (plumbing "
                       "only: its report gives no verdict); default = the committed report.")
@@ -84,21 +85,10 @@ class ControlsConfig:
     workers: int = doc(2, "Training runs at a time, each in its own process with the torch threads shared out. "
                        "The numbers do not depend on it.")
     threads: str = threads_field()
-    device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
+    device: str = device_field("for training and evaluation")
     progress: bool = doc(True, "Progress lines.")
     resume: str = resume_field("finished runs are read back, an unfinished one starts again: the numbers of an "
                                "uninterrupted study")
-
-    def __post_init__(self) -> None:
-        validate_device_name(self.device)
-        apply_preset(self, self.PRESETS)
-        self.threads = validate_threads(self.threads)
-        self.resume = study_resumes(self.resume, self.out_dir)  # from here on: whether it continues out_dir's study
-        for name in ("groups", "arms", "ablations", "test_lengths", "learning_rates", "weight_decays",
-                     "equal_flops_shapes", "loops_per_step", "rnn_cells", "feedback_weights"):
-            value = getattr(self, name)
-            setattr(self, name, (value,) if isinstance(value, (str, int, float)) else tuple(value))
-        self.validate()
 
     def validate(self) -> None:
         _require_ints(self, {"train_length": 1, "steps": 4, "batch_size": 1, "d_model": 8, "n_layers": 1,
@@ -132,4 +122,3 @@ class ControlsConfig:
                  f"must end before the cool-down starts (at {1 - self.cooldown_fraction:g} of the steps)")
         _require(_is_number(self.fusion_lr_mult) and self.fusion_lr_mult > 0, "fusion_lr_mult", self.fusion_lr_mult,
                  "must be > 0")
-        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")

@@ -6,8 +6,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from fullband.experiments.plots import pyplot, save_figure
-from fullband.experiments.study import markdown_table, report_head
+from fullband.experiments.core.plots import pyplot, save_figure
+from fullband.experiments.core.report import Report
 from fullband.experiments.word_problems.analysis import (
     BASELINE,
     FIT_TOLERANCE,
@@ -74,35 +74,32 @@ def verdict(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def summary_lines(results: dict[str, Any]) -> list[str]:
-    """What the command prints at the end: the verdict and where the report is."""
-    return verdict(results)
-
-
-def render(results: dict[str, Any], command: str, plots: bool) -> str:
+def report(results: dict[str, Any], plots: bool) -> Report:
+    """report.md: verdict, setup, per group its settings, accuracy, margins, seeds and tuning grid; the CPU spread;
+    the training curves."""
     cfg = results["config"]
-    seeds = cfg["seeds"]
-    lines = report_head(
-        "Controls trained to win: the full-bandwidth model on S5 and A5 word problems", command,
-        results["finished"], f" in {results.get('seconds', 0) / 60:.0f} min (this invocation; a resumed study reads "
-        f"its finished runs back) on {results['machine']['processor']}, torch {results['machine']['torch']}; every "
-        f"number below comes from `results.json` next to this file ({seeds} seeds).", verdict(results))
-    lines += _setup(cfg)
+    rep = Report.of(results, "Controls trained to win: the full-bandwidth model on S5 and A5 word problems",
+                    results["command"], f" in {results.get('seconds', 0) / 60:.0f} min (this invocation; a resumed "
+                    f"study reads its finished runs back) on {results['machine']['processor']}, torch "
+                    f"{results['machine']['torch']}, {cfg['seeds']} seeds", compact_tables=True)
+    rep.section("Verdict").block(*verdict(results)).section("Setup")
+    _setup(rep, cfg)
     if plots:
-        lines += [f"![accuracy vs length]({ACCURACY_PLOT})", ""]
+        rep.figure(ACCURACY_PLOT, "accuracy vs length")
     for group, data in results["groups"].items():
-        lines += _group_section(group, data, cfg)
+        _group_section(rep, group, data, cfg)
     if "cpu_spread" in results:
-        lines += _cpu_spread(results["cpu_spread"])
+        _cpu_spread(rep, results["cpu_spread"])
     if plots:
-        lines += ["## Training curves", "", "Validation accuracy (mean over the trained lengths) of every seed's run "
-                  "at its chosen setting.", "", f"![training curves]({CURVES_PLOT})", ""]
-    return "\n".join(lines) + "\n"
+        rep.section("Training curves").paragraph("Validation accuracy (mean over the trained lengths) of every "
+                                                 "seed's run at its chosen setting.")
+        rep.figure(CURVES_PLOT, "training curves")
+    return rep
 
 
-def _setup(cfg: dict[str, Any]) -> list[str]:
+def _setup(rep: Report, cfg: dict[str, Any]) -> None:
     L, steps = cfg["train_length"], cfg["steps"]
-    return [
+    rep.block(
         "Ball-tracking word problems (`fullband.tasks.word_problems`): a ball under one of 5 cups, n steps that each "
         "move the cups by a generator of the group (S5: the 10 transpositions; A5: the 20 three-cycles), answer = the "
         "ball's cup. One token per step and no step names, so a longer problem differs from a shorter one in length "
@@ -110,7 +107,8 @@ def _setup(cfg: dict[str, Any]) -> list[str]:
         f"as a label, so the trained lengths are 1..{L}; the test problems ({cfg['test_problems']} per group, the "
         f"same for every arm and seed) have {max(cfg['test_lengths'])} steps and every prefix is scored as a problem "
         "of its length (argmax over the cups). Answer-only: no model writes intermediate states.",
-        "",
+    )
+    rep.block(
         "Every arm gets the same selection budget on seed 0: its knob x learning rates "
         f"{', '.join(f'{lr:g}' for lr in cfg['learning_rates'])} x {{{steps}, {2 * steps}}} steps (AdamW, batch "
         f"{cfg['batch_size']}, warmup {cfg['warmup_fraction']:g}, WSD cool-down over the last "
@@ -118,7 +116,8 @@ def _setup(cfg: dict[str, Any]) -> list[str]:
         f"chosen by mean validation accuracy on {cfg['validation_problems']} held-out problems of the trained "
         "lengths (then validation loss, then fewer steps). The chosen setting then trains on seeds "
         f"1..{cfg['seeds'] - 1} (training data and initial weights both seeded). Arms:",
-        "",
+    )
+    rep.block(
         f"- **baseline**: a {cfg['n_layers']}-block transformer, d_model {cfg['d_model']}, one pass (knob: weight "
         "decay);",
         "- **equal-FLOPs transformer**: a plain transformer whose training FLOPs per step equal the full-bandwidth "
@@ -136,34 +135,34 @@ def _setup(cfg: dict[str, Any]) -> list[str]:
         "- **shift-0 ablation** (not a control, not tuned): the same pass loop with feedback_shift 0 (pass k fuses a "
         "position's own state), the full-bandwidth model's chosen setting, its training's pass count at every "
         "length.",
-        "",
+    )
+    rep.block(
         f"Statistics: the seed is the unit. A control that stays more than {FIT_TOLERANCE} below the baseline at a "
         f"trained length on a seed failed to train there and is listed so. Solved = >= {KEEP} at every trained "
         f"length. The margin at length n is full-bandwidth exact minus that seed's best control (baseline, "
         "equal-FLOPs, looped), paired over seeds with a Student t 95% interval. Floors: the most common answer of "
         f"each length in the test set, the start cup, and tracking the first {L} steps only. FLOPs as "
-        "`fullband.experiments.flops` counts them (2 per multiply-add, causal attention, 3x for a pass with "
+        "`fullband.experiments.core.flops` counts them (2 per multiply-add, causal attention, 3x for a pass with "
         "gradients).",
-        "",
-    ]
+    )
 
 
-def _group_section(group: str, data: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+def _group_section(rep: Report, group: str, data: dict[str, Any], cfg: dict[str, Any]) -> None:
     L, tests = cfg["train_length"], cfg["test_lengths"]
     cells, a, costs = data["cells"], data["analysis"], data["costs"]
     lengths = [*range(1, L + 1), *tests]
     header = [f"n={n}" + ("*" if n > L else "") for n in lengths]
     base_flops = costs[BASELINE]["training_flops"]
-    lines = [f"## {GROUP_TITLES.get(group, group)}", "", "### Chosen settings and costs", ""]
+    rep.section(GROUP_TITLES.get(group, group)).section("Chosen settings and costs", level=3)
     rows = []
     for arm, c in costs.items():
         seconds = [curve["seconds"] for curve in data["curves"][arm].values()]
         rows.append([arm_title(arm), c["describe"], f"{c['parameters']:,}", f"{c['lr']:g}", c["steps"],
                      f"{c['training_flops']:.3g}", f"{c['training_flops'] / base_flops:.1f}x",
                      f"{c['inference_flops'][str(max(tests))]:.3g}", f"{_mean(seconds):.0f}"])
-    lines += [markdown_table(["arm", "chosen model", "parameters", "lr", "steps", "training FLOPs", "x baseline",
-                              f"inference FLOPs (n = {max(tests)})", "training s (mean)"], rows), ""]
-    lines += ["### Accuracy by length: mean over seeds (worst seed)", ""]
+    rep.table(["arm", "chosen model", "parameters", "lr", "steps", "training FLOPs", "x baseline",
+                              f"inference FLOPs (n = {max(tests)})", "training s (mean)"], rows)
+    rep.section("Accuracy by length: mean over seeds (worst seed)", level=3)
     rows = []
     for arm, seeds in cells.items():
         rows.append([arm_title(arm), *[_mean_worst([s["test"][n - 1] for s in seeds.values()]) for n in lengths]])
@@ -172,20 +171,19 @@ def _group_section(group: str, data: dict[str, Any], cfg: dict[str, Any]) -> lis
                 _mean_worst([s["standard"][n - 1] for s in seeds.values()]) for n in lengths]])
     for name, values in data["floors"].items():
         rows.append([f"floor: {name}", *[f"{values[n - 1]:.2f}" for n in lengths]])
-    lines += [markdown_table(["arm", *header], rows), "",
-              f"\\* never trained on. Uniform chance is 0.20. Test problems: {cfg['test_problems']} per length.", ""]
-    lines += ["### Longest length kept at >= 0.9, solved seeds, failed-to-train seeds", ""]
+    rep.table(["arm", *header], rows,
+              f"\\* never trained on. Uniform chance is 0.20. Test problems: {cfg['test_problems']} per length.")
+    rep.section("Longest length kept at >= 0.9, solved seeds, failed-to-train seeds", level=3)
     rows = []
     for arm in cells:
         info = a["arms"][arm]
         kept = info["longest_kept"]
         rows.append([arm_title(arm), ", ".join(str(v) for v in kept.values()), f"{statistics.median(kept.values()):g}",
                      f"{len(info['solved'])}/{len(kept)}", ", ".join(info["failed_to_train"]) or "none"])
-    lines += [markdown_table(["arm", "longest n per seed", "median", "solved the trained lengths",
-                              "failed to train (seeds)"], rows), ""]
-    lines += ["### Paired margins per seed", "",
-              "Full-bandwidth exact minus each seed's best control (baseline, equal-FLOPs, looped), and minus the RNN.",
-              ""]
+    rep.table(["arm", "longest n per seed", "median", "solved the trained lengths",
+                              "failed to train (seeds)"], rows)
+    rep.section("Paired margins per seed", level=3).paragraph(
+        "Full-bandwidth exact minus each seed's best control (baseline, equal-FLOPs, looped), and minus the RNN.")
     rows = []
     for n in tests:
         m, r = a["margins"][str(n)], a["reference_margins"].get(str(n))
@@ -193,15 +191,15 @@ def _group_section(group: str, data: dict[str, Any], cfg: dict[str, Any]) -> lis
                      f"{_signed(m['mean'])} [{_signed(m['low'])}, {_signed(m['high'])}]",
                      ", ".join(arm_title(b) for b in m["best_control"].values()),
                      f"{_signed(r['mean'])} [{_signed(r['low'])}, {_signed(r['high'])}]" if r else "-"])
-    lines += [markdown_table(["n", "margin per seed", "mean [t 95%]", "best control per seed",
-                              "minus the RNN: mean [t 95%]"], rows), ""]
-    lines += ["### Every seed", ""]
+    rep.table(["n", "margin per seed", "mean [t 95%]", "best control per seed",
+                              "minus the RNN: mean [t 95%]"], rows)
+    rep.section("Every seed", level=3)
     rows = [[arm_title(arm), seed, *[f"{cell['test'][n - 1]:.2f}" for n in lengths]]
             for arm, seeds in cells.items() for seed, cell in seeds.items()]
-    lines += [markdown_table(["arm", "seed", *header], rows), ""]
-    lines += ["### Tuning grid (seed 0)", "",
-              "Chosen by validation on the trained lengths only; the test columns are shown for transparency and "
-              "played no part in the choice. ✓ = chosen.", ""]
+    rep.table(["arm", "seed", *header], rows)
+    rep.section("Tuning grid (seed 0)", level=3).paragraph(
+        "Chosen by validation on the trained lengths only; the test columns are shown for transparency and played "
+        "no part in the choice. ✓ = chosen.")
     rows = []
     knob_names = data["knob_names"]
     for point in sorted(data["grid"], key=lambda p: (list(cells).index(p["arm"]), selection_key(p))):
@@ -210,26 +208,24 @@ def _group_section(group: str, data: dict[str, Any], cfg: dict[str, Any]) -> lis
         rows.append([arm_title(point["arm"]), f"{knob_names[point['arm']]} {point['knob']}", f"{point['lr']:g}",
                      point["steps"], f"{point['validation_accuracy']:.3f}", f"{point['validation_loss']:.4f}",
                      *[f"{point['test'][str(n)]:.2f}" for n in tests], mark])
-    lines += [markdown_table(["arm", "knob", "lr", "steps", "validation accuracy", "validation loss",
-                              *[f"test n={n}" for n in tests], ""], rows), ""]
-    return lines
+    rep.table(["arm", "knob", "lr", "steps", "validation accuracy", "validation loss",
+                              *[f"test n={n}" for n in tests], ""], rows)
 
 
-def _cpu_spread(spread: dict[str, Any]) -> list[str]:
+def _cpu_spread(rep: Report, spread: dict[str, Any]) -> None:
     env = " ".join(f"{k}={v}" for k, v in spread["environment"].items())
-    lines = ["## Across CPU kinds", "",
+    rep.section("Across CPU kinds").paragraph(
              f"Seed {spread['seed']}'s chosen runs trained again on the same machine with `{env}` (the kernels of a "
              "CPU without AVX-512; `python -m fullband.experiments.word_problems.cpu_spread`). The vector width "
              "can change the order of float sums, which training can amplify: the spread to expect between CPU "
-             "kinds. Cells identical = the same accuracy at every length.", ""]
+             "kinds. Cells identical = the same accuracy at every length.")
     rows = [[group, arm_title(arm), f"{d['max_weight_difference']:.2g}", "yes" if d["identical"] else "no",
              f"{d['max_abs_difference']:.3f}",
              f"{d['mean_abs_difference']:.4f}", f"{d['longest_kept'][0]} / {d['longest_kept'][1]}"]
             for group, arms in spread["groups"].items() for arm, d in arms.items()]
-    table = markdown_table(["group", "arm", "largest weight difference", "cells identical",
-                            "max abs. accuracy difference (any length)", "mean abs. difference",
-                            "longest n kept, native / AVX2"], rows)
-    return [*lines, table, ""]
+    rep.table(["group", "arm", "largest weight difference", "cells identical",
+               "max abs. accuracy difference (any length)", "mean abs. difference", "longest n kept, native / AVX2"],
+              rows)
 
 
 def _mean_worst(values: list[float]) -> str:

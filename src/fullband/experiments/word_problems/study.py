@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fullband.configio import config_to_dict
-from fullband.experiments.parallel import map_jobs
-from fullband.experiments.study import Study, set_threads
+from fullband.experiments.core.parallel import map_jobs
+from fullband.experiments.core.report import Report
+from fullband.experiments.core.study import Study, set_threads
 from fullband.experiments.word_problems.analysis import MODEL, analyse_group, choose
 from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.experiments.word_problems.cpu_spread import SPREAD_FILE
-from fullband.experiments.word_problems.report import plot_accuracy, plot_curves, render
+from fullband.experiments.word_problems.report import plot_accuracy, plot_curves, report, verdict
 from fullband.experiments.word_problems.train import RunSpec, test_set, train_run
 
 if TYPE_CHECKING:
@@ -95,8 +96,11 @@ class ControlsStudy(Study):
         plot_accuracy(results, self.out_dir)
         plot_curves(results, self.out_dir)
 
-    def render(self, results: dict[str, Any], plots: bool) -> str:
-        return render(results, self.command_line(), plots)
+    def report(self, results: dict[str, Any], plots: bool) -> Report:
+        return report(results, plots)
+
+    def summary(self, results: dict[str, Any]) -> str:
+        return "\n".join([*verdict(results), "", super().summary(results)])
 
 
 def grid_points(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

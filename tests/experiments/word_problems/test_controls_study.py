@@ -1,0 +1,181 @@
+"""``fullband eval-controls``: the arms (the looped rule in training and answering, matched parameters and FLOPs),
+the one training loop (a 1x model branched off a 2x run equals a 1x run), the analysis against numbers worked out
+here, and the study end to end with resume."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from fullband.config import ConfigError
+from fullband.experiments.core.flops import step_flops
+from fullband.experiments.word_problems.analysis import choose, failed_to_train, longest_kept, t_interval
+from fullband.experiments.word_problems.arms import make_arm, parameters
+from fullband.experiments.word_problems.config import ControlsConfig
+from fullband.experiments.word_problems.models import LoopedTransformer
+from fullband.experiments.word_problems.train import RESULT, RunSpec, train_run, training_batch
+from fullband.model.recurrence import ntp_loss
+from fullband.tasks.word_problems import WordProblems
+
+
+@pytest.fixture
+def smoke() -> ControlsConfig:
+    return ControlsConfig(preset="smoke", progress=False, workers=1)
+
+
+def test_looped_reads_each_step_after_its_own_loop_count():
+    """Position t after c*t loops over the whole sequence == the last position of a run over its first t+1 tokens
+    with c*t loops: one rule in training (one run, every prefix) and answering (one problem)."""
+    torch.manual_seed(0)
+    problems = WordProblems("s5")
+    cfg = ControlsConfig(preset="smoke")
+    model = LoopedTransformer(make_arm("looped", cfg, problems).model_config(), loops_per_step=2).double()
+    tokens = problems.batch(3, 5, torch.Generator().manual_seed(1)).tokens[:, :-1]
+    whole = model(tokens)
+    for t in range(1, 6):
+        prefix = tokens[:, : t + 1]
+        *_, last = model.loop_logits(prefix, 2 * t)
+        torch.testing.assert_close(whole[:, t], last[:, -1], rtol=0, atol=1e-12)
+    # Injection: a loop's input is the previous loop's state plus the embedding, so the token counts at every loop.
+    loops = list(model.loop_logits(tokens, 3))
+    assert not torch.allclose(loops[1], loops[2])
+
+
+@pytest.mark.parametrize("arm_name", ["baseline", "equal_flops", "looped", "rnn", "fullband", "shift0"])
+def test_each_arm_trains_on_what_it_answers_with(smoke, arm_name):
+    """An arm's training loss at gradient-free settings equals the next-token loss of the logits it answers with
+    (fullband: pass 1 plus lambda x the mean of the later passes, whose last is the exact answer)."""
+    torch.manual_seed(0)
+    problems = WordProblems("a5")
+    arm = make_arm(arm_name, smoke, problems)
+    knob = arm.knobs()[0] if arm_name != "shift0" else 0.3
+    model = arm.build(knob).double()
+    batch = training_batch(smoke, problems, 0, 0)
+    with torch.no_grad():
+        loss = arm.loss(model, batch, knob)
+        answered = ntp_loss(arm.logits(model, batch.tokens, knob), batch.labels)
+    if arm_name in ("fullband", "shift0"):
+        out = model(batch.tokens, passes=batch.tokens.shape[1], labels=batch.labels)
+        expected = out.pass_losses[0] + knob * torch.stack(out.pass_losses[1:]).mean()
+        torch.testing.assert_close(loss, expected)
+        if arm_name == "fullband":  # the last pass is the exact recurrence it answers with
+            torch.testing.assert_close(out.pass_losses[-1], answered)
+    else:
+        torch.testing.assert_close(loss, answered)
+
+
+def test_rnn_and_equal_flops_are_matched(smoke):
+    cfg = ControlsConfig(progress=False)
+    problems = WordProblems("s5")
+    fullband = make_arm("fullband", cfg, problems)
+    target_params = parameters(fullband.build(0.3))
+    for cell in ("gru", "lstm"):
+        rnn = make_arm("rnn", cfg, problems)
+        assert abs(parameters(rnn.build(cell)) - target_params) / target_params < 0.02
+    equal = make_arm("equal_flops", cfg, problems)
+    target = fullband.train_flops(0.3)
+    for shape in ("deep", "wide"):
+        assert abs(equal.train_flops(shape) - target) / target < 0.1
+        s = equal.shape(shape)
+        assert equal.train_flops(shape) == step_flops(s, cfg.batch_size, cfg.train_length + 2, 1, feedback=False)
+    assert equal.shape("deep").d_model == cfg.d_model and equal.shape("deep").n_layers > cfg.n_layers
+    assert equal.shape("wide").n_layers == cfg.n_layers and equal.shape("wide").d_model > cfg.d_model
+
+
+def test_a_1x_branch_of_a_2x_run_equals_a_1x_run(smoke, tmp_path):
+    """The tuning grid scores 1x as a cool-down branched off the 2x run; the seeds retrain 1x alone: same weights,
+    same scores."""
+    both = train_run(smoke, RunSpec("s5", "fullband", 0.3, 3e-3, 1, (12, 24)), str(tmp_path))
+    alone = train_run(smoke, RunSpec("s5", "fullband", 0.3, 3e-3, 1, (12,)), str(tmp_path))
+    assert both["checkpoints"]["12"] == alone["checkpoints"]["12"]
+    assert both["checkpoints"]["24"] != alone["checkpoints"]["12"]
+    from safetensors.torch import load_file
+
+    a = load_file(RunSpec("s5", "fullband", 0.3, 3e-3, 1, (12, 24)).directory(tmp_path) / "model-12.safetensors")
+    b = load_file(RunSpec("s5", "fullband", 0.3, 3e-3, 1, (12,)).directory(tmp_path) / "model-12.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_analysis_numbers():
+    assert longest_kept([1.0, 0.95, 0.91, 0.89, 0.99]) == 3
+    assert longest_kept([0.5, 1.0]) == 0 and longest_kept([0.9, 0.9]) == 2
+    mean, low, high = t_interval([0.1, 0.3, 0.2])
+    half = 4.302652729911275 * 0.1 / math.sqrt(3)  # t(0.975, 2) x sd / sqrt(n)
+    assert mean == pytest.approx(0.2) and low == pytest.approx(0.2 - half) and high == pytest.approx(0.2 + half)
+    grid = [{"validation_accuracy": 0.9, "validation_loss": 0.3, "steps": 10},
+            {"validation_accuracy": 0.95, "validation_loss": 0.5, "steps": 20},
+            {"validation_accuracy": 0.95, "validation_loss": 0.4, "steps": 20},
+            {"validation_accuracy": 0.95, "validation_loss": 0.4, "steps": 10}]
+    assert choose(grid) is grid[3]
+    cells = {"baseline": {"0": {"validation": [1.0, 0.8]}, "1": {"validation": [1.0, 0.8]}},
+             "looped": {"0": {"validation": [1.0, 0.79]}, "1": {"validation": [0.97, 1.0]}}}
+    assert failed_to_train(cells, "looped", 2) == ["1"]  # 0.79 is within the tolerance of 0.8; 0.97 is not of 1.0
+
+
+def test_study_end_to_end_and_resume(tmp_path, capsys):
+    from fullband.cli import main
+
+    out = tmp_path / "controls"
+    assert main(["eval-controls", "--preset", "smoke", "--out_dir", str(out), "--workers", "1",
+                 "--progress", "false"]) in (0, None)
+    results = json.loads((out / "results.json").read_text())
+    group = results["groups"]["s5"]
+    assert set(group["cells"]) == {"baseline", "equal_flops", "looped", "rnn", "fullband", "shift0"}
+    assert all(len(seeds) == 2 for seeds in group["cells"].values())
+    assert all(len(cell["test"]) == 6 for seeds in group["cells"].values() for cell in seeds.values())
+    assert len(group["grid"]) == 5 * 2 * 2 * 2  # arms x knob values x learning rates x step counts
+    report = (out / "report.md").read_text()
+    assert "gives no verdict" in report and "Tuning grid" in report
+    results_files = sorted(out.glob("runs/**/" + RESULT))
+    stamps = {p: p.stat().st_mtime_ns for p in results_files}
+    assert main(["eval-controls", "--preset", "smoke", "--out_dir", str(out), "--workers", "1", "--progress", "false",
+                 "--resume", "true"]) in (0, None)
+    assert {p: p.stat().st_mtime_ns for p in sorted(out.glob("runs/**/" + RESULT))} == stamps  # nothing retrained
+    again = json.loads((out / "results.json").read_text())
+    assert again["groups"]["s5"]["cells"] == group["cells"]
+
+
+def test_cpu_spread_retrains_a_seed_with_avx2_kernels_and_the_report_shows_it(tmp_path):
+    from fullband.cli import main
+    from fullband.experiments.word_problems import cpu_spread
+
+    out = tmp_path / "controls"
+    main(["eval-controls", "--preset", "smoke", "--out_dir", str(out), "--workers", "1", "--progress", "false"])
+    assert cpu_spread.main(["--out_dir", str(out), "--seed", "1"]) == 0
+    spread = json.loads((out / cpu_spread.SPREAD_FILE).read_text())
+    assert spread["environment"]["ATEN_CPU_CAPABILITY"] == "avx2"
+    arms = spread["groups"]["s5"]
+    assert set(arms) == {"baseline", "equal_flops", "looped", "rnn", "fullband", "shift0"}
+    retrained = json.loads(next((out / cpu_spread.SPREAD_DIR).glob("runs/s5/rnn/*/seed1-*/result.json")).read_text())
+    native = json.loads((out / "results.json").read_text())["groups"]["s5"]["cells"]["rnn"]["1"]["test"]
+    other = retrained["checkpoints"][str(retrained["stops"][-1])]["test"]["accuracy"]
+    assert arms["rnn"]["max_abs_difference"] == max(abs(a - b) for a, b in zip(native, other, strict=True))
+    main(["eval-controls", "--preset", "smoke", "--out_dir", str(out), "--workers", "1", "--progress", "false",
+          "--resume", "true"])
+    assert "## Across CPU kinds" in (out / "report.md").read_text()
+
+
+def test_the_numbers_do_not_depend_on_the_threads(tmp_path):
+    """What ``workers`` changes: the torch threads of each run (1 or 2 here), not its weights."""
+    cfg = ControlsConfig(preset="smoke", progress=False, batch_size=32, d_model=32, n_heads=4)
+    threads = torch.get_num_threads()
+    weights = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            spec = RunSpec("s5", "fullband", 0.3, 3e-3, 1, (12,))
+            train_run(cfg, spec, str(tmp_path / str(count)))
+            from safetensors.torch import load_file
+
+            weights.append(load_file(spec.directory(tmp_path / str(count)) / "model-12.safetensors"))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_bad_settings_name_the_field():
+    with pytest.raises(ConfigError, match="test_lengths"):
+        ControlsConfig(train_length=8, test_lengths=(8, 12))
+    with pytest.raises(ConfigError, match="arms"):
+        ControlsConfig(arms=("looped", "rnn"))
