@@ -47,7 +47,7 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
     },
     # One GPU: 10.7M parameters (11.0M with the fusion), 2M tokens at 1x (245 steps of 16 x 512); the 1.5x baseline
     # sees 0.7 of the Shakespeare train split (4.34M byte tokens). 1.48e15 training FLOPs in all, evaluation up to
-    # 6.7e15 more (exact mode solved to exactness); benchmarks/compare_flops.py counts them, README "On GPUs".
+    # 6.7e15 more (exact mode solved to exactness); benchmarks/compare_flops.py counts them, docs/gpus.md.
     "gpu": {
         "model": {"d_model": 384, "n_layers": 6, "n_heads": 6},
         "train": {"token_budget": 2_000_000, "batch_size": 16, "seq_len": 512},
@@ -74,7 +74,7 @@ class CompareConfig(StudyConfig):
     preset: str = doc("default", f"Settings to start from: one of {tuple(COMPARE_PRESETS)}. default = 2 CPU cores in "
                       "<= ~10 min; long = the default model at 4.1 tokens/parameter (~2.2 h on 2 cores, resumable); "
                       "smoke = seconds (tests/CI); gpu = one GPU: d_model 384, 6 layers, seq_len 512, 2M tokens "
-                      "at 1x (README 'On GPUs'). Values from a config file or the command line override the preset's.")
+                      "at 1x (docs/gpus.md). Values from a config file or the command line override the preset's.")
     model: TrainModelConfig = field(default_factory=lambda: TrainModelConfig(d_model=128, n_layers=4, n_heads=4))
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
