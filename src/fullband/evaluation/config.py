@@ -8,6 +8,7 @@ from typing import ClassVar
 from fullband.config import (
     _is_int,
     _require,
+    device_field,
     doc,
     threads_field,
     validate_device_name,
@@ -39,7 +40,7 @@ class LmEvalConfig:
     batch_size: int = doc(16, "Requests per model batch.")
     limit: int | None = doc(None, "Evaluate only the first N documents of each task (none = all).")
     max_gen_toks: int = doc(256, "Default cap on generated tokens for generate_until tasks.")
-    device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
+    device: str = device_field()
     threads: str = threads_field()
     dtype: str = doc("float32", f"Model dtype: one of {EVAL_DTYPES}.")
     seed: int = doc(0, "Seed of the few-shot sampling and of every other random choice of lm-eval.")

@@ -8,6 +8,7 @@ from typing import ClassVar
 from fullband.config import (
     _is_int,
     _require,
+    device_field,
     doc,
     threads_field,
     validate_device_name,
@@ -29,7 +30,7 @@ class GenerateConfig:
     prompt: str = doc("", "Prompt text (or space/comma-separated token ids when no tokenizer is saved).")
     max_new_tokens: int = doc(64, "Tokens to generate.")
     stop_at_eos: bool = doc(True, "Stop at the tokenizer's end-of-sequence token.")
-    device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
+    device: str = device_field()
     threads: str = threads_field()
     drafter: str = doc(
         "", "Speculative decoding (same output, see DESIGN.md section 4): '' = off; standard = the model itself "

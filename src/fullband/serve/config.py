@@ -10,6 +10,7 @@ from fullband.config import (
     HF_PREFIX,
     _is_int,
     _require,
+    device_field,
     doc,
     threads_field,
     validate_device_name,
@@ -48,7 +49,7 @@ class ServeConfig:
     log_level: str = doc("info", "uvicorn log level: critical | error | warning | info | debug.")
     access_log: bool = doc(False, "Log one line per request (client, method, path, status) on stderr, whatever "
                            "log_level says.")
-    device: str = doc("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps.")
+    device: str = device_field()
     dtype: str = doc("float32", f"Model and KV-cache dtype: one of {SERVE_DTYPES} (bfloat16 halves the memory; fast on "
                      "CUDA and on CPUs with avx512_bf16 or AMX, emulated and slow on other CPUs).")
     threads: str = threads_field()
