@@ -144,3 +144,19 @@ def test_every_command_that_resumes_takes_true_auto_and_false(command, tmp_path)
 def test_synthetic_studies_refuse_the_keys_they_set_themselves(flag, capsys):
     assert main(["eval-state", "--preset", "smoke", "--out_dir", "unused", flag, "7"]) == 2
     assert f"{flag[2:]}=7 is invalid: the study sets it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["train", "eval-reasoning", "eval-state"])
+def test_every_command_that_trains_starts_from_the_recipe(command, tmp_path):
+    """A bare command trains with fullband train's recipe (the optimizer and feedback schedule of OptimConfig's and
+    ScheduleConfig's defaults); the committed AdamW reports are reproduced by naming their preset (adamw)."""
+    recipe = TrainRunConfig()
+    cfg = build_config(COMMANDS[command][0], None, build_parser().parse_args([command, "--out_dir", str(tmp_path)]))
+    for section, key in (("optim", "optimizer"), ("optim", "fusion_lr_mult"), ("optim", "weight_decay"),
+                         ("schedule", "feedback_start"), ("schedule", "pass_mix")):
+        assert getattr(getattr(cfg, section), key) == getattr(getattr(recipe, section), key), (section, key)
+    if command != "train":
+        adamw = build_config(COMMANDS[command][0], None,
+                             build_parser().parse_args([command, "--preset", "adamw", "--out_dir", str(tmp_path)]))
+        assert (adamw.optim.optimizer, adamw.schedule.feedback_start) == ("adamw", 0.75)
+        assert adamw.model == cfg.model and adamw.train.max_steps == cfg.train.max_steps  # the same sizes

@@ -16,8 +16,9 @@ REASONING_ALIASES = ALIASES | {
     "feedback_weight": "train.feedback_weight", "optimizer": "optim.optimizer", "muon_lr": "optim.muon_lr",
     "fusion_lr_mult": "optim.fusion_lr_mult"}
 
-# Each preset fills the fields left at None. smoke: the tests (seconds); default: the committed report (minutes on
-# 2 CPU cores); long: more steps and problems, for a GPU or a patient CPU.
+# Each preset fills the fields left at None. smoke: the tests (seconds); default: the committed report's sizes with
+# fullband train's recipe, like every command that trains; adamw: the committed report (docs/results/reasoning, AdamW,
+# feedback from 75% of the steps; minutes on 2 CPU cores); long: more steps and problems, for a GPU or a patient CPU.
 _REASONING_PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(min_length=2, max_length=4, strides=(1, 0), train_examples=500, test_per_length=4, d_model=32,
                   n_layers=1, n_heads=2, steps=8, batch_size=8, lr=3e-3),
@@ -51,7 +52,10 @@ _REASONING_PRESETS["exact-recurrence-tuned"] = _REASONING_PRESETS["exact-recurre
 _REASONING_PRESETS["controls"] = _REASONING_PRESETS["exact-recurrence-tuned"] | dict(
     families=("swaps", "swaps5", "sum"), controls=("looped", "equal_flops"), seeds=3, test_per_length=200,
     modes=("standard", "exact"), curriculum=0.6)
-REASONING_PRESETS = {name: pinned(sectioned(p, REASONING_ALIASES), name in ("smoke", "long"))
+_REASONING_PRESETS = {name: p for name, p in _REASONING_PRESETS.items() if name == "smoke"} | {
+    "default": _REASONING_PRESETS["default"], "adamw": _REASONING_PRESETS["default"]} | _REASONING_PRESETS
+# The recipe where no committed report pins AdamW (STUDY_ADAMW): smoke, default and long.
+REASONING_PRESETS = {name: pinned(sectioned(p, REASONING_ALIASES), name in ("smoke", "default", "long"))
                      for name, p in _REASONING_PRESETS.items()}
 # The names of the committed reports' commands: serial (its recipe trains the serial, fully recurrent computation)
 # and recurrent (issue 17's results).
@@ -69,8 +73,9 @@ class ReasoningConfig(SyntheticStudyConfig):
     ALIASES: ClassVar[dict[str, str]] = REASONING_ALIASES
 
     preset: str = doc("default", f"Settings to start from: one of {tuple(REASONING_PRESETS)}. smoke = seconds, "
-                      "fullband train's recipe (a check of the plumbing: no verdict); default = the committed report "
-                      "(AdamW, feedback from 75% of the steps); long = more steps and problems, the recipe; "
+                      "fullband train's recipe (a check of the plumbing: no verdict); default = the committed report's "
+                      "sizes with fullband train's recipe; adamw = the committed report (AdamW, feedback from 75% of "
+                      "the steps); long = more steps and problems, the recipe; "
                       "exact-recurrence (also: serial) = the full-bandwidth model trained on its fully recurrent "
                       "(exact) passes; exact-recurrence-tuned (also: recurrent) = that with lambda 0.3, 3000 steps, 8 "
                       "gradient passes, 2 seeds on sum; controls = that beside the looped and equal-FLOPs controls on "
