@@ -177,6 +177,12 @@ THREADS_HELP = ("torch CPU threads: auto = the cores this process may use (its C
                 "processes hold at start; or a count >= 1.")
 
 
+def install_hint(extra: str) -> str:
+    """How to install an optional part, for an installed package and for a clone (where ``pip install
+    'fullband[...]'`` would fetch another copy of fullband instead of adding the extra to this one)."""
+    return f"pip install 'fullband[{extra}]' (in a clone: pip install -e '.[{extra}]')"
+
+
 def device_field(runs: str = "", note: str = "") -> Any:
     """The ``device`` option every command has, in one wording: ``runs`` says what runs on it ("the float64
     model"), ``note`` what the command adds ("mps has no float64")."""

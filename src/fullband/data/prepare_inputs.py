@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from fullband.config import HF_PREFIX
+from fullband.config import HF_PREFIX, install_hint
 from fullband.data.errors import DataError
 from fullband.data.tokenizer import Tokenizer
 
@@ -206,7 +206,8 @@ def open_dataset(target: str, config: str | None, split: str, field_name: str, v
     try:
         import datasets  # optional and heavy: imported only for Hugging Face dataset inputs
     except ImportError:
-        raise DataError(f"{HF_PREFIX} inputs need the Hugging Face datasets library: pip install 'fullband[data]'"
+        raise DataError(f"{HF_PREFIX} inputs need the Hugging Face datasets library: "
+                        f"{install_hint('data')}"
                         ) from None
     name = target + (f" ({config})" if config else "") + f", split {split!r}"
     local = Path(target).expanduser()

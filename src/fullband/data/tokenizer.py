@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fullband.config import HF_PREFIX
+from fullband.config import HF_PREFIX, install_hint
 from fullband.data.cache import sha256_bytes
 from fullband.data.errors import DataError
 from fullband.files import write_bytes, write_json
@@ -275,7 +275,7 @@ class TransformersTokenizer(Tokenizer):
             from transformers import AutoTokenizer
         except ImportError:
             raise DataError(f"{directory} holds a transformers tokenizer; loading it needs transformers "
-                            "(pip install 'fullband[hf]')") from None
+                            f"({install_hint('hf')})") from None
         # (Beside a fullband checkpoint's config.json, which names remote code, fullband.families registers the
         # families' model types first, so AutoTokenizer reads that config locally: the model family's concern.)
         try:

@@ -18,11 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fullband.config import install_hint
+
 if TYPE_CHECKING:
     import torch
 
     from fullband.data import Tokenizer
     from fullband.model import FeedbackLM
+
 
 @dataclass(frozen=True)
 class FamilySpec:
@@ -58,7 +61,7 @@ class FamilySpec:
         try:
             return getattr(importlib.import_module(module), name)
         except ImportError as err:
-            extra = f" (pip install 'fullband[{self.extra}]')" if self.extra else ""
+            extra = f" ({install_hint(self.extra)})" if self.extra else ""
             raise CheckpointError(f"{what or 'the model'} holds {self.description}; loading it needs more "
                                   f"packages{extra}: {err}") from None
 

@@ -15,7 +15,7 @@ import socket
 import sys
 from typing import Any
 
-from fullband.config import ConfigError
+from fullband.config import ConfigError, install_hint
 from fullband.serve.config import LOOPBACK_HOSTS, ServeConfig
 
 
@@ -24,8 +24,8 @@ def build_app(cfg: ServeConfig) -> Any:
     try:
         from fullband.serve.app import Defaults, Limits, create_app
     except ImportError as err:
-        raise ConfigError(f"fullband serve needs FastAPI, uvicorn and prometheus-client: pip install "
-                          f"'fullband[serve]' ({err})") from None
+        raise ConfigError(f"fullband serve needs FastAPI, uvicorn and prometheus-client: "
+                          f"{install_hint('serve')} ({err})") from None
     import torch
 
     from fullband.devices import resolve_device

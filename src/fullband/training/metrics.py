@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from fullband.config import ConfigError
+from fullband.config import ConfigError, install_hint
 from fullband.files import dumps, write_text
 
 # Dense bf16 tensor-core peak FLOP/s per GPU, by a fragment of torch.cuda.get_device_name(); the first match
@@ -119,8 +119,8 @@ class WandbSink:
         try:
             import wandb
         except ImportError:
-            raise ConfigError(f"train.wandb_project={project!r} needs the wandb package: pip install "
-                              "'fullband[wandb]' (or leave train.wandb_project unset)") from None
+            raise ConfigError(f"train.wandb_project={project!r} needs the wandb package: "
+                              f"{install_hint('wandb')} (or leave train.wandb_project unset)") from None
         id_file = out_dir / WANDB_RUN_ID_FILE
         run_id = id_file.read_text().strip() if start_step > 0 and id_file.is_file() else secrets.token_hex(4)
         write_text(id_file, run_id + "\n")

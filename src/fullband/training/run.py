@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from fullband import families
-from fullband.config import ConfigError
+from fullband.config import ConfigError, install_hint
 from fullband.configio import config_to_dict, save_resolved_config
 from fullband.data import (
     SFTBatches,
@@ -221,8 +221,8 @@ def run_train(cfg: TrainRunConfig, progress: bool = True, announce: bool = False
         out_dir = Path(cfg.out_dir)
         resuming = check_run_directory(cfg)
         if cfg.train.wandb_project and importlib.util.find_spec("wandb") is None:
-            raise ConfigError(f"train.wandb_project={cfg.train.wandb_project!r} needs the wandb package: pip install "
-                              "'fullband[wandb]' (or leave train.wandb_project unset)")
+            raise ConfigError(f"train.wandb_project={cfg.train.wandb_project!r} needs the wandb package: "
+                              f"{install_hint('wandb')} (or leave train.wandb_project unset)")
 
         def barrier() -> None:
             if env.world_size > 1:

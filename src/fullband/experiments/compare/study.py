@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from fullband.config import ConfigError
+from fullband.config import ConfigError, install_hint
 from fullband.configio import build_config, config_to_dict, load_config_file, save_resolved_config
 from fullband.data import eval_windows, load_tokenizer
 from fullband.data.prepared import load_flat_split, scored_split
@@ -135,8 +135,8 @@ class CompareStudy(Study):
 
     def prepare(self) -> None:
         if not have_matplotlib():  # say so now, not after the training
-            warnings.warn("matplotlib is not installed, so the report will have no plots: pip install "
-                          "'fullband[plot]'", stacklevel=4)
+            warnings.warn("matplotlib is not installed, so the report will have no plots: "
+                          f"{install_hint('plot')}", stacklevel=4)
         if self.cfg.resume:
             check_resumable(self.cfg, self.out_dir)
         super().prepare()

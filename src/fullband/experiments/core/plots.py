@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from fullband.config import install_hint
 from fullband.files import write_file
 
 
@@ -19,7 +20,7 @@ def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("the study plots need matplotlib: pip install 'fullband[plot]'") from None
+        raise ImportError(f"the study plots need matplotlib: {install_hint('plot')}") from None
     matplotlib.use("Agg")  # files only: no display needed (CI, servers)
     import matplotlib.pyplot as plt
 

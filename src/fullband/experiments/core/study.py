@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from fullband.config import ConfigError
+from fullband.config import ConfigError, install_hint
 from fullband.configio import config_to_dict, save_resolved_config
 from fullband.experiments.core import plots as plotting
 from fullband.experiments.core.report import REPORT, Report, header_command
@@ -116,7 +116,7 @@ def write_study(out_dir: Path, results: dict[str, Any], plot: Callable[[dict[str
     if plots is None:
         plots = plotting.have_matplotlib()
         if not plots:
-            warnings.warn("matplotlib is not installed, so the report has no plots: pip install 'fullband[plot]'",
+            warnings.warn(f"matplotlib is not installed, so the report has no plots: {install_hint('plot')}",
                           stacklevel=3)
     if plots:
         plot(results)
