@@ -163,8 +163,11 @@ def decode(
         token = sample_next(state.next_logits, options.temperature, options.top_k, options.top_p, generator)
         token = torch.where(finished, torch.full_like(token, pad), token)
         yield token
-        finished |= torch.isin(token, stops)
-        if bool(finished.all()) or step == max_new_tokens - 1:
+        if stops.numel():  # without stop ids no row finishes: no read of the device per token (a CUDA sync)
+            finished |= torch.isin(token, stops)
+            if bool(finished.all()):
+                return
+        if step == max_new_tokens - 1:
             return
         advance(state, token)
 

@@ -1,0 +1,254 @@
+"""The GPU rows of issue 45's Done-when, measured in one run (benchmarks/gpu_check.py): training at GPT-2-small size in
+bf16 (MFU with NorMuon, NorMuon/AdamW, Trainer/bare step) and greedy decoding with the static, compiled step against
+transformers' ``generate`` on identical weights (identical tokens, batch 1 and 8; soft/standard).
+
+Every row is a :class:`Row` (name, value, unit, target, ok, note) for results.json and the markdown table of
+docs/LOG.md. A :class:`Budget` guards the run: a section whose estimate does not fit in the time left is skipped (its
+rows say so) and an alarm stops a section that overruns, so one run ends cleanly inside a device lease. On a CPU the
+same code runs at smoke size (:data:`SIZES`), in seconds: what tests/test_gpu_check.py checks.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import signal
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fullband.bench import steps
+from fullband.bench.timing import interleaved, ratio, synchronize
+from fullband.config import ModelConfig
+from fullband.model import FullBandwidthLM
+from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
+from fullband.training.metrics import flops_per_token, peak_flops
+from fullband.training.optim import build_optimizer
+
+
+@dataclass(frozen=True)
+class Size:
+    """The dimensions of one run: the training model and batch, and the decoding prompts."""
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+    vocab_size: int
+    seq_len: int
+    batch_size: int
+    rounds: int  # interleaved rounds of every timing
+    reps: int  # calls per case and round (training)
+    prompt_len: int
+    new_tokens: int
+    decode_batches: tuple[int, ...]
+    estimates_s: dict[str, float] = field(default_factory=dict)  # what each section takes, compiling included
+
+
+SIZES = {
+    # GPT-2-small (12 x 768, seq 1024, GPT-2's vocabulary padded to 64), nanoGPT's batch of 16 rows on one GPU.
+    "cuda": Size(768, 12, 12, 50304, 1024, 16, rounds=5, reps=3, prompt_len=32, new_tokens=128, decode_batches=(1, 8),
+                 estimates_s={"train": 200.0, "decode": 240.0}),
+    "cpu": Size(64, 2, 2, 256, 64, 4, rounds=2, reps=1, prompt_len=8, new_tokens=8, decode_batches=(1, 4),
+                estimates_s={"train": 20.0, "decode": 20.0}),
+}
+
+
+@dataclass
+class Row:
+    name: str
+    value: float | None
+    unit: str
+    target: str = ""
+    ok: bool | None = None  # None: no target, or not measured
+    note: str = ""
+
+
+class BudgetExceeded(Exception):
+    """The run's time is up (:class:`Budget`)."""
+
+
+class Budget:
+    """Seconds left of ``total``: :meth:`fits` says whether a section of some estimate starts, :meth:`guard` stops
+    one that overruns (SIGALRM, main thread) so the rows so far are still written."""
+
+    def __init__(self, total: float) -> None:
+        self.total, self.start = total, time.perf_counter()
+
+    def left(self) -> float:
+        return self.total - (time.perf_counter() - self.start)
+
+    def fits(self, estimate: float) -> bool:
+        return self.left() >= estimate
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        def stop(signum: int, frame: Any) -> None:
+            raise BudgetExceeded(f"the budget of {self.total:.0f} s is spent")
+
+        previous = signal.signal(signal.SIGALRM, stop)
+        signal.setitimer(signal.ITIMER_REAL, max(self.left(), 0.01))
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def matmul_flops_per_token(model: FullBandwidthLM, seq_len: int) -> float:
+    """Training FLOPs per token (:func:`flops_per_token`) over the parameters that enter matrix products: not the
+    embedding lookup, but the head, which a tied embedding shares (counted once there)."""
+    c = model.config
+    params = model.num_parameters(include_embedding=False) + (c.vocab_size * c.d_model if c.tie_embeddings else 0)
+    return flops_per_token(params, c.n_layers, c.d_model, seq_len)
+
+
+def training_rows(device: torch.device, size: Size) -> list[Row]:
+    """bf16 autocast (CUDA) single-pass training steps at ``size``: the Trainer's step with the recipe's NorMuon (its
+    MFU), and bare steps with NorMuon, NorMuon with the compiled iteration, and AdamW, interleaved."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=size.vocab_size, d_model=size.d_model, n_layers=size.n_layers,
+                         n_heads=size.n_heads, max_seq_len=size.seq_len, feedback=True)
+    model = FullBandwidthLM(config).to(device).train()
+    tokens = torch.randint(0, size.vocab_size, (size.batch_size, size.seq_len))  # host: the Trainer pins, copies
+    on_device = tokens.to(device)
+    cuda = device.type == "cuda"
+    train_cfg = TrainConfig(batch_size=size.batch_size, seq_len=size.seq_len, max_steps=10**6, checkpoint_every=0,
+                            compile="true" if cuda else "false", autocast="auto", log_every=10**6)
+    normuon = OptimConfig(optimizer="normuon")  # the recipe's optimizer, fullband train's default
+    adamw = dataclasses.replace(normuon, optimizer="adamw")
+    schedule = ScheduleConfig(feedback_start=1.0)  # single-pass steps: the transformer's own cost
+    from fullband.training.trainer import Trainer
+
+    with tempfile.TemporaryDirectory(prefix="fullband-gpu-check-") as tmp:
+        trainer = Trainer(copy.deepcopy(model), train_cfg, normuon, schedule,
+                          lambda step, rank, world: (tokens, tokens), out_dir=tmp, progress=False)
+        dtype = trainer.autocast_dtype
+        counter = iter(range(10**9))
+        cases: dict[str, Callable[[], Any]] = {"trainer": lambda: trainer.train_step(next(counter))}
+        for name, optim_cfg in (("normuon", normuon), ("normuon-compiled-ns", dataclasses.replace(normuon,
+                                ns_compile=True)), ("adamw", adamw)):
+            bare = copy.deepcopy(model)
+            if trainer.compiled:
+                bare.compile_blocks()  # what the Trainer runs
+            cases[name] = bare_step(bare, on_device, build_optimizer(bare, optim_cfg), dtype)
+        times = interleaved(cases, size.rounds, device, reps=size.reps, warmup=2)  # the warm-up compiles
+    seconds = statistics.median(times["trainer"])
+    n_tokens = tokens.numel()
+    peak = peak_flops(device, dtype or torch.float32)
+    mfu = matmul_flops_per_token(model, size.seq_len) * n_tokens / seconds / peak if peak else None
+    precision = "bf16 autocast" if dtype == torch.bfloat16 else "float32"
+    shape = f"{size.n_layers} x {size.d_model}, seq {size.seq_len}, batch {size.batch_size}"
+    return [
+        Row(f"train MFU, Trainer step, NorMuon, {precision} ({shape})", 100 * mfu if mfu is not None else None, "%",
+            ">= 35", mfu >= 0.35 if mfu is not None else None,
+            f"{n_tokens / seconds / 1e3:.1f}k tok/s, {1000 * seconds:.1f} ms/step"
+            + ("" if peak else "; no rated peak for this device")),
+        Row("NorMuon / AdamW step time (bare steps)", ratio(times, "normuon", "adamw"), "x", "<= 1.2",
+            ratio(times, "normuon", "adamw") <= 1.2),
+        Row("NorMuon (compiled Newton-Schulz) / AdamW step time", ratio(times, "normuon-compiled-ns", "adamw"), "x",
+            "<= 1.2", ratio(times, "normuon-compiled-ns", "adamw") <= 1.2, "optim.ns_compile true"),
+        Row("Trainer.train_step / bare step time (NorMuon)", ratio(times, "trainer", "normuon"), "x", "<= 1.05",
+            ratio(times, "trainer", "normuon") <= 1.05),
+    ]
+
+
+def bare_step(model: FullBandwidthLM, tokens: torch.Tensor, optimizer: Any,
+              dtype: torch.dtype | None) -> Callable[[], None]:
+    """One training step of ``model`` on ``tokens`` without the Trainer: autocast as it runs, clipping at 1."""
+    params = list(model.parameters())
+
+    def loss() -> torch.Tensor:
+        with torch.autocast(tokens.device.type, dtype=dtype, enabled=dtype is not None):
+            return steps.fullband_loss(model, tokens)()
+
+    return lambda: steps.optimizer_step(loss, optimizer, params)
+
+
+def decode_rows(device: torch.device, size: Size) -> list[Row]:
+    """Greedy decoding at ``size``'s model (float32) with the static, compiled step against LlamaForCausalLM's
+    ``generate`` on the same weights (identical tokens), soft against standard, and compiled against eager."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=size.vocab_size, d_model=size.d_model, n_layers=size.n_layers,
+                         n_heads=size.n_heads, max_seq_len=size.seq_len, feedback=True)
+    model = FullBandwidthLM(config).to(device).eval()
+    llama = steps.llama_twin(model).eval()
+    rows = []
+    n = size.new_tokens
+    for batch in size.decode_batches:
+        prompts = torch.randint(0, size.vocab_size, (batch, size.prompt_len), device=device)
+        cases = {"compiled standard": lambda p=prompts: steps.greedy_fullband(model, p, n, "standard", "compiled"),
+                 "compiled soft": lambda p=prompts: steps.greedy_fullband(model, p, n, "soft", "compiled"),
+                 "eager standard": lambda p=prompts: steps.greedy_fullband(model, p, n, "standard"),
+                 "eager soft": lambda p=prompts: steps.greedy_fullband(model, p, n, "soft"),
+                 "generate": lambda p=prompts: steps.greedy_transformers(llama, p, n)}
+        with torch.no_grad():
+            tokens = {name: case() for name, case in cases.items()}  # the warm-up: compiles, captures the graphs
+            times = interleaved(cases, size.rounds, device, warmup=0)
+        same_hf = torch.equal(tokens["compiled standard"], tokens["generate"])
+        same_eager = all(torch.equal(tokens[f"compiled {m}"], tokens[f"eager {m}"]) for m in ("standard", "soft"))
+        speed = ratio(times, "generate", "compiled standard")
+        target = 1.5 if batch == 1 else 1.2
+        per_s = {name: batch * n / statistics.median(t) for name, t in times.items()}
+        rows += [
+            Row(f"greedy decode speed, static+compiled / HF generate, batch {batch}", speed, "x", f">= {target}",
+                speed >= target and same_hf, ("identical tokens" if same_hf else "TOKENS DIFFER") +
+                f"; {per_s['compiled standard']:.0f} vs {per_s['generate']:.0f} tok/s"),
+            Row(f"soft / standard decode speed (compiled), batch {batch}", ratio(times, "compiled standard",
+                "compiled soft"), "x", ">= 0.95", ratio(times, "compiled standard", "compiled soft") >= 0.95),
+            Row(f"compiled / eager decode step speed (standard), batch {batch}", ratio(times, "eager standard",
+                "compiled standard"), "x", "", None, ("tokens == eager in standard and soft" if same_eager
+                                                     else "TOKENS DIFFER FROM EAGER")),
+            Row(f"soft / standard decode speed (eager), batch {batch}", ratio(times, "eager standard", "eager soft"),
+                "x"),
+        ]
+    return rows
+
+
+SECTIONS: dict[str, Callable[[torch.device, Size], list[Row]]] = {"train": training_rows, "decode": decode_rows}
+
+
+def run_check(device: torch.device, budget_s: float, sections: tuple[str, ...] = tuple(SECTIONS),
+              progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every section of ``sections`` that fits in the budget; the rows, the device, torch and the seconds."""
+    size = SIZES[device.type]
+    budget = Budget(budget_s)
+    rows: list[Row] = []
+    for name in sections:
+        estimate = size.estimates_s[name]
+        if not budget.fits(estimate):
+            rows.append(Row(f"{name} section", None, "", note=f"skipped: {budget.left():.0f} s left, it takes "
+                            f"~{estimate:.0f} s"))
+            continue
+        progress(f"gpu_check: {name} ({budget.left():.0f} s left of {budget_s:.0f})")
+        start = time.perf_counter()
+        try:
+            with budget.guard():
+                rows += SECTIONS[name](device, size)
+        except BudgetExceeded as stopped:
+            rows.append(Row(f"{name} section", None, "", note=f"stopped: {stopped}"))
+        except torch.OutOfMemoryError as error:  # a smaller device than the sizes assume: the other sections go on
+            rows.append(Row(f"{name} section", None, "", note=f"out of memory: {str(error).splitlines()[0]}"))
+        synchronize(device)
+        progress(f"gpu_check: {name} took {time.perf_counter() - start:.0f} s")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "budget_s": budget_s,
+            "seconds": budget_s - budget.left(), "size": dataclasses.asdict(size),
+            "rows": [dataclasses.asdict(r) for r in rows]}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The rows as a markdown table for docs/LOG.md, headed by the device and torch."""
+    lines = [f"gpu_check on {results['device']}, torch {results['torch']} (CUDA {results['cuda']}), "
+             f"{results['seconds']:.0f} s", "", "| row | value | target | ok | note |", "|---|---|---|---|---|"]
+    for r in results["rows"]:
+        value = "" if r["value"] is None or not math.isfinite(r["value"]) else f"{r['value']:.3g} {r['unit']}"
+        ok = {True: "yes", False: "**no**", None: ""}[r["ok"]]
+        lines.append(f"| {r['name']} | {value.strip()} | {r['target']} | {ok} | {r['note']} |")
+    return "\n".join(lines)
