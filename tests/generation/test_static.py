@@ -102,3 +102,17 @@ def test_compiled_step_tokens_equal_the_eager_path(mode):
     start = time.perf_counter()
     assert generate(model, PROMPTS, NEW, mode, step="compiled") == generate(model, PROMPTS, NEW, mode)
     print(f"compiled static step ({mode}): {time.perf_counter() - start:.1f} s with compiling")
+
+
+@torch.no_grad()
+def test_a_compiled_step_that_fails_to_compile_decodes_uncompiled(monkeypatch):
+    """A compiler error (or dynamo's limit of graphs reached) comes before the step runs: the decoder warns and takes
+    the static step uncompiled, with the same tokens."""
+    def failing(*args, **kwargs):
+        raise torch._dynamo.exc.FailOnRecompileLimitHit("too many graphs")
+
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: failing)
+    model = make_model(seed=3)
+    with pytest.warns(UserWarning, match="decoding with the static step uncompiled"):
+        got = generate(model, PROMPTS, NEW, "soft", step="compiled")
+    assert got == generate(model, PROMPTS, NEW, "soft")

@@ -23,6 +23,7 @@ transformers model) and the looped control decode eagerly.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any
 
@@ -35,6 +36,7 @@ from fullband.model.kv_cache import KVCache
 from fullband.modes import DECODE_STEPS
 
 STEPS = DECODE_STEPS  # DecodeOptions.step: eager, static, compiled
+MAX_COMPILED_SHAPES = 64  # the compiled step's graphs (rows x capacity x fused or plain) before falling back
 MIN_CAPACITY = 64  # the smallest cache: capacities are powers of two from here, so few shapes get compiled
 
 
@@ -165,7 +167,18 @@ class StaticDecoder:
                 torch.logical_not(state.plain_rows, out=buffers.fuse_rows)
         if self.compiled and tokens.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are read: a new one may start
-        logits = self._step_fn(feeds_back)(tokens.to(cache.keys.device, torch.long), feeds_back)
+        tokens = tokens.to(cache.keys.device, torch.long)
+        try:
+            logits = self._step_fn(feeds_back)(tokens, feeds_back)
+        except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as error:
+            # compiling failed, or too many shapes compiled (before the step ran): the static step, uncompiled
+            if not self.compiled:
+                raise
+            warnings.warn(f"the compiled decode step failed ({type(error).__name__}: "
+                          f"{str(error).strip().splitlines()[0][:200] if str(error).strip() else ''}); decoding "
+                          "with the static step uncompiled", stacklevel=2)
+            self.compiled, self._steps = False, {}
+            logits = self._step_fn(feeds_back)(tokens, feeds_back)
         cache.length += 1
         self._slot_at = cache.length
         # A CUDA graph's outputs are overwritten by its next replay (another batch's, in the server): keep a copy.
@@ -178,6 +191,11 @@ class StaticDecoder:
         if fn is None:
             fn = self.module
             if self.compiled:
+                # One graph per (rows, capacity, mode): a server's batch sizes come and go, so allow more graphs than
+                # dynamo's default 8 before it gives up (then this step runs uncompiled: see step). Process-wide, and
+                # only ever raised.
+                limit = torch._dynamo.config.recompile_limit
+                torch._dynamo.config.recompile_limit = max(limit, MAX_COMPILED_SHAPES)
                 cuda = self.cache.keys.device.type == "cuda"
                 fn = torch.compile(self.module, mode="reduce-overhead" if cuda else None, fullgraph=True,
                                    dynamic=False)
