@@ -78,3 +78,15 @@ def check_token_range(tokens: torch.Tensor, vocab_size: int) -> None:
         bad = lo if lo < 0 else hi
         raise ValueError(f"token id {bad} out of range: the model's vocab_size is {vocab_size} (ids must be in "
                          f"0..{vocab_size - 1})")
+
+
+def shown(record: dict[str, Any], feedback: bool) -> dict[str, str]:
+    """What the progress bar shows of a step: the next-token loss of pass 1 (val_loss_1pass's quantity, on the
+    training batch) and, with feedback, of the step's last pass (not the objective, which adds them up); its passes,
+    tokens/s and, where the device's peak is known, its MFU."""
+    losses = record["pass_losses"]
+    line = {"loss": f"{losses[0]:.4f}"}
+    if feedback:
+        line["last_pass"] = f"{losses[-1]:.4f}"
+    line |= {"passes": str(record["passes"]), "tok_s": f"{record['tokens_per_s']:.0f}"}
+    return line | ({"mfu": f"{100 * record['mfu']:.1f}%"} if "mfu" in record else {})

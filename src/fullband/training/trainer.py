@@ -46,11 +46,18 @@ from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training.errors import NonFiniteLossError, TrainingError
 from fullband.training.interrupt import Interrupted
 from fullband.training.metrics import MetricsLog, flops_per_token, peak_flops
-from fullband.training.objective import multipass_loss, sample_plain_prefix
+from fullband.training.objective import multipass_loss
 from fullband.training.optim import build_optimizer, in_cooldown, lr_at, optimizer_ns_dtype, set_lr
 from fullband.training.schedule import FeedbackSchedule
-from fullband.training.step_scalars import PENDING, PendingStep, StepWindow, check_token_range, read_scalars
-from fullband.training.step_setup import accumulate, autocast_dtype, compile_work, should_compile
+from fullband.training.step_scalars import (
+    PENDING,
+    PendingStep,
+    StepWindow,
+    check_token_range,
+    read_scalars,
+    shown,
+)
+from fullband.training.step_setup import accumulate, autocast_dtype, compile_work, plain_prefixes, should_compile
 
 # batch_fn(step, rank, world_size) -> (inputs, labels), each (batch_size * grad_accum, T): this process's
 # rows of optimizer step ``step``, all micro-batches together; must be a pure function of its arguments.
@@ -184,7 +191,8 @@ class Trainer:
             inputs, labels = inputs.pin_memory(), labels.pin_memory()
         inputs = inputs.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
-        prefixes, everyone = self._plain_prefixes(rows, seq_len, passes)  # (rows,), or (passes, rows) per pass
+        prefixes, everyone = plain_prefixes(self.cfg, self.generator, rows, seq_len, passes, self.rank,
+                                            self.world_size)  # (rows,), or (passes, rows) per pass
         # Truncated gradients: the passes and where they start are decided on the step's global batch, so every
         # micro-batch of every process runs what one process would on all of it.
         passes, fixed_point = (truncation(everyone, seq_len, passes, cfg.grad_passes)
@@ -249,18 +257,6 @@ class Trainer:
         self.state.loss = scalars["objective"]
         record.update(pending.record(scalars, grad_norm, self._window.per_step(), self._flops_per_token,
                                      self._peak_flops))
-
-    def _plain_prefixes(self, rows: int, seq_len: int, passes: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefix lengths of this rank, its slice of one draw for the global batch: (rows,), or with
-        ``prefix_per_pass`` (passes, rows), a fresh draw for every pass; and the global draw they come from."""
-        if not self.cfg.prefix_mixin:
-            return torch.ones(rows, dtype=torch.long), torch.ones(rows * self.world_size, dtype=torch.long)
-        if self.cfg.prefix_per_pass:
-            everyone = sample_plain_prefix(passes * rows * self.world_size, seq_len, self.generator).view(passes, -1)
-            return everyone[:, self.rank * rows : (self.rank + 1) * rows], everyone
-        # Drawn even for single-pass steps, so the prefixes of a step do not depend on the pass schedule.
-        everyone = sample_plain_prefix(rows * self.world_size, seq_len, self.generator)
-        return everyone[self.rank * rows : (self.rank + 1) * rows], everyone
 
     def _z_loss_weight(self, step: int) -> float:
         when = self.optim_cfg.z_loss_when
@@ -338,7 +334,7 @@ class Trainer:
             self.log.write(record)
         bar.update(1)
         if PENDING not in record:
-            bar.set_postfix(self._shown(record), refresh=False)
+            bar.set_postfix(shown(record, self.raw_model.config.feedback), refresh=False)
         if evaluated:
             self.evaluate(step)
         self.state.train_seconds += time.perf_counter() - t0  # kept in checkpoints: a resumed run adds on
@@ -347,16 +343,6 @@ class Trainer:
 
     def _saved_at(self, step: int) -> bool:
         return self.cfg.checkpoint_every > 0 and step % self.cfg.checkpoint_every == 0
-
-    def _shown(self, record: dict[str, Any]) -> dict[str, str]:
-        """What the progress bar shows of a step: the next-token loss of pass 1 (val_loss_1pass's quantity, on the
-        training batch) and, with feedback, of the step's last pass; not the objective, which adds them up."""
-        losses = record["pass_losses"]
-        shown = {"loss": f"{losses[0]:.4f}"}
-        if self.raw_model.config.feedback:
-            shown["last_pass"] = f"{losses[-1]:.4f}"
-        shown |= {"passes": str(record["passes"]), "tok_s": f"{record['tokens_per_s']:.0f}"}
-        return shown | ({"mfu": f"{100 * record['mfu']:.1f}%"} if "mfu" in record else {})
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Run ``eval_fn`` on the raw model (eval mode, no grad) and log its numbers under ``step``.
