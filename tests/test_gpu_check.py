@@ -55,3 +55,20 @@ def test_the_budget_stops_an_overrunning_section():
 
     with pytest.raises(BudgetExceeded), Budget(0.2).guard():
         time.sleep(2)
+
+
+def test_the_mfu_counts_the_matrix_products_of_a_single_pass():
+    """6N + attention over N = the blocks and the head: a tied embedding is the head (once), an untied one's lookup
+    is no product, and the fusion does not run in one pass."""
+    from conftest import make_model
+
+    from fullband.bench.gpu import matmul_flops_per_token
+    from fullband.training.metrics import flops_per_token
+
+    for tied in (True, False):
+        model = make_model(tie_embeddings=tied)
+        blocks = sum(p.numel() for p in model.blocks.parameters()) + model.norm.weight.numel()
+        head = model.lm_head.weight.numel()
+        norms = model.input_norm.weight.numel() if model.input_norm is not None else 0
+        expected = flops_per_token(blocks + head + norms, model.config.n_layers, model.config.d_model, 32)
+        assert matmul_flops_per_token(model, 32) == expected

@@ -102,10 +102,12 @@ class Budget:
 
 
 def matmul_flops_per_token(model: FullBandwidthLM, seq_len: int) -> float:
-    """Training FLOPs per token (:func:`flops_per_token`) over the parameters that enter matrix products: not the
-    embedding lookup, but the head, which a tied embedding shares (counted once there)."""
+    """Training FLOPs per token of a single-pass step (:func:`flops_per_token`) over the parameters that enter its
+    matrix products: not the embedding lookup, but the head, which a tied embedding shares (counted once there), and
+    not the fusion, which a single pass does not run."""
     c = model.config
     params = model.num_parameters(include_embedding=False) + (c.vocab_size * c.d_model if c.tie_embeddings else 0)
+    params -= sum(p.numel() for p in model.fusion.parameters()) if model.fusion is not None else 0
     return flops_per_token(params, c.n_layers, c.d_model, seq_len)
 
 

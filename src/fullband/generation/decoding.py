@@ -161,7 +161,8 @@ def decode(
     finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)
     for step in range(max_new_tokens):
         token = sample_next(state.next_logits, options.temperature, options.top_k, options.top_p, generator)
-        token = torch.where(finished, torch.full_like(token, pad), token)
+        if stops.numel():  # only a stop id finishes a row
+            token = torch.where(finished, torch.full_like(token, pad), token)
         yield token
         if stops.numel():  # without stop ids no row finishes: no read of the device per token (a CUDA sync)
             finished |= torch.isin(token, stops)

@@ -74,6 +74,9 @@ class _StaticStep(nn.Module):
         self.register_buffer("carried", torch.zeros(B, D, dtype=cache.keys.dtype, device=device), persistent=False)
         self.register_buffer("fuse_rows", torch.ones(B, dtype=torch.bool, device=device), persistent=False)
         self.register_buffer("key_pos", torch.arange(cache.max_len, device=device), persistent=False)
+        if device.type == "cuda":  # a CUDA graph reads and writes them in place: their addresses never change
+            for buffer in self.buffers():
+                torch._dynamo.mark_static_address(buffer)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The cache interface the attention calls: store the token's k, v (B, Hkv, 1, hd) at ``slot`` and return
@@ -121,6 +124,7 @@ class StaticDecoder:
         self.model, self.cache, self.compiled = model, cache, compiled
         self.module = _StaticStep(model, cache)
         self._slot_at = 0  # the cache length the slot buffer holds (kept in step, so no write per step)
+        self._fuse_all = True  # whether fuse_rows is all True
         self._steps: dict[bool, Any] = {}
 
     @property
@@ -161,10 +165,11 @@ class StaticDecoder:
         if feeds_back:
             if state.carried is not buffers.carried:
                 buffers.carried.copy_(state.carried)
-            if state.plain_rows is None:
-                buffers.fuse_rows.fill_(True)
-            else:
+            if state.plain_rows is not None:
                 torch.logical_not(state.plain_rows, out=buffers.fuse_rows)
+            elif not self._fuse_all:  # (a write per step would be one more launch per token)
+                buffers.fuse_rows.fill_(True)
+            self._fuse_all = state.plain_rows is None
         if self.compiled and tokens.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are read: a new one may start
         tokens = tokens.to(cache.keys.device, torch.long)
