@@ -144,7 +144,9 @@ class Trainer:
     # ------------------------------------------------------------------ one step
 
     def train_step(self, step: int) -> dict[str, Any]:
-        """Run optimizer step ``step`` (gradient accumulation, clipping, optimiser step); return its metrics."""
+        """Run optimizer step ``step`` (gradient accumulation, clipping, optimiser step); return its metrics (on CUDA,
+        after the first step, only ``kind`` and ``step`` with the scalars still on the device: :meth:`fit` reads them
+        back every ``log_every`` steps)."""
         if self._compile_checked:
             return self._train_step(step)
         rng = (torch.random.get_rng_state(), self.generator.get_state())
