@@ -72,3 +72,18 @@ def test_the_mfu_counts_the_matrix_products_of_a_single_pass():
         norms = model.input_norm.weight.numel() if model.input_norm is not None else 0
         expected = flops_per_token(blocks + head + norms, model.config.n_layers, model.config.d_model, 32)
         assert matmul_flops_per_token(model, 32) == expected
+
+
+def test_a_failing_case_costs_its_rows_not_the_section():
+    from fullband.bench.gpu import ratio_row, working
+
+    def broken():
+        raise RuntimeError("no kernel for this device")
+
+    outputs: dict = {}
+    cases, failed = working({"ours": lambda: 1, "theirs": broken}, outputs)
+    assert list(cases) == ["ours"] and outputs == {"ours": 1} and "no kernel" in failed["theirs"]
+    row = ratio_row("ours / theirs", {"ours": [1.0]}, failed, "ours", "theirs", "<= 1.2")
+    assert row.value is None and row.ok is None and "theirs failed" in row.note
+    row = ratio_row("a / b", {"a": [1.0, 1.0], "b": [2.0, 2.0]}, {}, "a", "b", ">= 0.4")
+    assert (row.value, row.ok) == (0.5, True)

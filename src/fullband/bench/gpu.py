@@ -17,6 +17,7 @@ import signal
 import statistics
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -140,25 +141,58 @@ def training_rows(device: torch.device, size: Size) -> Iterator[list[Row]]:
             if trainer.compiled:
                 bare.compile_blocks()  # what the Trainer runs
             cases[name] = bare_step(bare, on_device, build_optimizer(bare, optim_cfg), dtype)
-        times = interleaved(cases, size.rounds, device, reps=size.reps, warmup=2)  # the warm-up compiles
-    seconds = statistics.median(times["trainer"])
+        cases, failed = working(cases)  # the first call compiles; a case that fails is dropped, its rows say why
+        times = interleaved(cases, size.rounds, device, reps=size.reps, warmup=1)
     n_tokens = tokens.numel()
     peak = peak_flops(device, dtype or torch.float32)
-    mfu = matmul_flops_per_token(model, size.seq_len) * n_tokens / seconds / peak if peak else None
     precision = "bf16 autocast" if dtype == torch.bfloat16 else "float32"
     shape = f"{size.n_layers} x {size.d_model}, seq {size.seq_len}, batch {size.batch_size}"
-    yield [
-        Row(f"train MFU, Trainer step, NorMuon, {precision} ({shape})", 100 * mfu if mfu is not None else None, "%",
-            ">= 35", mfu >= 0.35 if mfu is not None else None,
-            f"{n_tokens / seconds / 1e3:.1f}k tok/s, {1000 * seconds:.1f} ms/step"
-            + ("" if peak else "; no rated peak for this device")),
-        Row("NorMuon / AdamW step time (bare steps)", ratio(times, "normuon", "adamw"), "x", "<= 1.2",
-            ratio(times, "normuon", "adamw") <= 1.2),
-        Row("NorMuon (compiled Newton-Schulz) / AdamW step time", ratio(times, "normuon-compiled-ns", "adamw"), "x",
-            "<= 1.2", ratio(times, "normuon-compiled-ns", "adamw") <= 1.2, "optim.ns_compile true"),
-        Row("Trainer.train_step / bare step time (NorMuon)", ratio(times, "trainer", "normuon"), "x", "<= 1.05",
-            ratio(times, "trainer", "normuon") <= 1.05),
-    ]
+    mfu_row = Row(f"train MFU, Trainer step, NorMuon, {precision} ({shape})", None, "%", ">= 35",
+                  note=failed.get("trainer", "" if peak else "no rated peak for this device"))
+    if "trainer" in times:
+        seconds = statistics.median(times["trainer"])
+        mfu = matmul_flops_per_token(model, size.seq_len) * n_tokens / seconds / peak if peak else None
+        mfu_row.value, mfu_row.ok = (100 * mfu, mfu >= 0.35) if mfu is not None else (None, None)
+        mfu_row.note = f"{n_tokens / seconds / 1e3:.1f}k tok/s, {1000 * seconds:.1f} ms/step; " + mfu_row.note
+    yield [mfu_row,
+           ratio_row("NorMuon / AdamW step time (bare steps)", times, failed, "normuon", "adamw", "<= 1.2"),
+           ratio_row("NorMuon (compiled Newton-Schulz) / AdamW step time", times, failed, "normuon-compiled-ns",
+                     "adamw", "<= 1.2", "optim.ns_compile true"),
+           ratio_row("Trainer.train_step / bare step time (NorMuon)", times, failed, "trainer", "normuon", "<= 1.05")]
+
+
+def working(cases: dict[str, Callable[[], Any]],
+            outputs: dict[str, Any] | None = None) -> tuple[dict[str, Callable[[], Any]], dict[str, str]]:
+    """Call each case once (the warm-up: compiling, allocating; what it returns goes into ``outputs``); (the cases
+    that ran, {case: why} of those that raised), so one failing path (a compiler error on this device) costs its
+    rows, not the section's."""
+    ok, failed = {}, {}
+    for name, case in cases.items():
+        try:
+            result = case()
+            ok[name] = case
+            if outputs is not None:
+                outputs[name] = result
+        except (BudgetExceeded, KeyboardInterrupt):
+            raise
+        except Exception as error:  # any failure of one case is reported in its rows
+            failed[name] = f"{name} failed: {type(error).__name__}: {str(error).strip()[:200]}"
+    return ok, failed
+
+
+def ratio_row(name: str, times: dict[str, list[float]], failed: dict[str, str], numerator: str, denominator: str,
+              target: str = "", note: str = "") -> Row:
+    """Row ``name``: the median ratio of ``numerator``'s time to ``denominator``'s, checked against ``target``
+    (``<= x`` or ``>= x``, or none), or why it could not be measured."""
+    missing = [failed.get(case, f"{case} not run") for case in (numerator, denominator) if case not in times]
+    if missing:
+        return Row(name, None, "x", target, None, "; ".join(missing))
+    value = ratio(times, numerator, denominator)
+    ok = None
+    if target:
+        bound = float(target.split()[1])
+        ok = value <= bound if target.startswith("<=") else value >= bound
+    return Row(name, value, "x", target, ok, note)
 
 
 def bare_step(model: FullBandwidthLM, tokens: torch.Tensor, optimizer: Any,
@@ -189,25 +223,27 @@ def decode_rows(device: torch.device, size: Size) -> Iterator[list[Row]]:
                  "compiled soft": lambda p=prompts: steps.greedy_fullband(model, p, n, "soft", "compiled"),
                  "eager standard": lambda p=prompts: steps.greedy_fullband(model, p, n, "standard"),
                  "generate": lambda p=prompts: steps.greedy_transformers(llama, p, n)}
+        tokens: dict[str, torch.Tensor] = {}
         with torch.no_grad():
-            tokens = {name: case() for name, case in cases.items()}  # the warm-up: compiles, captures the graphs
+            cases, failed = working(cases, tokens)  # the warm-up: compiles, captures the graphs
             tokens["eager soft"] = steps.greedy_fullband(model, prompts, n, "soft")  # checked, not timed
             times = interleaved(cases, size.rounds, device, warmup=0)
-        same_hf = torch.equal(tokens["compiled standard"], tokens["generate"])
-        same_eager = all(torch.equal(tokens[f"compiled {m}"], tokens[f"eager {m}"]) for m in ("standard", "soft"))
-        speed = ratio(times, "generate", "compiled standard")
-        target = 1.5 if batch == 1 else 1.2
-        per_s = {name: batch * n / statistics.median(t) for name, t in times.items()}
-        yield [
-            Row(f"greedy decode speed, static+compiled / HF generate, batch {batch}", speed, "x", f">= {target}",
-                speed >= target and same_hf, ("identical tokens" if same_hf else "TOKENS DIFFER") +
-                f"; {per_s['compiled standard']:.0f} vs {per_s['generate']:.0f} tok/s"),
-            Row(f"soft / standard decode speed (compiled), batch {batch}", ratio(times, "compiled standard",
-                "compiled soft"), "x", ">= 0.95", ratio(times, "compiled standard", "compiled soft") >= 0.95),
-            Row(f"compiled / eager decode step speed (standard), batch {batch}", ratio(times, "eager standard",
-                "compiled standard"), "x", "", None, ("tokens == eager in standard and soft" if same_eager
-                                                     else "TOKENS DIFFER FROM EAGER")),
-        ]
+        same_hf = "generate" in tokens and torch.equal(tokens["compiled standard"], tokens["generate"]) \
+            if "compiled standard" in tokens else False
+        same_eager = all(torch.equal(tokens[f"compiled {m}"], tokens[f"eager {m}"]) for m in ("standard", "soft")
+                         if f"compiled {m}" in tokens)
+        per_s = {name: f"{batch * n / statistics.median(t):.0f} tok/s" for name, t in times.items()}
+        speed = ratio_row(f"greedy decode speed, static+compiled / HF generate, batch {batch}", times, failed,
+                          "generate", "compiled standard", f">= {1.5 if batch == 1 else 1.2}",
+                          f"{'identical tokens' if same_hf else 'TOKENS DIFFER'}; {per_s.get('compiled standard')} "
+                          f"vs {per_s.get('generate')}")
+        speed.ok = speed.ok and same_hf if speed.ok is not None else None
+        yield [speed,
+               ratio_row(f"soft / standard decode speed (compiled), batch {batch}", times, failed,
+                         "compiled standard", "compiled soft", ">= 0.95"),
+               ratio_row(f"compiled / eager decode step speed (standard), batch {batch}", times, failed,
+                         "eager standard", "compiled standard",
+                         note="tokens == eager in standard and soft" if same_eager else "TOKENS DIFFER FROM EAGER")]
 
 
 SECTIONS: dict[str, Callable[[torch.device, Size], Iterator[list[Row]]]] = {"train": training_rows,
@@ -234,8 +270,10 @@ def run_check(device: torch.device, budget_s: float, sections: tuple[str, ...] =
                     rows += measured
         except BudgetExceeded as stopped:
             rows.append(Row(f"{name} section", None, "", note=f"stopped: {stopped}"))
-        except torch.OutOfMemoryError as error:  # a smaller device than the sizes assume: the other sections go on
-            rows.append(Row(f"{name} section", None, "", note=f"out of memory: {str(error).splitlines()[0]}"))
+        except Exception as error:  # out of memory, a compiler error: the other sections go on
+            traceback.print_exc()
+            rows.append(Row(f"{name} section", None, "", note=f"failed: {type(error).__name__}: "
+                            f"{(str(error).strip().splitlines() or [''])[0][:200]}"))
         synchronize(device)
         progress(f"gpu_check: {name} took {time.perf_counter() - start:.0f} s")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
