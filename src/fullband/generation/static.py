@@ -58,16 +58,20 @@ def capacity_for(model: FeedbackLM, length: int) -> int:
 class _StaticStep(nn.Module):
     """The step's static buffers (registered, so CUDA graphs treat their addresses as fixed) and the step itself.
 
-    ``keys``, ``values``, ``valid`` and ``next_position`` are the :class:`KVCache`'s own tensors (shared, not
-    copied): an eager forward (the prefill) and the step read and write one cache."""
+    The keys and values of each layer, ``valid`` and ``next_position`` are the :class:`KVCache`'s own tensors (shared,
+    not copied): an eager forward (the prefill) and the step read and write one cache."""
 
     def __init__(self, model: FeedbackLM, cache: KVCache) -> None:
         super().__init__()
         self.model = model
         B, D = cache.batch_size, int(model.config.d_model)
         device = cache.keys.device
-        self.register_buffer("keys", cache.keys, persistent=False)  # (L, B, Hkv, S, hd)
-        self.register_buffer("values", cache.values, persistent=False)
+        # One buffer per layer, (B, Hkv, S, hd) each: a view of the cache's stacked tensor. A write into a view of
+        # one (L, ...) buffer compiles to copies of the whole cache every step; into a buffer of its own, to an
+        # in-place write of the slot (as gpt-fast's per-layer caches).
+        for layer in range(cache.keys.shape[0]):
+            self.register_buffer(f"keys{layer}", cache.keys[layer], persistent=False)
+            self.register_buffer(f"values{layer}", cache.values[layer], persistent=False)
         self.register_buffer("valid", cache.valid, persistent=False)  # (B, S) bool
         self.register_buffer("next_position", cache.next_position, persistent=False)  # (B,)
         self.register_buffer("slot", torch.zeros(1, dtype=torch.long, device=device), persistent=False)
@@ -81,9 +85,10 @@ class _StaticStep(nn.Module):
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The cache interface the attention calls: store the token's k, v (B, Hkv, 1, hd) at ``slot`` and return
         every slot (B, Hkv, S, hd); the mask hides the unused ones."""
-        self.keys[layer].index_copy_(2, self.slot, k)
-        self.values[layer].index_copy_(2, self.slot, v)
-        return self.keys[layer], self.values[layer]
+        keys, values = getattr(self, f"keys{layer}"), getattr(self, f"values{layer}")
+        keys.index_copy_(2, self.slot, k)
+        values.index_copy_(2, self.slot, v)
+        return keys, values
 
     def forward(self, tokens: torch.Tensor, feeds_back: bool) -> torch.Tensor:
         """Decode one token per row, tokens (B,) -> next logits (B, V); ``feeds_back``: fuse the carried state."""
