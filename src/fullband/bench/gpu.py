@@ -18,6 +18,7 @@ import statistics
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -143,6 +144,7 @@ def training_rows(device: torch.device, size: Size) -> Iterator[list[Row]]:
             cases[name] = bare_step(bare, on_device, build_optimizer(bare, optim_cfg), dtype)
         cases, failed = working(cases)  # the first call compiles; a case that fails is dropped, its rows say why
         times = interleaved(cases, size.rounds, device, reps=size.reps, warmup=1)
+        syncs = host_syncs(cases["trainer"], 3) / 3 if cuda and "trainer" in cases else None
     n_tokens = tokens.numel()
     peak = peak_flops(device, dtype or torch.float32)
     precision = "bf16 autocast" if dtype == torch.bfloat16 else "float32"
@@ -159,6 +161,23 @@ def training_rows(device: torch.device, size: Size) -> Iterator[list[Row]]:
            ratio_row("NorMuon (compiled Newton-Schulz) / AdamW step time", times, failed, "normuon-compiled-ns",
                      "adamw", "<= 1.2", "optim.ns_compile true"),
            ratio_row("Trainer.train_step / bare step time (NorMuon)", times, failed, "trainer", "normuon", "<= 1.05")]
+    if syncs is not None:
+        yield [Row("host syncs per Trainer step (CUDA sync debug mode)", syncs, "", "0", syncs == 0,
+                   "between read-backs (log_every)")]
+
+
+def host_syncs(fn: Callable[[], Any], calls: int) -> int:
+    """The operations that make the host wait for the GPU in ``calls`` calls of ``fn`` (torch.cuda's sync debug
+    mode, which warns at each: ``.item()``, a device-to-host copy, a stream synchronisation)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(calls):
+                fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def working(cases: dict[str, Callable[[], Any]],
@@ -238,6 +257,11 @@ def decode_rows(device: torch.device, size: Size) -> Iterator[list[Row]]:
                           f"{'identical tokens' if same_hf else 'TOKENS DIFFER'}; {per_s.get('compiled standard')} "
                           f"vs {per_s.get('generate')}")
         speed.ok = speed.ok and same_hf if speed.ok is not None else None
+        if device.type == "cuda" and "compiled standard" in cases:
+            # A decode's own few (the prompt's checks, the tokens' copy to the host at the end), none per token.
+            syncs = host_syncs(cases["compiled standard"], 1)
+            yield [Row(f"host syncs per generated token (static+compiled), batch {batch}", syncs / n, "", "< 0.1",
+                       syncs / n < 0.1, f"{syncs} in a decode of {n} tokens (CUDA sync debug mode)")]
         yield [speed,
                ratio_row(f"soft / standard decode speed (compiled), batch {batch}", times, failed,
                          "compiled standard", "compiled soft", ">= 0.95"),

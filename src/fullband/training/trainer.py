@@ -195,6 +195,8 @@ class Trainer:
         labels = labels.to(self.device, non_blocking=True)
         prefixes, everyone = plain_prefixes(self.cfg, self.generator, rows, seq_len, passes, self.rank,
                                             self.world_size)  # (rows,), or (passes, rows) per pass
+        if self.device.type == "cuda":  # copied now, without waiting (the forward would copy them from pageable memory)
+            prefixes = prefixes.pin_memory().to(self.device, non_blocking=True)
         # Truncated gradients: the passes and where they start are decided on the step's global batch, so every
         # micro-batch of every process runs what one process would on all of it.
         passes, fixed_point = (truncation(everyone, seq_len, passes, cfg.grad_passes)
