@@ -116,3 +116,12 @@ def test_a_compiled_step_that_fails_to_compile_decodes_uncompiled(monkeypatch):
     with pytest.warns(UserWarning, match="decoding with the static step uncompiled"):
         got = generate(model, PROMPTS, NEW, "soft", step="compiled")
     assert got == generate(model, PROMPTS, NEW, "soft")
+
+
+def test_released_decoders_are_built_afresh():
+    from fullband.generation.static import release_static_decoders
+
+    model = make_model()
+    first = static_decoder(model, 2, 20, compiled=False)
+    release_static_decoders(model)
+    assert static_decoder(model, 2, 20, compiled=False) is not first

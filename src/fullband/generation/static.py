@@ -218,6 +218,11 @@ class StaticDecoder:
 _DECODERS: weakref.WeakKeyDictionary[FeedbackLM, dict[tuple, StaticDecoder]] = weakref.WeakKeyDictionary()
 
 
+def release_static_decoders(model: FeedbackLM) -> None:
+    """Free ``model``'s static caches (and compiled steps): they are kept for the next decode of their shape."""
+    _DECODERS.pop(model, None)
+
+
 def static_decoder(model: FeedbackLM, batch_size: int, length: int, compiled: bool) -> StaticDecoder:
     """The model's static decoder for ``batch_size`` rows and a decode of ``length`` tokens (prompt + new)."""
     p = model.embed.weight
