@@ -25,3 +25,15 @@ def test_server_engine_with_the_static_step_gives_each_request_its_tokens_alone(
     for (prompt, mode, passes, n), c in zip(jobs, collectors, strict=True):
         assert c.tokens == generate(model, prompt, n, mode, prefill_passes=passes)[len(prompt):], (prompt, mode)
     assert engine._static is not None and engine._static._decoders  # the static path really ran
+
+
+@pytest.mark.slow
+def test_server_engine_with_the_compiled_step_gives_each_request_its_tokens_alone():
+    """The same through torch.compile (inductor here; CUDA graphs on a GPU): a graph per batch size the engine
+    meets, float32 as served."""
+    model = make_model(dtype=torch.float32, max_seq_len=128)
+    jobs = [([5, 17, 3], "standard", 4), ([8, 1, 2, 9, 4, 4], "soft", 9), ([2] * 11, "soft", 6)]
+    engine = Engine(model, max_batch=2, decode_step="compiled")
+    collectors = run_engine(engine, [request(p, m, n) for p, m, n in jobs])
+    for (prompt, mode, n), c in zip(jobs, collectors, strict=True):
+        assert c.tokens == generate(model, prompt, n, mode)[len(prompt):], (prompt, mode)
