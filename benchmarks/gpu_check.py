@@ -1,28 +1,28 @@
-"""GPU check of issue 14 (speed): ``fullband bench`` on one NVIDIA GPU, then bf16 and torch.compile training steps.
+"""GPU check of issues 45 and 14 (speed): issue 45's Done-when rows in one prepared run, then optionally issue 14's.
 
-Not run yet (written on a CPU-only machine); it needs one CUDA GPU and takes well under 10 minutes. Without CUDA it
-says so in one line and exits with status 2. What it prints:
+One run on one NVIDIA GPU (an H100 or H200 lease) measures every GPU row of issue 45 (fullband.bench.gpu):
 
-1. the GPU, torch and CUDA versions;
-2. the ``fullband bench`` table on the GPU (float32): train step vs LlamaForCausalLM / GPT2LMHeadModel, trainer
-   overhead, 2-/3-pass cost, greedy decoding vs ``generate`` with identical tokens, soft vs standard, and the exact-
-   likelihood methods, which test the hypothesis behind ``forward_exact(method="auto")`` choosing ``chunked`` on CUDA
-   when a tolerance is given (``fullband.model.recurrence.auto_exact_method``);
-3. training steps at GPT-2-small size in bf16 autocast: eager vs ``torch.compile`` of each block (the Trainer's
-   ``train.compile``), fullband vs LlamaForCausalLM on the same weights, interleaved; and the compiled step's loss
-   against the eager one (they must agree within bf16 tolerance);
-4. the shard data path: a small generated corpus (no download) through ``fullband prepare`` into a temporary
-   directory, then a few ``fullband train`` steps on those shards, once as it is and once with
-   ``train.activation_checkpointing``: losses (they must agree, and fall), tokens/s, MFU and peak memory.
+1. training at GPT-2-small size (12 x 768, seq 1024, batch 16, bf16 autocast, compiled blocks): the Trainer's step
+   with the recipe's NorMuon (MFU against the device's rated bf16 peak, target >= 35%), NorMuon / AdamW step time
+   (<= 1.2; also with the compiled Newton-Schulz iteration), Trainer.train_step / bare step (<= 1.05);
+2. greedy decoding (float32, prompt 32, 128 new tokens) with the static KV cache and the compiled decode step
+   (CUDA graphs) against LlamaForCausalLM.generate on the same weights, batch 1 (>= 1.5x) and 8 (>= 1.2x), tokens
+   identical; soft / standard (>= 0.95); compiled / eager.
 
-    python benchmarks/gpu_check.py --out gpu-check        # writes bench.json, compile.json and shards.json there
-    python benchmarks/gpu_check.py --device cpu           # section 4 only, at smoke size: seconds on a CPU
+It writes docs/results/gpu-check/results.json (device, torch, and per row: name, value, unit, target, ok, note) and
+prints the markdown table for docs/LOG.md. ``--budget_s`` (default 510) keeps it inside a 10-minute command: a
+section that does not fit in the time left is skipped, one that overruns is stopped, and the rows so far are written.
+Expected on an H100/H200: about 4-6 minutes, mostly compiling (blocks, decode graphs at batch 1 and 8, standard and
+soft). ``--extra`` then runs issue 14's sections in the time left: the ``fullband bench`` table, eager vs compiled
+bf16 steps against LlamaForCausalLM, and training on prepared shards with and without activation checkpointing.
+
+    python benchmarks/gpu_check.py                                   # on the GPU: results.json + the table
+    python benchmarks/gpu_check.py --device cpu --out /tmp/gpu-check # the same rows at smoke size: seconds on a CPU
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import os
@@ -39,13 +39,17 @@ import torch
 from fullband import FullBandwidthLM, ModelConfig
 from fullband.bench import steps
 from fullband.bench.config import BenchConfig
+from fullband.bench.gpu import markdown, run_check
 from fullband.bench.run import run_bench, table
 from fullband.bench.timing import interleaved, ratio
 from fullband.configio import build_config
+from fullband.files import write_json
 from fullband.training.config import TrainRunConfig
 from fullband.training.run import run_train
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results" / "gpu-check"
+EXTRA_ESTIMATES_S = {"bench": 300.0, "compile": 120.0, "shards": 120.0}  # --extra's sections on one H200
 # Section 4's run: GPT-2-small width on a GPU (bf16 autocast, eager), a tiny model on a CPU.
 EARLY_STEPS = 5  # section 4 compares the two runs' losses over these first steps (see shard_check)
 SHARD_RUN = {
@@ -167,30 +171,54 @@ def print_shard_check(check: dict) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="gpu-check", help="directory for bench.json and compile.json")
-    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
-                        help="cpu: only the shard training check, at smoke size (a CPU smoke run of this script)")
+                        help="cpu: the same rows at smoke size (fullband.bench.gpu.SIZES), in well under a minute")
+    parser.add_argument("--budget_s", type=float, default=510.0,
+                        help="stop cleanly within this many seconds: a section that does not fit is skipped, one that "
+                             "overruns is stopped; the rows so far are written (default: 8.5 minutes, inside a "
+                             "10-minute command with the imports and CUDA start)")
+    parser.add_argument("--out", default=str(RESULTS), help="directory for results.json (and the extras' json)")
+    parser.add_argument("--sections", default="train,decode", help="issue 45's rows: train, decode")
+    parser.add_argument("--extra", action="store_true",
+                        help="then, in the budget left: the fullband bench table, the compile check and the shard "
+                             "training check (issue 14's sections)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the extras")
     args = parser.parse_args()
-    out = Path(args.out)
-    if args.device == "cpu":
-        out.mkdir(parents=True, exist_ok=True)
-        check = shard_check(torch.device("cpu"))
-        (out / "shards.json").write_text(json.dumps(check, indent=2))
-        return 0 if print_shard_check(check) else 1
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print(f"gpu_check: no CUDA GPU is visible (torch {torch.__version__}, CUDA build "
-              f"{torch.version.cuda or 'none'}); run it on a machine with one NVIDIA GPU", file=sys.stderr)
+              f"{torch.version.cuda or 'none'}); run it on a machine with one NVIDIA GPU, or with --device cpu",
+              file=sys.stderr)
         return 2
-    device = torch.device("cuda", 0)
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"# gpu_check: {torch.cuda.get_device_name(device)}, capability {torch.cuda.get_device_capability(device)}, "
-          f"bf16 {torch.cuda.is_bf16_supported()}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
-    results = run_bench(BenchConfig(device="cuda", rounds=args.rounds, limit_mib=1024, json=str(out / "bench.json")),
+    if device.type == "cuda":
+        print(f"# gpu_check: {torch.cuda.get_device_name(device)}, capability "
+              f"{torch.cuda.get_device_capability(device)}, bf16 {torch.cuda.is_bf16_supported()}, torch "
+              f"{torch.__version__}, CUDA {torch.version.cuda}", flush=True)
+    started = time.perf_counter()
+    results = run_check(device, args.budget_s, tuple(s for s in args.sections.split(",") if s),
                         progress=lambda message: print(message, file=sys.stderr, flush=True))
-    print(table(results), flush=True)
-    with contextlib.suppress(KeyboardInterrupt):
-        check = compile_check(device, args.rounds)
+    write_json(out / "results.json", results)
+    print(markdown(results), flush=True)
+    failed = any(row["ok"] is False for row in results["rows"])
+    left = args.budget_s - (time.perf_counter() - started)
+    if args.extra:
+        failed = not extras(device, out, args.rounds, left) or failed
+    return 1 if failed else 0
+
+
+def extras(device: torch.device, out: Path, rounds: int, left: float) -> bool:
+    """Issue 14's sections in the time left (each skipped when less than its estimate is): whether they passed."""
+    ok = True
+    if device.type == "cuda" and left > EXTRA_ESTIMATES_S["bench"]:
+        results = run_bench(BenchConfig(device="cuda", rounds=rounds, limit_mib=1024, json=str(out / "bench.json")),
+                            progress=lambda message: print(message, file=sys.stderr, flush=True))
+        print(table(results), flush=True)
+        left -= results["seconds"]
+    if device.type == "cuda" and left > EXTRA_ESTIMATES_S["compile"]:
+        start = time.perf_counter()
+        check = compile_check(device, rounds)
         (out / "compile.json").write_text(json.dumps(check, indent=2))
         print("\n# bf16 autocast train steps, GPT-2-small dims (12 x 768, vocab 32000), batch 16 x 512")
         for name, seconds in check["median_step_s"].items():
@@ -200,13 +228,13 @@ def main() -> int:
         print(f"2-pass / 1-pass time (compiled)  {check['two_pass_over_one_pass']:.2f}   (target <= 2.1)")
         same = check["loss_difference"] < 2e-2
         print(f"compiled vs eager loss: {check['losses']} -> {'same within bf16 tolerance' if same else 'DIFFER'}")
-        if not same:
-            return 1
+        ok = ok and same
+        left -= time.perf_counter() - start
+    if left > EXTRA_ESTIMATES_S["shards"] or device.type == "cpu":
         shards = shard_check(device)
         (out / "shards.json").write_text(json.dumps(shards, indent=2))
-        if not print_shard_check(shards):
-            return 1
-    return 0
+        ok = print_shard_check(shards) and ok
+    return ok
 
 
 if __name__ == "__main__":

@@ -104,6 +104,8 @@ def run_train(cfg: TrainRunConfig) -> None:
     result = train(cfg, announce=True)
     print(f"\ntrained {result.steps} steps, {result.tokens:,} tokens ({result.token_equiv_compute:,} "
           f"token-equivalent compute) in {result.seconds:.0f} s")
+    if result.final_mfu is not None:  # nanoGPT's figure: model FLOPs against the GPU's rated peak
+        print(f"MFU {100 * result.final_mfu:.1f}% over the last logged steps")
     if result.final_pass_losses is not None:  # next-token losses, as val_loss_kpass measures them
         losses = result.final_pass_losses
         last = f", pass {len(losses)} {losses[-1]:.4f}" if len(losses) > 1 else ""

@@ -30,6 +30,7 @@ DEFAULT_MODE = "soft"
 # standard, one plain pass, the number every other tool gives for the same network.
 DEFAULT_SCORE_MODE = "standard"
 MODE_PATTERN = "^(standard|soft|fused(:[0-9]+)?|exact)$"  # every spelling parse() takes (the server's schema)
+DECODE_STEPS = ("eager", "static", "compiled")  # DecodeOptions.step (fullband.generation.static)
 SPELLINGS = "standard, soft, fused (with prefill_passes), fused:K (K >= 0 extra fused prompt passes), exact"
 
 
@@ -161,6 +162,10 @@ class DecodeOptions:
                                           "the command stops at it.")
     pad_token_id: int | None = doc(None, "What a stopped row yields while others go on (none = the first stop id, "
                                    "or 0).")
+    step: str = doc("eager", "How each token is decoded after the prefill: eager (the model's forward), static (a "
+                    "preallocated KV cache and carried state written in place, one shape per decode) or compiled "
+                    "(static, through torch.compile; on CUDA replayed as a CUDA graph). Native models; others decode "
+                    "eagerly. In `fullband serve` the engine's setting for every decode step.")
 
     def __post_init__(self) -> None:
         mode = str(self.mode) if isinstance(self.mode, DecodingMode) else self.mode
@@ -182,6 +187,7 @@ class DecodeOptions:
                  "must be an integer in -2**63 .. 2**64 - 1 (what torch's seeding takes), or none")
         _require(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", self.stop_token_ids,
                  "must be token ids >= 0")
+        _require(self.step in DECODE_STEPS, "step", self.step, f"must be one of {', '.join(DECODE_STEPS)}")
         _require(self.pad_token_id is None or (_is_int(self.pad_token_id) and self.pad_token_id >= 0),
                  "pad_token_id", self.pad_token_id, "must be a token id >= 0, or none")
 

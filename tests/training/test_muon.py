@@ -262,3 +262,30 @@ def test_bad_constructor_values_are_refused():
         Muon(matrices(), ns_dtype="float16")
     with pytest.raises(ValueError, match=r"beta2=1.0: must be in \[0, 1\)"):
         NorMuon(matrices(), beta2=1.0)
+
+
+def test_the_multi_tensor_directions_of_cuda_are_the_loops_values():
+    """On CUDA the Nesterov directions come from one foreach lerp and a stack (two launches, not one per matrix):
+    the same values as the loop the CPU runs, bit for bit (here on the CPU, where both run)."""
+    generator = torch.Generator().manual_seed(0)
+    grads = [torch.randn(24, 24, generator=generator) for _ in range(5)]
+    buffers = [torch.randn(24, 24, generator=generator) for _ in range(5)]
+    group = {"nesterov": True, "momentum": 0.95}
+    assert torch.equal(Muon._directions(grads, buffers, group, multi_tensor=True),
+                       Muon._directions(grads, buffers, group, multi_tensor=False))
+
+
+def test_a_compiled_newton_schulz_iteration_takes_the_same_steps_to_rounding():
+    """optim.ns_compile: the iteration through torch.compile (inductor here, one stack shape) gives eager's
+    orthogonalisation to float32 rounding, and a Muon with it the same steps."""
+    generator = torch.Generator().manual_seed(0)
+    stack = torch.randn(3, 24, 24, generator=generator)
+    torch.testing.assert_close(orthogonalise_stack(stack, dtype=torch.float32, compiled=True),
+                               orthogonalise_stack(stack, dtype=torch.float32), rtol=0, atol=1e-5)
+    ours = [torch.nn.Parameter(p.detach().clone()) for p in stack]
+    eager = [torch.nn.Parameter(p.detach().clone()) for p in stack]
+    settings = dict(lr=0.02, weight_decay=0.01, momentum=0.95, ns_dtype="float32")
+    run(Muon(ours, ns_compile=True, **settings), ours, steps=3)
+    run(Muon(eager, **settings), eager, steps=3)
+    for a, b in zip(ours, eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)

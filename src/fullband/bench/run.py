@@ -113,7 +113,8 @@ class Bench:
         for name in models:
             seconds = statistics.median(times[name])
             self.rows.append(Row("train", labels[name], 1000 * seconds, f"{n_tokens / seconds / 1e3:.1f}k tok/s",
-                                 of_limit=share_of_peak(times, name, flops[name] * n_tokens, peak_flops)))
+                                 of_limit=share_of_peak(times, name, flops[name] * n_tokens, peak_flops),
+                                 check=mfu(self.device, flops[name] * n_tokens, seconds)))
         self.rows.append(Row("train", "speed fullband / LlamaForCausalLM", ratio=ratio(times, "llama", "fullband"),
                              target=">= 1.3", check=f"same loss ({ours_loss:.5f} vs {llama_loss:.5f})"
                              if same_loss else f"LOSS DIFFERS ({ours_loss:.5f} vs {llama_loss:.5f})", ok=same_loss))
@@ -190,7 +191,8 @@ class Bench:
                                  f"{tokens.numel() / seconds / 1e3:.1f}k tok/s",
                                  target="" if name == "adamw-eager" else ">= 45%",
                                  of_limit=share_of_peak(times, name, flops, peak_flops),
-                                 check=f"optimizer {share:.0%} of it"))
+                                 check=f"optimizer {share:.0%} of it" + (f"; {m}" if (m := mfu(self.device, flops,
+                                                                                               seconds)) else "")))
         self.rows.append(Row("optim", "its weights' matrix products alone (ceiling)",
                              1000 * statistics.median(times["products"]),
                              f"{product_flops / statistics.median(times['products']) / 1e9:.1f} GFLOP/s",
@@ -334,6 +336,15 @@ class Bench:
                             and ("tol" in kwargs) == (tol_value is not None and chosen != "sequential"))]
             label = f"forward_exact auto{', ' + tol if tol_value else ''} (= {chosen} here)"
             self.rows.append(dataclasses.replace(row, case=label))
+
+
+def mfu(device: torch.device, step_flops: float, seconds: float) -> str:
+    """The step's model FLOP/s against the device's rated float32 peak (``fullband.training.metrics``: the GPUs it
+    knows; "" elsewhere, where the matmul timed beside it is the limit), as nanoGPT prints its MFU."""
+    from fullband.training.metrics import peak_flops
+
+    peak = peak_flops(device, torch.float32)
+    return f"MFU {100 * step_flops / seconds / peak:.1f}% of float32 peak" if peak else ""
 
 
 def share_of_peak(times: dict[str, list[float]], name: str, case_flops: float, peak_flops: float) -> str:

@@ -215,11 +215,13 @@ def weight_products(model: FullBandwidthLM, batch: int, new_tokens: int) -> Call
     return run
 
 
-def greedy_fullband(model: FullBandwidthLM, prompts: torch.Tensor, new_tokens: int, mode: str) -> torch.Tensor:
-    """The ``new_tokens`` greedy tokens fullband decodes after ``prompts`` in ``mode``, (B, new_tokens)."""
+def greedy_fullband(model: FullBandwidthLM, prompts: torch.Tensor, new_tokens: int, mode: str,
+                    step: str = "eager") -> torch.Tensor:
+    """The ``new_tokens`` greedy tokens fullband decodes after ``prompts`` in ``mode``, (B, new_tokens); ``step``:
+    the decode step (DecodeOptions.step: eager, static, compiled)."""
     from fullband.generation.decoding import generate
 
-    return generate(model, prompts, max_new_tokens=new_tokens, mode=mode)[:, prompts.shape[1]:]
+    return generate(model, prompts, max_new_tokens=new_tokens, mode=mode, step=step)[:, prompts.shape[1]:]
 
 
 def greedy_transformers(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:

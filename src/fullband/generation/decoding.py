@@ -25,7 +25,9 @@ from fullband.generation.looped import check_looped_options, is_looped, looped_s
 from fullband.generation.sampling import sample_next
 from fullband.generation.speculative import SpeculativeConfig, speculative_stream
 from fullband.generation.state import DecodeState
+from fullband.generation.static import static_decoder, supports_static
 from fullband.model import FeedbackLM, FullBandwidthLM
+from fullband.model.kv_cache import CacheSlots
 from fullband.modes import DECODING_MODES, DEFAULT_MODE, DecodeOptions, DecodingMode, prefill_of
 
 MODES = DECODING_MODES
@@ -73,15 +75,17 @@ def prefill(
     prefill_passes: int = 1,
     exact_chunk_size: int = 1,
     exact_tol: float | None = None,
+    cache: CacheSlots | None = None,
 ) -> DecodeState:
     """Run the prompt through the model in ``mode`` and return the state to decode from. ``prefill_passes`` is the
-    pass count of a bare ``"fused"``."""
+    pass count of a bare ``"fused"``; ``cache``: an empty cache of at least ``max_len`` slots to fill (a static
+    decoder's), else a new one."""
     plan = prefill_of(DecodingMode.parse(mode, prefill_passes))
     B, T = ids.shape
     if max_len > model.config.max_seq_len:
         raise ValueError(f"prompt ({T} tokens, padded) + max_new_tokens = {max_len} exceeds the model context "
                          f"max_seq_len={model.config.max_seq_len}; shorten the prompt or generate fewer tokens")
-    cache = model.new_cache(B, max_len)
+    cache = cache if cache is not None else model.new_cache(B, max_len)
     # With left padding, a row's first real token is the one that must stay plain (p = 1 in that row).
     first_real = (mask.shape[1] - mask.sum(dim=1)).to(ids.device)
     if plan.exact:
@@ -142,8 +146,13 @@ def decode(
         if mode.feeds_back:
             yield from looped_stream(model, ids, mask, max_new_tokens, options, generator)
             return
-    state = prefill(model, ids, mask, mode, ids.shape[1] + max_new_tokens, exact_chunk_size=options.exact_chunk_size,
-                    exact_tol=exact_tol)
+    length = ids.shape[1] + max_new_tokens
+    static = None
+    if options.step != "eager" and speculative is None and supports_static(model):  # else: the eager step
+        static = static_decoder(model, ids.shape[0], length, compiled=options.step == "compiled")
+    state = prefill(model, ids, mask, mode, length, exact_chunk_size=options.exact_chunk_size, exact_tol=exact_tol,
+                    cache=static.fresh_cache() if static is not None else None)
+    advance = static.step if static is not None else lambda state, token: decode_step(model, state, token)
     if speculative is not None:
         yield from speculative_stream(model, state, ids, mask, max_new_tokens, speculative, options, generator)
         return
@@ -152,12 +161,16 @@ def decode(
     finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)
     for step in range(max_new_tokens):
         token = sample_next(state.next_logits, options.temperature, options.top_k, options.top_p, generator)
-        token = torch.where(finished, torch.full_like(token, pad), token)
+        if stops.numel():  # only a stop id finishes a row
+            token = torch.where(finished, torch.full_like(token, pad), token)
         yield token
-        finished |= torch.isin(token, stops)
-        if bool(finished.all()) or step == max_new_tokens - 1:
+        if stops.numel():  # without stop ids no row finishes: no read of the device per token (a CUDA sync)
+            finished |= torch.isin(token, stops)
+            if bool(finished.all()):
+                return
+        if step == max_new_tokens - 1:
             return
-        decode_step(model, state, token)
+        advance(state, token)
 
 
 def pad_id(options: DecodeOptions) -> int:
@@ -184,10 +197,11 @@ def stream(
     exact_chunk_size: int = 1,
     exact_tol: float | None = None,
     speculative: SpeculativeConfig | dict | None = None,
+    step: str = "eager",
 ) -> Iterator[torch.Tensor]:
     """:func:`decode` with the :class:`~fullband.modes.DecodeOptions` given one by one."""
     options = DecodeOptions(mode, prefill_passes, exact_chunk_size, temperature, top_k, top_p, seed,
-                            tuple(stop_token_ids), pad_token_id)
+                            tuple(stop_token_ids), pad_token_id, step)
     return decode(model, prompt_ids, max_new_tokens, options, attention_mask=attention_mask, exact_tol=exact_tol,
                   speculative=speculative)
 

@@ -57,8 +57,10 @@ def set_onednn(enabled: bool) -> bool:
 class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
+        # Under torch.compile (the static decode step) inductor picks the kernel: the branch would break the graph.
         if _onednn and not torch.is_grad_enabled() and x.dtype == torch.float32 and x.device.type == "cpu" \
-                and w.dtype == torch.float32 and w.numel() >= _min_weight() and x.numel() >= _min_rows * w.shape[1]:
+                and not torch.compiler.is_compiling() and w.dtype == torch.float32 and w.numel() >= _min_weight() \
+                and x.numel() >= _min_rows * w.shape[1]:
             return _onednn_linear(x, w, self.bias)
         return F.linear(x, w, self.bias)
 

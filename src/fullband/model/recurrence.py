@@ -238,7 +238,9 @@ def fused_positions(plain_prefix: PlainPrefix, B: int, T: int, offset: int, devi
         if plain_prefix.shape != (B,):
             raise ValueError(f"plain_prefix tensor must have shape ({B},) or (passes, {B}), got "
                              f"{tuple(plain_prefix.shape)}")
-        if bool((plain_prefix < 1).any()):
+        # Checked where it is read for free: on a CUDA tensor it would make the host wait for the GPU every forward
+        # (the Trainer draws its prefixes >= 1 on the host and copies them over without waiting).
+        if plain_prefix.device.type == "cpu" and bool((plain_prefix < 1).any()):
             raise ValueError("plain_prefix must be >= 1 in every row (position 1 is always plain)")
         return absolute[None, :] >= plain_prefix.to(device)[:, None]
     if not isinstance(plain_prefix, int) or plain_prefix < 1:

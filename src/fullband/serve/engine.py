@@ -16,7 +16,10 @@ A sequence's decoding state is its KV cache rows plus its last carried state ``h
 keeps the rows right-aligned in one cache (left padding, as batched decoding does), so a row at any length decodes
 next to any other; whenever the membership changes the rows are copied into a fresh cache whose padded length is
 the longest row's, which keeps it within the model context (the cache's own ``gather_rows``: the native KVCache and
-a retrofitted model's cache alike). Each step is :func:`fullband.generation.decoding.decode_step` over the batch.
+a retrofitted model's cache alike). Each step is :func:`fullband.generation.decoding.decode_step` over the batch, or
+with ``decode_step="static"`` / ``"compiled"`` ([decode].step) the static step of :mod:`fullband.generation.static`
+(a native model): each batch then decodes in a preallocated cache of a fixed capacity, compiled and on CUDA replayed
+as a CUDA graph.
 Modes mix in one step: a row is fused (soft, fused, exact) or plain (standard, ``DecodeState.plain_rows``), with
 its own carried state. Greedy tokens are those of the same request decoded alone (``tests/serve`` checks it).
 
@@ -38,6 +41,7 @@ import torch
 from fullband.generation.decoding import decode_step
 from fullband.generation.sampling import sample_next
 from fullband.generation.state import DecodeState
+from fullband.generation.static import StaticPool, supports_static
 from fullband.model import FeedbackLM
 from fullband.serve.batching import gather_rows, release_free_memory
 from fullband.serve.prefill import Admission, _Batch, _Chunked, _Sequence
@@ -67,8 +71,11 @@ class Engine(Admission):
     (called on the engine thread: keep it short and non-blocking)."""
 
     def __init__(self, model: FeedbackLM, max_batch: int = 16, max_queue: int = 64, exact_chunk_size: int = 1,
-                 interleave_prefill: bool = True) -> None:
+                 interleave_prefill: bool = True, decode_step: str = "eager") -> None:
         self.model = model
+        # The static / compiled decode step ([decode].step, generation.static) where the model has it, else eager.
+        self._static = StaticPool(model, compiled=decode_step == "compiled") \
+            if decode_step != "eager" and supports_static(model) else None
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.exact_chunk_size = exact_chunk_size
@@ -215,7 +222,12 @@ class Engine(Admission):
         plain_rows = None if all(fused) else torch.tensor([not f for f in fused], device=self.device)
         state = DecodeState(batch.cache, batch.carried if any(fused) else None, batch.logits, prompt_len=1,
                             plain_rows=plain_rows)
-        decode_step(self.model, state, tokens)  # the generation module's step, on the whole batch
+        if self._static is not None:  # its cache becomes the decoder's (rows copied in at a batch's first step)
+            decoder = self._static.decoder_for(batch, B, batch.cache.max_len, self._batches)
+            decoder.step(state, tokens)
+            batch.cache = state.cache
+        else:
+            decode_step(self.model, state, tokens)  # the generation module's step, on the whole batch
         batch.logits = state.next_logits
         if state.carried is not None:
             batch.carried = state.carried

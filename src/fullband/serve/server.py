@@ -36,7 +36,8 @@ def build_app(cfg: ServeConfig) -> Any:
     model = load_any(cfg.checkpoint, device=resolve_device(cfg.device), dtype=getattr(torch, cfg.dtype))
     tokenizer = load_tokenizer_of(cfg.checkpoint)
     engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue,
-                    exact_chunk_size=cfg.decode.exact_chunk_size, interleave_prefill=cfg.interleave_prefill)
+                    exact_chunk_size=cfg.decode.exact_chunk_size, interleave_prefill=cfg.interleave_prefill,
+                    decode_step=cfg.decode.step)
     name = cfg.model_name or checkpoint_dir(cfg.checkpoint).resolve().name
     defaults = Defaults(cfg.decode, cfg.max_tokens)
     api_key = cfg.resolved_api_key(os.environ)

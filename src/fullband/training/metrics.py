@@ -28,12 +28,25 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
-def peak_flops(device: torch.device) -> float | None:
-    """Peak bf16 FLOP/s of ``device`` if it is a CUDA GPU in :data:`PEAK_BF16_FLOPS`, else None."""
+# Dense float32 peak FLOP/s (CUDA cores; TF32 tensor cores only when torch.backends.cuda.matmul.allow_tf32 is set,
+# which fullband leaves off): the peak of a float32 step such as `fullband bench`'s on a GPU.
+PEAK_FP32_FLOPS: tuple[tuple[str, float], ...] = (
+    ("GH200", 67e12),
+    ("H200", 67e12),
+    ("H100 PCIe", 51e12),
+    ("H100", 67e12),
+    ("A100", 19.5e12),
+)
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> float | None:
+    """Peak FLOP/s of ``device`` for matmuls in ``dtype`` (bf16 or float32) if it is a CUDA GPU in
+    :data:`PEAK_BF16_FLOPS` / :data:`PEAK_FP32_FLOPS`, else None (no MFU rather than a made-up one)."""
     if device.type != "cuda":
         return None
+    table = {torch.bfloat16: PEAK_BF16_FLOPS, torch.float32: PEAK_FP32_FLOPS}.get(dtype, ())
     name = torch.cuda.get_device_name(device)
-    return next((flops for fragment, flops in PEAK_BF16_FLOPS if fragment in name), None)
+    return next((flops for fragment, flops in table if fragment in name), None)
 
 
 def flops_per_token(num_params: int, n_layers: int, d_model: int, seq_len: int) -> float:

@@ -88,13 +88,27 @@ def shape_groups(matrices: list[Tensor]) -> list[list[int]]:
 
 def orthogonalise_stack(stack: Tensor, steps: int = NS_STEPS, dtype: torch.dtype = torch.bfloat16,
                         coefficients: tuple[float, float, float] = NS_COEFFICIENTS, eps: float = NS_EPS,
-                        workspace: dict[Any, Tensor] | None = None) -> Tensor:
+                        workspace: dict[Any, Tensor] | None = None, compiled: bool = False) -> Tensor:
     """:func:`newton_schulz` of a stack (k, rows, cols) of matrices: one batched iteration for several (issue 24:
     4-6x faster than one at a time at the compare default on a 2-core CPU, the same bits there, docs/LOG.md),
-    torch.optim.Muon's own 2-D calls (its bits) for a lone matrix. ``workspace``: as :func:`newton_schulz`'s."""
+    torch.optim.Muon's own 2-D calls (its bits) for a lone matrix. ``workspace``: as :func:`newton_schulz`'s.
+    ``compiled``: the iteration through torch.compile (:func:`compiled_newton_schulz`; no workspace)."""
+    iterate = compiled_newton_schulz() if compiled else newton_schulz
+    workspace = None if compiled else workspace
     if len(stack) == 1:
-        return newton_schulz(stack[0], steps, dtype, coefficients, eps, workspace).unsqueeze(0)
-    return newton_schulz(stack, steps, dtype, coefficients, eps, workspace)
+        return iterate(stack[0], steps, dtype, coefficients, eps, workspace).unsqueeze(0)
+    return iterate(stack, steps, dtype, coefficients, eps, workspace)
+
+
+_COMPILED: list[Callable[..., Tensor]] = []
+
+
+def compiled_newton_schulz() -> Callable[..., Tensor]:
+    """:func:`newton_schulz` through torch.compile, built once per process: one graph per stack shape, its scaling,
+    casts and polynomial fused around the matmuls, which on a GPU are small enough for launches to dominate."""
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(newton_schulz, dynamic=False))
+    return _COMPILED[0]
 
 
 def resolve_ns_dtype(setting: str, device_type: str, flags: Iterable[str] = ()) -> str:
@@ -121,21 +135,28 @@ class Muon(torch.optim.Muon):
 
     The dtype is not part of the state dict: it is a property of the machine, recorded in the run's config."""
 
-    def __init__(self, params: Iterable[Any], *, ns_dtype: str = "bfloat16", **kwargs: Any) -> None:
+    def __init__(self, params: Iterable[Any], *, ns_dtype: str = "bfloat16", ns_compile: bool = False,
+                 **kwargs: Any) -> None:
         if ns_dtype not in NS_DTYPES:
             raise ValueError(f"ns_dtype={ns_dtype!r}: must be one of {tuple(NS_DTYPES)}")
         super().__init__(params, **kwargs)
         self.ns_dtype = ns_dtype
+        self.ns_compile = ns_compile  # the iteration through torch.compile (optim.ns_compile)
         # The iteration's buffers, kept from step to step on a CPU (newton_schulz); CUDA's caching allocator
         # already reuses its blocks, and there the memory is worth more.
         self._ns_workspace: dict[Any, Tensor] = {}
 
     @staticmethod
-    def _directions(grads: list[Tensor], buffers: list[Tensor], group: dict[str, Any]) -> Tensor:
+    def _directions(grads: list[Tensor], buffers: list[Tensor], group: dict[str, Any],
+                    multi_tensor: bool | None = None) -> Tensor:
         """The stack (k, rows, cols) of same-shaped matrices' update directions: Nesterov's ``grad.lerp(buffer,
-        momentum)`` (torch.optim.Muon's) written straight into the stack, or the momentum buffers themselves."""
+        momentum)`` (torch.optim.Muon's) written straight into the stack, or the momentum buffers themselves.
+        ``multi_tensor`` (default: on CUDA): one foreach lerp and a stack, two launches instead of one per matrix
+        on a GPU (the same elementwise values); on a CPU the loop writes in place, without the extra copy."""
         if not group["nesterov"]:
             return torch.stack(buffers)
+        if grads[0].is_cuda if multi_tensor is None else multi_tensor:
+            return torch.stack(torch._foreach_lerp(grads, buffers, group["momentum"]))
         stack = grads[0].new_empty((len(grads), *grads[0].shape))
         for grad, buffer, row in zip(grads, buffers, stack, strict=True):
             torch.lerp(grad, buffer, group["momentum"], out=row)
@@ -172,7 +193,7 @@ class Muon(torch.optim.Muon):
                 directions = self._directions([grads[i] for i in members], [buffers[i] for i in members], group)
                 workspace = self._ns_workspace if directions.device.type == "cpu" else None
                 stack = orthogonalise_stack(directions, group["ns_steps"], dtype, group["ns_coefficients"],
-                                            group["eps"], workspace)
+                                            group["eps"], workspace, self.ns_compile)
                 updates = self._normalise(same_shape, stack, group).unbind()
                 torch._foreach_mul_(same_shape, 1 - lr * group["weight_decay"])  # decoupled decay, before the step
                 torch._foreach_add_(same_shape, updates, alpha=-lr * muon_lr_scale(same_shape[0].shape))

@@ -162,7 +162,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
             muon_groups.append({"params": params, "name": name, "lr_scale": scale * mult})
     ns_dtype = ns_dtype_for(cfg, next(model.parameters()).device)
     common = dict(lr=cfg.muon_lr, weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum, ns_dtype=ns_dtype,
-                  ns_steps=cfg.ns_steps)
+                  ns_steps=cfg.ns_steps, ns_compile=cfg.ns_compile)
     if cfg.optimizer == "normuon":
         return CombinedOptimizer(adamw=adam, normuon=NorMuon(muon_groups, beta2=cfg.normuon_beta2, **common))
     return CombinedOptimizer(adamw=adam, muon=Muon(muon_groups, **common))

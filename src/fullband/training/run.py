@@ -74,6 +74,7 @@ class TrainResult:
     seconds: float  # wall time of this invocation
     train_seconds: float  # time in training steps and validation, summed over every invocation of the run
     final_pass_losses: list[float] | None = None  # next-token loss of each pass of the last step this invocation ran
+    final_mfu: float | None = None  # the last record's model FLOPs utilisation (a GPU with a known peak), else None
 
 
 def check_writable(directory: Path) -> None:
@@ -289,7 +290,8 @@ def run_train(cfg: TrainRunConfig, progress: bool = True, announce: bool = False
         barrier()
         return TrainResult(out_dir, model_dir, state.step, state.tokens, state.token_equiv_compute, state.loss,
                            validation, time.perf_counter() - start, state.train_seconds,
-                           last["pass_losses"] if last is not None else None)
+                           last["pass_losses"] if last is not None else None,
+                           last.get("mfu") if last is not None else None)
     finally:
         cleanup_distributed()
 

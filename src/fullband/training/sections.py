@@ -92,6 +92,9 @@ class OptimConfig:
         "CPUs with bf16 instructions (avx512_bf16/amx_bf16), float32 on other CPUs, where bf16 is emulated and "
         "several times slower; 'float32'; 'bfloat16' (torch.optim.Muon's). The run config records what auto chose.",
     )
+    ns_compile: bool = doc(False, "optimizer=muon/normuon: run the Newton-Schulz iteration through torch.compile "
+                           "(fewer kernel launches on a GPU, where small matrices' iterations are launch-bound); "
+                           "the same arithmetic to rounding.")
     ns_steps: int = doc(5, "optimizer=muon/normuon: quintic Newton-Schulz iterations per orthogonalisation "
                         "(torch.optim.Muon's 5), >= 1: each costs three matmuls per matrix.")
     fusion_lr_mult: float = doc(3.0, "Learning-rate multiplier of the fusion's parameters (W_U, W_G, its norms), > 0.")

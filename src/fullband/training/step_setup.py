@@ -1,5 +1,5 @@
-"""Setup pieces of a training step that need no Trainer: whether to compile, the autocast dtype, and how the
-metrics of a step's micro-batches add up."""
+"""Setup pieces of a training step that need no Trainer: whether to compile, the autocast dtype, the plain prefixes of
+a step's rows, and how the metrics of a step's micro-batches add up."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from fullband.config import ConfigError
-from fullband.training.config import COMPILE_MIN_CPU_STEPS, COMPILE_MIN_CPU_WORK
+from fullband.training.config import COMPILE_MIN_CPU_STEPS, COMPILE_MIN_CPU_WORK, TrainConfig
+from fullband.training.objective import sample_plain_prefix
 
 
 def should_compile(setting: str, device: torch.device, total_steps: int, work: float | None = None) -> bool:
@@ -74,3 +75,17 @@ def autocast_dtype(setting: str, device: torch.device) -> torch.dtype | None:
         raise ConfigError(f"train.autocast='bf16' is invalid on {device}: bf16 autocast needs a CUDA GPU with bf16 "
                           "support; use 'auto' or 'off'")
     return None
+
+
+def plain_prefixes(cfg: TrainConfig, generator: torch.Generator, rows: int, seq_len: int, passes: int, rank: int,
+                   world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefix lengths of process ``rank``, its slice of one draw for the global batch: (rows,), or with
+    ``prefix_per_pass`` (passes, rows), a fresh draw for every pass; and the global draw they come from."""
+    if not cfg.prefix_mixin:
+        return torch.ones(rows, dtype=torch.long), torch.ones(rows * world_size, dtype=torch.long)
+    if cfg.prefix_per_pass:
+        everyone = sample_plain_prefix(passes * rows * world_size, seq_len, generator).view(passes, -1)
+        return everyone[:, rank * rows : (rank + 1) * rows], everyone
+    # Drawn even for single-pass steps, so the prefixes of a step do not depend on the pass schedule.
+    everyone = sample_plain_prefix(rows * world_size, seq_len, generator)
+    return everyone[rank * rows : (rank + 1) * rows], everyone

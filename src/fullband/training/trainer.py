@@ -18,8 +18,6 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import signal
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -46,11 +44,20 @@ from fullband.training.checkpoint import (
 )
 from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training.errors import NonFiniteLossError, TrainingError
+from fullband.training.interrupt import Interrupted
 from fullband.training.metrics import MetricsLog, flops_per_token, peak_flops
-from fullband.training.objective import multipass_loss, sample_plain_prefix
+from fullband.training.objective import multipass_loss
 from fullband.training.optim import build_optimizer, in_cooldown, lr_at, optimizer_ns_dtype, set_lr
 from fullband.training.schedule import FeedbackSchedule
-from fullband.training.step_setup import accumulate, autocast_dtype, compile_work, should_compile
+from fullband.training.step_scalars import (
+    PENDING,
+    PendingStep,
+    StepWindow,
+    check_token_range,
+    read_scalars,
+    shown,
+)
+from fullband.training.step_setup import accumulate, autocast_dtype, compile_work, plain_prefixes, should_compile
 
 # batch_fn(step, rank, world_size) -> (inputs, labels), each (batch_size * grad_accum, T): this process's
 # rows of optimizer step ``step``, all micro-batches together; must be a pure function of its arguments.
@@ -122,8 +129,14 @@ class Trainer:
         }
         self._flops_per_token = flops_per_token(model.num_parameters(), model.config.n_layers, model.config.d_model,
                                                 train_cfg.seq_len)
-        peak = peak_flops(self.device) if self.autocast_dtype == torch.bfloat16 else None
+        peak = peak_flops(self.device, self.autocast_dtype or next(model.parameters()).dtype)
         self._peak_flops = peak * world_size if peak is not None else None
+        # On CUDA a step's scalars stay on the device until read_back (every log_every steps, before evaluating and
+        # saving): a read per step makes the host wait for the GPU at every step (docs/LOG.md, 2026-12-04: Trainer /
+        # bare step 1.21 on an H200). On a CPU, which runs in step with the host, every step reads its own.
+        self.sync_every_step = self.device.type != "cuda"
+        self._unread: dict[str, Any] | None = None
+        self._window = StepWindow()
         self.log: MetricsLog | None = None
         self.write_extra = write_extra
         self.last_record: dict[str, Any] | None = None  # the metrics of the last step this process trained
@@ -131,7 +144,9 @@ class Trainer:
     # ------------------------------------------------------------------ one step
 
     def train_step(self, step: int) -> dict[str, Any]:
-        """Run optimizer step ``step`` (gradient accumulation, clipping, optimiser step); return its metrics."""
+        """Run optimizer step ``step`` (gradient accumulation, clipping, optimiser step); return its metrics (on CUDA,
+        after the first step, only ``kind`` and ``step`` with the scalars still on the device: :meth:`fit` reads them
+        back every ``log_every`` steps)."""
         if self._compile_checked:
             return self._train_step(step)
         rng = (torch.random.get_rng_state(), self.generator.get_state())
@@ -172,9 +187,16 @@ class Trainer:
                 f"batch_fn returned inputs {tuple(inputs.shape)} and labels {tuple(labels.shape)}; expected both "
                 f"({cfg.batch_size * cfg.grad_accum}, T) = (batch_size * grad_accum, T) for one optimizer step"
             )
+        if self.device.type == "cuda" and not inputs.is_cuda:
+            check_token_range(inputs, self.raw_model.config.vocab_size)  # here, on the host: no device sync
+            # From pinned memory the copies run asynchronously, behind the previous step's kernels.
+            inputs, labels = inputs.pin_memory(), labels.pin_memory()
         inputs = inputs.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
-        prefixes, everyone = self._plain_prefixes(rows, seq_len, passes)  # (rows,), or (passes, rows) per pass
+        prefixes, everyone = plain_prefixes(self.cfg, self.generator, rows, seq_len, passes, self.rank,
+                                            self.world_size)  # (rows,), or (passes, rows) per pass
+        if self.device.type == "cuda":  # copied now, without waiting (the forward would copy them from pageable memory)
+            prefixes = prefixes.pin_memory().to(self.device, non_blocking=True)
         # Truncated gradients: the passes and where they start are decided on the step's global batch, so every
         # micro-batch of every process runs what one process would on all of it.
         passes, fixed_point = (truncation(everyone, seq_len, passes, cfg.grad_passes)
@@ -191,20 +213,22 @@ class Trainer:
                 (loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
             accumulate(totals, metrics, cfg.grad_accum)
 
-        # One host sync for all scalars; it also makes the timing below honest on CUDA.
         names = [k for k in ("objective", "ntp_loss", "z_loss") if k in totals]
-        values = torch.stack([totals[k] for k in names] + totals["pass_losses"]).float()
-        values = self._mean_over_ranks(values).tolist()
-        scalars = dict(zip(names, values[: len(names)], strict=True))
-        if not math.isfinite(scalars["objective"]):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError("the loss", scalars["objective"], step)
+        values = self._mean_over_ranks(torch.stack([totals[k] for k in names] + totals["pass_losses"]).float())
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
-        if not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError("the gradient norm", grad_norm, step)
+        sync = self.sync_every_step or not self._compile_checked  # a first compiled step is checked before applied
+        if sync:  # one host sync for all scalars; it also makes the timing below honest
+            scalars = read_scalars(names, values)
+            if not math.isfinite(scalars["objective"]):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteLossError("the loss", scalars["objective"], step)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        if sync:
+            grad_norm = float(grad_norm)
+            if not math.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteLossError("the gradient norm", grad_norm, step)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -213,27 +237,30 @@ class Trainer:
         self.state.step = step + 1
         self.state.tokens += step_tokens
         self.state.token_equiv_compute += step_compute
-        self.state.loss, self.state.lr = scalars["objective"], lr
-        seconds = time.perf_counter() - t0
-        record = {"kind": "train", "step": step, **scalars, "pass_losses": values[len(names):], "lr": lr,
-                  "passes": totals["passes"], "tokens": self.state.tokens,
-                  "token_equiv_compute": self.state.token_equiv_compute, "tokens_per_s": step_tokens / seconds,
-                  "grad_norm": grad_norm, "step_time_s": seconds}
-        if self._peak_flops is not None:
-            record["mfu"] = self._flops_per_token * step_compute / seconds / self._peak_flops
-        return record
+        self.state.lr = lr
+        pending = PendingStep(step, names, values, grad_norm, lr, totals["passes"], self.state.tokens,
+                              self.state.token_equiv_compute, step_tokens, step_compute)
+        if not sync:  # read back later (read_back): the tensors stay on the device
+            self._window.add(time.perf_counter() - t0)
+            return {"kind": "train", "step": step, PENDING: pending}
+        self.state.loss = scalars["objective"]
+        return pending.record(scalars, grad_norm, time.perf_counter() - t0, self._flops_per_token, self._peak_flops)
 
-    def _plain_prefixes(self, rows: int, seq_len: int, passes: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefix lengths of this rank, its slice of one draw for the global batch: (rows,), or with
-        ``prefix_per_pass`` (passes, rows), a fresh draw for every pass; and the global draw they come from."""
-        if not self.cfg.prefix_mixin:
-            return torch.ones(rows, dtype=torch.long), torch.ones(rows * self.world_size, dtype=torch.long)
-        if self.cfg.prefix_per_pass:
-            everyone = sample_plain_prefix(passes * rows * self.world_size, seq_len, self.generator).view(passes, -1)
-            return everyone[:, self.rank * rows : (self.rank + 1) * rows], everyone
-        # Drawn even for single-pass steps, so the prefixes of a step do not depend on the pass schedule.
-        everyone = sample_plain_prefix(rows * self.world_size, seq_len, self.generator)
-        return everyone[self.rank * rows : (self.rank + 1) * rows], everyone
+    def read_back(self) -> None:
+        """Read the unread steps' scalars from the device (the one host sync of a window of steps on CUDA): fill the
+        last step's record, check the window for a non-finite loss or gradient norm, and time the window."""
+        record, self._unread = self._unread, None
+        if record is None:
+            return
+        pending: PendingStep = record.pop(PENDING)
+        scalars = read_scalars(pending.names, pending.values)
+        grad_norm = float(pending.grad_norm)
+        for what, value in (("the loss", scalars["objective"]), ("the gradient norm", grad_norm)):
+            if not math.isfinite(value):  # the window's steps were applied, but no checkpoint keeps them
+                raise NonFiniteLossError(what, value, pending.step)
+        self.state.loss = scalars["objective"]
+        record.update(pending.record(scalars, grad_norm, self._window.per_step(), self._flops_per_token,
+                                     self._peak_flops))
 
     def _z_loss_weight(self, step: int) -> float:
         when = self.optim_cfg.z_loss_when
@@ -276,7 +303,7 @@ class Trainer:
         mode = str(resume).lower()
         start = self._resume(required=mode == "true") if mode in ("true", "auto") else self._start_fresh()
         bar = tqdm(total=self.total_steps, initial=start, disable=not self.progress, unit="step", dynamic_ncols=True)
-        interrupted = _Interrupted() if stop_on_interrupt else contextlib.nullcontext()
+        interrupted = Interrupted() if stop_on_interrupt else contextlib.nullcontext()
         try:
             with interrupted:
                 for step in range(start, stop):
@@ -284,7 +311,7 @@ class Trainer:
                         tqdm.write("compiling the transformer blocks (torch.compile: about 15-20 s on a CPU the first "
                                    "time, a few seconds from the compile cache after; --train.compile false skips it)")
                     self._step(step, stop, bar)
-                    if isinstance(interrupted, _Interrupted) and interrupted.requested and step + 1 < stop:
+                    if isinstance(interrupted, Interrupted) and interrupted.requested and step + 1 < stop:
                         if not self._saved_at(step + 1):
                             self.save()
                         raise KeyboardInterrupt
@@ -300,12 +327,19 @@ class Trainer:
         record = self.train_step(step)
         self.last_record = record
         done = step + 1
-        if self.rank == 0 and (step % self.cfg.log_every == 0 or done == stop):
+        logged = step % self.cfg.log_every == 0 or done == stop
+        evaluated = self.eval_fn is not None and self.cfg.eval_every and (
+            done % self.cfg.eval_every == 0 or done == self.total_steps)
+        if PENDING in record:  # on CUDA: read back every log_every steps, and before evaluating or saving
+            self._unread = record
+            if logged or evaluated or self._saved_at(done) or done == stop:
+                self.read_back()
+        if self.rank == 0 and logged:
             self.log.write(record)
         bar.update(1)
-        bar.set_postfix(self._shown(record), refresh=False)
-        if self.eval_fn is not None and self.cfg.eval_every and (
-                done % self.cfg.eval_every == 0 or done == self.total_steps):
+        if PENDING not in record:
+            bar.set_postfix(shown(record, self.raw_model.config.feedback), refresh=False)
+        if evaluated:
             self.evaluate(step)
         self.state.train_seconds += time.perf_counter() - t0  # kept in checkpoints: a resumed run adds on
         if (self.cfg.checkpoint_every and done % self.cfg.checkpoint_every == 0) or done == stop:
@@ -313,15 +347,6 @@ class Trainer:
 
     def _saved_at(self, step: int) -> bool:
         return self.cfg.checkpoint_every > 0 and step % self.cfg.checkpoint_every == 0
-
-    def _shown(self, record: dict[str, Any]) -> dict[str, str]:
-        """What the progress bar shows of a step: the next-token loss of pass 1 (val_loss_1pass's quantity, on the
-        training batch) and, with feedback, of the step's last pass; not the objective, which adds them up."""
-        losses = record["pass_losses"]
-        shown = {"loss": f"{losses[0]:.4f}"}
-        if self.raw_model.config.feedback:
-            shown["last_pass"] = f"{losses[-1]:.4f}"
-        return shown | {"passes": str(record["passes"]), "tok_s": f"{record['tokens_per_s']:.0f}"}
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Run ``eval_fn`` on the raw model (eval mode, no grad) and log its numbers under ``step``.
@@ -345,6 +370,7 @@ class Trainer:
 
         Rank 0 writes it alone, except under FSDP, where every process writes its shards.
         """
+        self.read_back()  # the state's loss is the last step's, checked finite
         process_rng = [capture_process_rng()]
         if self._distributed:  # each rank's jitter stream differs, so each rank's RNG state is kept
             process_rng = [None] * self.world_size
@@ -411,27 +437,3 @@ class Trainer:
             self.log = MetricsLog(self.out_dir / METRICS_FILE, resume_bytes=resume_bytes,
                                   tensorboard_dir=self.out_dir / "tensorboard", start_step=start_step,
                                   wandb_project=self.cfg.wandb_project, wandb_config=self.run_config)
-
-
-class _Interrupted:
-    """Within this block the first SIGINT only sets ``requested`` (the loop checks it between steps); the second
-    raises KeyboardInterrupt as usual. Outside the main thread, where no handler can be set, it does nothing."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
-
-    def __enter__(self) -> _Interrupted:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        tqdm.write("Ctrl-C: finishing this step and saving a checkpoint (Ctrl-C again to stop at once)")
-
-    def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
