@@ -127,6 +127,12 @@ def test_study_end_to_end_and_resume(tmp_path, capsys):
     assert len(group["grid"]) == 5 * 2 * 2 * 2  # arms x knob values x learning rates x step counts
     report = (out / "report.md").read_text()
     assert "gives no verdict" in report and "Tuning grid" in report
+    # The hindsight table: each arm's best test accuracy over its whole grid at each unseen length.
+    hindsight = report.split("Best of the grid with hindsight")[1].split("\n## ")[0]
+    for arm, title in (("looped", "looped (input injection)"), ("fullband", "full-bandwidth exact")):
+        row = next(line for line in hindsight.splitlines() if line.startswith(f"| {title} |"))
+        best = [max(p["test"][str(n)] for p in group["grid"] if p["arm"] == arm) for n in (4, 6)]
+        assert row.split("|")[2:4] == [f" {v:.2f} " for v in best]
     results_files = sorted(out.glob("runs/**/" + RESULT))
     stamps = {p: p.stat().st_mtime_ns for p in results_files}
     assert main(["eval-controls", "--preset", "smoke", "--out_dir", str(out), "--workers", "1", "--progress", "false",
