@@ -19,11 +19,13 @@ REASONING_ALIASES = ALIASES | {
 # Each preset fills the fields left at None. smoke: the tests (seconds); default: the committed report's sizes with
 # fullband train's recipe, like every command that trains; adamw: the committed report (docs/results/reasoning, AdamW,
 # feedback from 75% of the steps; minutes on 2 CPU cores); long: more steps and problems, for a GPU or a patient CPU.
+_DEFAULT_SIZES = dict(min_length=2, max_length=6, strides=(1, 2, 4, 0), train_examples=100_000, test_per_length=60,
+                      d_model=64, n_layers=2, n_heads=4, steps=4000, batch_size=64, lr=5e-4)
 _REASONING_PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(min_length=2, max_length=4, strides=(1, 0), train_examples=500, test_per_length=4, d_model=32,
                   n_layers=1, n_heads=2, steps=8, batch_size=8, lr=3e-3),
-    "default": dict(min_length=2, max_length=6, strides=(1, 2, 4, 0), train_examples=100_000, test_per_length=60,
-                    d_model=64, n_layers=2, n_heads=4, steps=4000, batch_size=64, lr=5e-4),
+    "default": _DEFAULT_SIZES,
+    "adamw": _DEFAULT_SIZES,
     "long": dict(min_length=2, max_length=12, strides=(1, 2, 3, 4, 0), train_examples=200_000, test_per_length=200,
                  d_model=128, n_layers=4, n_heads=4, steps=10_000, batch_size=64, lr=2e-3),
     # Issue 17: train the recurrence exact mode runs. Every batch of the full-bandwidth model runs to its exact
@@ -52,8 +54,6 @@ _REASONING_PRESETS["exact-recurrence-tuned"] = _REASONING_PRESETS["exact-recurre
 _REASONING_PRESETS["controls"] = _REASONING_PRESETS["exact-recurrence-tuned"] | dict(
     families=("swaps", "swaps5", "sum"), controls=("looped", "equal_flops"), seeds=3, test_per_length=200,
     modes=("standard", "exact"), curriculum=0.6)
-_REASONING_PRESETS = {name: p for name, p in _REASONING_PRESETS.items() if name == "smoke"} | {
-    "default": _REASONING_PRESETS["default"], "adamw": _REASONING_PRESETS["default"]} | _REASONING_PRESETS
 # The recipe where no committed report pins AdamW (STUDY_ADAMW): smoke, default and long.
 REASONING_PRESETS = {name: pinned(sectioned(p, REASONING_ALIASES), name in ("smoke", "default", "long"))
                      for name, p in _REASONING_PRESETS.items()}

@@ -14,20 +14,18 @@ STATE_TASKS = ("completion", "memory", "registers")
 STATE_PREFILLS = ("standard", "one-step", "exact")
 # The decoding mode whose prefill each probed prefill is (fullband.modes.prefill_of gives its passes).
 STATE_PREFILL_MODES = {"standard": STANDARD, "one-step": fused(1), "exact": EXACT}
+_DEFAULT_SIZES = dict(seq_len=24, train_per_task=10_000, probe_train=600, probe_test=400, d_model=64, n_layers=3,
+                      n_heads=4, steps=2000, batch_size=64, lr=1e-3)
 _STATE_PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(seq_len=12, train_per_task=200, probe_train=32, probe_test=32, d_model=32, n_layers=2, n_heads=2,
                   steps=8, batch_size=8, lr=3e-3),
-    "default": dict(seq_len=24, train_per_task=10_000, probe_train=600, probe_test=400, d_model=64, n_layers=3,
-                    n_heads=4, steps=2000, batch_size=64, lr=1e-3),
+    "default": _DEFAULT_SIZES,
+    "adamw": _DEFAULT_SIZES,
     "long": dict(seq_len=32, train_per_task=40_000, probe_train=2000, probe_test=1000, d_model=128, n_layers=4,
                  n_heads=4, steps=6000, batch_size=64, lr=2e-3),
 }
-
-
 # adamw: the committed report (docs/results/state-tracking: AdamW, feedback from 75% of the steps); every other preset
 # trains with fullband train's recipe, as every command that trains does by default.
-_STATE_PRESETS = {"smoke": _STATE_PRESETS["smoke"], "default": _STATE_PRESETS["default"],
-                  "adamw": _STATE_PRESETS["default"], "long": _STATE_PRESETS["long"]}
 STATE_PRESETS = {name: pinned(sectioned(p, ALIASES), name != "adamw") for name, p in _STATE_PRESETS.items()}
 
 
