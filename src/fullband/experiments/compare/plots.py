@@ -23,6 +23,16 @@ def _plain_log_ticks(axis: Any, fmt: Any) -> None:
     axis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: fmt(v) if f"{v:.1g}"[0] in "25" else ""))
 
 
+def _tokens_axes(ax: Any, ylabel: str, title: str) -> None:
+    """The axes of a plot against training tokens: log x with plain labels (512k, 1M), a grid, the labels."""
+    ax.set_xscale("log")
+    _plain_log_ticks(ax.xaxis, _tokens_text)
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+
+
 def _tokens_text(v: float) -> str:
     return f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k" if v >= 1e3 else f"{v:g}"
 
@@ -64,12 +74,7 @@ def plot_loss_vs_tokens(results: CompareResults, path: Path) -> None:
             ax.errorbar([tokens * (1 + 0.03 * i)], [loss], yerr=[sd or 0], fmt=MARKERS.get(mode, "P"),
                         color=colors[i % len(colors)], alpha=0.5 + 0.5 * (mode != "standard"), capsize=2,
                         label=f"{name} {mode_label(mode)}")
-    ax.set_xscale("log")
-    _plain_log_ticks(ax.xaxis, _tokens_text)
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("test loss (nats/token)")
-    ax.set_title("Test loss against training tokens")
-    ax.grid(True, which="both", alpha=0.3)
+    _tokens_axes(ax, "test loss (nats/token)", "Test loss against training tokens")
     ax.legend(fontsize=7, ncol=2)
     save_figure(fig, path)
 
@@ -147,11 +152,7 @@ def plot_gaps_vs_tokens(results: CompareResults, path: Path) -> None:
                 lw=1.2, label=f"fit: {mode_label(trend['mode'])} − baseline, linear in log tokens")
         ax.axvline(last, color="gray", lw=0.6, ls="--")
     ax.axhline(0, color="black", lw=0.8)
-    ax.set_xscale("log")
-    _plain_log_ticks(ax.xaxis, _tokens_text)
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("validation loss gap (nats/token; < 0: first term better)")
-    ax.set_title("Gaps against training tokens (0 against the baseline = 1.0x tokens)")
-    ax.grid(True, which="both", alpha=0.3)
+    _tokens_axes(ax, "validation loss gap (nats/token; < 0: first term better)",
+                 "Gaps against training tokens (0 against the baseline = 1.0x tokens)")
     ax.legend(fontsize=7)
     save_figure(fig, path)

@@ -49,7 +49,6 @@ class ReasoningStudy(PairStudy):
     command_skip = ("reuse_models", "resume")
     timed = True  # the report states the command's wall time (its cost, with the seeds run side by side or not)
 
-
     def plot(self, results: ReasoningResults) -> None:
         draw(results, self.out_dir / PLOT)
 

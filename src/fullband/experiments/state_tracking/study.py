@@ -101,7 +101,6 @@ class StateTrackingStudy(PairStudy):
     title = "state tracking at the input layer"
     command_skip = ("reuse_models", "resume")
 
-
     def plot(self, results: StateTrackingResults) -> None:
         plot_probes(results, self.out_dir / PLOT)
 
