@@ -10,7 +10,13 @@ import torch
 
 from fullband.config import ConfigError
 from fullband.experiments.core.flops import step_flops
-from fullband.experiments.word_problems.analysis import choose, failed_to_train, longest_kept, t_interval
+from fullband.experiments.word_problems.analysis import (
+    choose,
+    choose_extrapolating,
+    failed_to_train,
+    longest_kept,
+    t_interval,
+)
 from fullband.experiments.word_problems.arms import make_arm, parameters
 from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.experiments.word_problems.models import LoopedTransformer
@@ -108,6 +114,9 @@ def test_analysis_numbers():
             {"validation_accuracy": 0.95, "validation_loss": 0.4, "steps": 20},
             {"validation_accuracy": 0.95, "validation_loss": 0.4, "steps": 10}]
     assert choose(grid) is grid[3]
+    # The second selection: the unseen-length score first, then the same order.
+    scored = [p | {"extrapolation_accuracy": a} for p, a in zip(grid, (0.5, 0.2, 0.5, 0.4), strict=True)]
+    assert choose_extrapolating(scored) is scored[2]  # ties with [0] at 0.5; its validation accuracy is higher
     cells = {"baseline": {"0": {"validation": [1.0, 0.8]}, "1": {"validation": [1.0, 0.8]}},
              "looped": {"0": {"validation": [1.0, 0.79]}, "1": {"validation": [0.97, 1.0]}}}
     assert failed_to_train(cells, "looped", 2) == ["1"]  # 0.79 is within the tolerance of 0.8; 0.97 is not of 1.0
@@ -140,6 +149,40 @@ def test_study_end_to_end_and_resume(tmp_path, capsys):
     assert {p: p.stat().st_mtime_ns for p in sorted(out.glob("runs/**/" + RESULT))} == stamps  # nothing retrained
     again = json.loads((out / "results.json").read_text())
     assert again["groups"]["s5"]["cells"] == group["cells"]
+    assert again["groups"]["s5"]["extrapolation"]["cells"] == group["extrapolation"]["cells"]
+
+
+def test_second_selection_keeps_each_arms_best_at_unseen_lengths_and_trains_fresh_seeds(tmp_path):
+    from fullband.cli import main
+    from fullband.experiments.word_problems.train import EXTRAPOLATION
+
+    out = tmp_path / "controls"
+    args = ["eval-controls", "--preset", "smoke", "--out_dir", str(out), "--workers", "1", "--progress", "false"]
+    main(args)
+    group = json.loads((out / "results.json").read_text())["groups"]["s5"]
+    second = group["extrapolation"]
+    for arm, pick in second["chosen"].items():  # each arm's grid point with the best selection score
+        points = [p for p in group["grid"] if p["arm"] == arm]
+        assert pick["extrapolation_accuracy"] == max(p["extrapolation"] for p in points)
+        assert pick["extrapolation_accuracy"] == next(p["extrapolation"] for p in points if all(
+            p[k] == pick[k] for k in ("knob", "lr", "steps")))
+        assert set(second["cells"][arm]) == {"1", "2"}  # seeds 1..seeds; seed 0 took part in the choice
+        assert second["costs"][arm]["lr"] == pick["lr"] and second["costs"][arm]["steps"] == pick["steps"]
+    # The score is the mean accuracy at lengths train_length+1..extrapolation_length of the run's own file.
+    pick = second["chosen"]["fullband"]
+    run = next(out.glob(f"runs/s5/fullband/{pick['knob']:g}-lr{pick['lr']:g}/seed0-*"))
+    kept = json.loads((run / EXTRAPOLATION).read_text())
+    assert kept["set"] == {"length": 5, "problems": 32}
+    assert pick["extrapolation_accuracy"] == pytest.approx(sum(kept["accuracy"][str(pick["steps"])][3:5]) / 2)
+    report = (out / "report.md").read_text()
+    assert "## Second selection: on unseen lengths" in report
+    assert "## S5 (transpositions of 5 cups), second selection" in report
+    assert (out / "accuracy_vs_length_second_selection.png").is_file()
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/**/" + EXTRAPOLATION)}
+    main([*args, "--resume", "true"])
+    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/**/" + EXTRAPOLATION)} == stamps  # read back
+    main([*args[:-4], "--workers", "1", "--progress", "false", "--resume", "true", "--extrapolation_length", "0"])
+    assert "extrapolation" not in json.loads((out / "results.json").read_text())["groups"]["s5"]
 
 
 def test_cpu_spread_retrains_a_seed_with_avx2_kernels_and_the_report_shows_it(tmp_path):

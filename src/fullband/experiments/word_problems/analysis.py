@@ -28,6 +28,17 @@ def choose(grid: list[dict[str, Any]]) -> dict[str, Any]:
     return min(grid, key=selection_key)
 
 
+def extrapolation_key(candidate: dict[str, Any]) -> tuple[float, float, float, int]:
+    """Order of the tuning grid for the second selection, best first: mean accuracy on the selection problems of
+    the unseen lengths (higher), then :func:`selection_key`."""
+    return (-candidate["extrapolation_accuracy"], *selection_key(candidate))
+
+
+def choose_extrapolating(grid: list[dict[str, Any]]) -> dict[str, Any]:
+    """The grid point an arm keeps in the second selection (see :func:`extrapolation_key`)."""
+    return min(grid, key=extrapolation_key)
+
+
 def longest_kept(accuracy: Sequence[float], level: float = KEEP) -> int:
     """The longest n such that every length 1..n is answered with accuracy >= ``level`` (0 if length 1 is not)."""
     for n, value in enumerate(accuracy, start=1):

@@ -28,7 +28,7 @@ RNN_CELLS = ("gru", "lstm")
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(groups=("s5",), train_length=3, test_lengths=(4, 6), steps=12, batch_size=8, seeds=2,
                   learning_rates=(1e-3, 3e-3), d_model=16, n_heads=2, validation_problems=32, test_problems=32,
-                  eval_every=6),
+                  eval_every=6, extrapolation_length=5),
     "default": dict(),
 }
 
@@ -80,6 +80,12 @@ class ControlsConfig(StudyConfig):
     fusion_lr_mult: float = doc(3.0, "fullband: the fusion's learning rate over the others' (the recipe's).")
     seeds: int = doc(5, "Seeds 0..seeds-1 (training data and initial weights); the first one tunes every arm.")
     validation_problems: int = doc(1000, "Held-out problems of the trained lengths that choose each arm's setting.")
+    extrapolation_length: int = doc(16, "The second selection (a follow-up added after seed 0's grid showed that "
+                                    "validation on the trained lengths cannot tell the settings that extrapolate "
+                                    "from those that do not): each arm's grid point with the highest mean accuracy "
+                                    "at the unseen lengths train_length+1..this, on validation_problems selection "
+                                    "problems of their own (never the test problems), then trained on seeds "
+                                    "1..seeds, none of which took part in the choice. 0 = skip it.")
     test_problems: int = doc(1000, "Test problems, each as long as the longest test length (every prefix scored).")
     eval_every: int = doc(200, "Validation during training every this many steps (the training curves).")
     workers: int = doc(2, "Training runs at a time, each in its own process with the torch threads shared out. "
@@ -103,6 +109,10 @@ class ControlsConfig(StudyConfig):
         _require("fullband" in self.arms and "baseline" in self.arms, "arms", self.arms,
                  "must include fullband (the model under test) and baseline (the reference every control must "
                  "match at the trained lengths)")
+        _require(self.extrapolation_length == 0 or (_is_int(self.extrapolation_length)
+                                                    and self.extrapolation_length > self.train_length),
+                 "extrapolation_length", self.extrapolation_length,
+                 f"must be 0 (no second selection) or an integer > train_length={self.train_length}")
         _require(len(self.test_lengths) > 0 and all(_is_int(n) and n > self.train_length for n in self.test_lengths),
                  "test_lengths", self.test_lengths, f"must be integers > train_length={self.train_length}")
         for name in ("learning_rates", "feedback_weights"):

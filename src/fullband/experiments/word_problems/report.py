@@ -19,6 +19,7 @@ from fullband.experiments.word_problems.analysis import (
 )
 
 ACCURACY_PLOT = "accuracy_vs_length.png"
+EXTRAPOLATION_PLOT = "accuracy_vs_length_second_selection.png"
 CURVES_PLOT = "training_curves.png"
 GROUP_TITLES = {"s5": "S5 (transpositions of 5 cups)", "a5": "A5 (three-cycles of 5 cups)"}
 
@@ -41,36 +42,45 @@ def is_smoke(results: dict[str, Any]) -> bool:
 
 
 def verdict(results: dict[str, Any]) -> list[str]:
-    """One line per group: the target (margin at the longest n the model keeps >= 0.9) and the reference."""
+    """Per group: the target (margin at the longest n the model keeps >= 0.9), the longest n kept and the
+    failed-to-train seeds; then the same for the second selection where the study has one."""
     if is_smoke(results):
         return ["- The smoke preset checks the plumbing (every arm trains a few steps and is scored): it gives no "
                 "verdict."]
     lines = []
     for group, data in results["groups"].items():
-        a, cells = data["analysis"], data["cells"]
-        seeds = len(cells[MODEL])
-        target = a["target"]
-        title = GROUP_TITLES.get(group, group)
-        if target["n"] is None:
-            lines.append(f"- **{title}: target not met**: full-bandwidth exact reaches {KEEP} at no tested unseen "
-                         "length.")
-        else:
-            n = target["n"]
-            margin = a["margins"][str(n)]
-            best = sorted({arm_title(b) for b in margin["best_control"].values()})
-            lines.append(
-                f"- **{title}: target {'met' if target['met'] else 'not met'}**: at n = {n}, the longest tested "
-                f"unseen length where full-bandwidth exact averages >= {KEEP} ({target['model_accuracy']:.2f}), it "
-                f"leads each seed's best control ({', '.join(best)}) by {_signed(margin['mean'])} "
-                f"[{_signed(margin['low'])}, {_signed(margin['high'])}] (paired over {seeds} seeds, t 95%; target "
-                f"{_signed(MARGIN_TARGET)} with the interval above 0).")
-        kept = {arm: a["arms"][arm]["longest_kept"] for arm in cells}
-        lines.append("  Longest n kept at >= 0.9 (median over seeds): " + ", ".join(
-            f"{arm_title(arm)} {statistics.median(kept[arm].values()):g}" for arm in cells) + ".")
-        failed = {arm: a["arms"][arm]["failed_to_train"] for arm in cells if a["arms"][arm]["failed_to_train"]}
-        if failed:
-            lines.append("  Failed to train (below the baseline at a trained length, on seeds): " + "; ".join(
-                f"{arm_title(arm)} {', '.join(seeds)}" for arm, seeds in failed.items()) + ".")
+        lines += _verdict_lines(GROUP_TITLES.get(group, group), data)
+    for group, data in results["groups"].items():
+        if "extrapolation" in data:
+            lines += _verdict_lines(f"{GROUP_TITLES.get(group, group)}, second selection (on unseen lengths, "
+                                    "seeds it did not see)", data["extrapolation"])
+    return lines
+
+
+def _verdict_lines(title: str, data: dict[str, Any]) -> list[str]:
+    a, cells = data["analysis"], data["cells"]
+    seeds = len(cells[MODEL])
+    target = a["target"]
+    lines = []
+    if target["n"] is None:
+        lines.append(f"- **{title}: target not met**: full-bandwidth exact reaches {KEEP} at no tested unseen length.")
+    else:
+        n = target["n"]
+        margin = a["margins"][str(n)]
+        best = sorted({arm_title(b) for b in margin["best_control"].values()})
+        lines.append(
+            f"- **{title}: target {'met' if target['met'] else 'not met'}**: at n = {n}, the longest tested "
+            f"unseen length where full-bandwidth exact averages >= {KEEP} ({target['model_accuracy']:.2f}), it "
+            f"leads each seed's best control ({', '.join(best)}) by {_signed(margin['mean'])} "
+            f"[{_signed(margin['low'])}, {_signed(margin['high'])}] (paired over {seeds} seeds, t 95%; target "
+            f"{_signed(MARGIN_TARGET)} with the interval above 0).")
+    kept = {arm: a["arms"][arm]["longest_kept"] for arm in cells}
+    lines.append("  Longest n kept at >= 0.9 (median over seeds): " + ", ".join(
+        f"{arm_title(arm)} {statistics.median(kept[arm].values()):g}" for arm in cells) + ".")
+    failed = {arm: a["arms"][arm]["failed_to_train"] for arm in cells if a["arms"][arm]["failed_to_train"]}
+    if failed:
+        lines.append("  Failed to train (below the baseline at a trained length, on seeds): " + "; ".join(
+            f"{arm_title(arm)} {', '.join(seeds)}" for arm, seeds in failed.items()) + ".")
     return lines
 
 
@@ -88,6 +98,8 @@ def report(results: dict[str, Any], plots: bool) -> Report:
         rep.figure(ACCURACY_PLOT, "accuracy vs length")
     for group, data in results["groups"].items():
         _group_section(rep, group, data, cfg)
+    if any("extrapolation" in data for data in results["groups"].values()):
+        _second_selection(rep, results, plots)
     if "cpu_spread" in results:
         _cpu_spread(rep, results["cpu_spread"])
     if plots:
@@ -148,68 +160,30 @@ def _setup(rep: Report, cfg: dict[str, Any]) -> None:
 
 
 def _group_section(rep: Report, group: str, data: dict[str, Any], cfg: dict[str, Any]) -> None:
-    L, tests = cfg["train_length"], cfg["test_lengths"]
-    cells, a, costs = data["cells"], data["analysis"], data["costs"]
-    lengths = [*range(1, L + 1), *tests]
-    header = [f"n={n}" + ("*" if n > L else "") for n in lengths]
-    base_flops = costs[BASELINE]["training_flops"]
-    rep.section(GROUP_TITLES.get(group, group)).section("Chosen settings and costs", level=3)
-    rows = []
-    for arm, c in costs.items():
-        seconds = [curve["seconds"] for curve in data["curves"][arm].values()]
-        rows.append([arm_title(arm), c["describe"], f"{c['parameters']:,}", f"{c['lr']:g}", c["steps"],
-                     f"{c['training_flops']:.3g}", f"{c['training_flops'] / base_flops:.1f}x",
-                     f"{c['inference_flops'][str(max(tests))]:.3g}", f"{_mean(seconds):.0f}"])
-    rep.table(["arm", "chosen model", "parameters", "lr", "steps", "training FLOPs", "x baseline",
-                              f"inference FLOPs (n = {max(tests)})", "training s (mean)"], rows)
-    rep.section("Accuracy by length: mean over seeds (worst seed)", level=3)
-    rows = []
-    for arm, seeds in cells.items():
-        rows.append([arm_title(arm), *[_mean_worst([s["test"][n - 1] for s in seeds.values()]) for n in lengths]])
-        if "standard" in next(iter(seeds.values())):
-            rows.append([f"{arm_title(arm)}, decoded standard", *[
-                _mean_worst([s["standard"][n - 1] for s in seeds.values()]) for n in lengths]])
-    for name, values in data["floors"].items():
-        rows.append([f"floor: {name}", *[f"{values[n - 1]:.2f}" for n in lengths]])
-    rep.table(["arm", *header], rows,
-              f"\\* never trained on. Uniform chance is 0.20. Test problems: {cfg['test_problems']} per length.")
-    rep.section("Longest length kept at >= 0.9, solved seeds, failed-to-train seeds", level=3)
-    rows = []
-    for arm in cells:
-        info = a["arms"][arm]
-        kept = info["longest_kept"]
-        rows.append([arm_title(arm), ", ".join(str(v) for v in kept.values()), f"{statistics.median(kept.values()):g}",
-                     f"{len(info['solved'])}/{len(kept)}", ", ".join(info["failed_to_train"]) or "none"])
-    rep.table(["arm", "longest n per seed", "median", "solved the trained lengths",
-                              "failed to train (seeds)"], rows)
-    rep.section("Paired margins per seed", level=3).paragraph(
-        "Full-bandwidth exact minus each seed's best control (baseline, equal-FLOPs, looped), and minus the RNN.")
-    rows = []
-    for n in tests:
-        m, r = a["margins"][str(n)], a["reference_margins"].get(str(n))
-        rows.append([n, " ".join(_signed(v) for v in m["per_seed"].values()),
-                     f"{_signed(m['mean'])} [{_signed(m['low'])}, {_signed(m['high'])}]",
-                     ", ".join(arm_title(b) for b in m["best_control"].values()),
-                     f"{_signed(r['mean'])} [{_signed(r['low'])}, {_signed(r['high'])}]" if r else "-"])
-    rep.table(["n", "margin per seed", "mean [t 95%]", "best control per seed",
-                              "minus the RNN: mean [t 95%]"], rows)
+    rep.section(GROUP_TITLES.get(group, group))
+    _chosen_tables(rep, data, data["floors"], cfg)
+    tests, (lengths, header), cells = cfg["test_lengths"], _header(cfg), data["cells"]
     rep.section("Every seed", level=3)
     rows = [[arm_title(arm), seed, *[f"{cell['test'][n - 1]:.2f}" for n in lengths]]
             for arm, seeds in cells.items() for seed, cell in seeds.items()]
     rep.table(["arm", "seed", *header], rows)
+    second = data.get("extrapolation")
     rep.section("Tuning grid (seed 0)", level=3).paragraph(
         "Chosen by validation on the trained lengths only; the test columns are shown for transparency and played "
-        "no part in the choice. ✓ = chosen.")
+        "no part in the choice. ✓ = chosen." + (" 2 = chosen by the second selection, on its `unseen (selection)` "
+                                                "score." if second else ""))
     rows = []
     knob_names = data["knob_names"]
     for point in sorted(data["grid"], key=lambda p: (list(cells).index(p["arm"]), selection_key(p))):
-        pick = data["chosen"][point["arm"]]
-        mark = "✓" if (point["knob"], point["lr"], point["steps"]) == (pick["knob"], pick["lr"], pick["steps"]) else ""
+        marks = [mark for mark, chosen in (("✓", data["chosen"]), ("2", second and second["chosen"]))
+                 if chosen and _is_pick(point, chosen[point["arm"]])]
+        unseen = [f"{point['extrapolation']:.2f}"] if second else []
         rows.append([arm_title(point["arm"]), f"{knob_names[point['arm']]} {point['knob']}", f"{point['lr']:g}",
                      point["steps"], f"{point['validation_accuracy']:.3f}", f"{point['validation_loss']:.4f}",
-                     *[f"{point['test'][str(n)]:.2f}" for n in tests], mark])
+                     *unseen, *[f"{point['test'][str(n)]:.2f}" for n in tests], " ".join(marks)])
     rep.table(["arm", "knob", "lr", "steps", "validation accuracy", "validation loss",
-                              *[f"test n={n}" for n in tests], ""], rows)
+               *([f"unseen (selection), n={cfg['train_length'] + 1}..{second['length']}"] if second else []),
+               *[f"test n={n}" for n in tests], ""], rows)
     rep.section("Best of the grid with hindsight (seed 0)", level=3).paragraph(
         "Each arm's highest test accuracy over its whole grid at each unseen length, the setting picked on the test "
         "problems themselves: not a fair selection but an upper bound on what the arm's grid gave on seed 0, so a "
@@ -220,6 +194,84 @@ def _group_section(rep: Report, group: str, data: dict[str, Any], cfg: dict[str,
         if points:
             rows.append([arm_title(arm), *[f"{max(point['test'][str(n)] for point in points):.2f}" for n in tests]])
     rep.table(["arm", *[f"n={n}" for n in tests]], rows)
+
+
+def _is_pick(point: dict[str, Any], pick: dict[str, Any]) -> bool:
+    return all(point[k] == pick[k] for k in ("knob", "lr", "steps"))
+
+
+def _header(cfg: dict[str, Any]) -> tuple[list[int], list[str]]:
+    """The lengths of the accuracy tables (every trained one, then the unseen test lengths) and their headers."""
+    L, tests = cfg["train_length"], cfg["test_lengths"]
+    lengths = [*range(1, L + 1), *tests]
+    return lengths, [f"n={n}" + ("*" if n > L else "") for n in lengths]
+
+
+def _chosen_tables(rep: Report, data: dict[str, Any], floors: dict[str, list[float]], cfg: dict[str, Any]) -> None:
+    """The tables of one selection's chosen settings: costs, accuracy by length, longest n kept, paired margins."""
+    tests = cfg["test_lengths"]
+    lengths, header = _header(cfg)
+    cells, a, costs = data["cells"], data["analysis"], data["costs"]
+    base_flops = costs[BASELINE]["training_flops"]
+    rep.section("Chosen settings and costs", level=3)
+    rows = []
+    for arm, c in costs.items():
+        seconds = [curve["seconds"] for curve in data["curves"][arm].values()]
+        rows.append([arm_title(arm), c["describe"], f"{c['parameters']:,}", f"{c['lr']:g}", c["steps"],
+                     f"{c['training_flops']:.3g}", f"{c['training_flops'] / base_flops:.1f}x",
+                     f"{c['inference_flops'][str(max(tests))]:.3g}", f"{_mean(seconds):.0f}"])
+    rep.table(["arm", "chosen model", "parameters", "lr", "steps", "training FLOPs", "x baseline",
+               f"inference FLOPs (n = {max(tests)})", "training s (mean)"], rows)
+    rep.section("Accuracy by length: mean over seeds (worst seed)", level=3)
+    rows = []
+    for arm, seeds in cells.items():
+        rows.append([arm_title(arm), *[_mean_worst([s["test"][n - 1] for s in seeds.values()]) for n in lengths]])
+        if "standard" in next(iter(seeds.values())):
+            rows.append([f"{arm_title(arm)}, decoded standard", *[
+                _mean_worst([s["standard"][n - 1] for s in seeds.values()]) for n in lengths]])
+    for name, values in floors.items():
+        rows.append([f"floor: {name}", *[f"{values[n - 1]:.2f}" for n in lengths]])
+    rep.table(["arm", *header], rows,
+              f"\\* never trained on. Uniform chance is 0.20. Test problems: {cfg['test_problems']} per length.")
+    rep.section("Longest length kept at >= 0.9, solved seeds, failed-to-train seeds", level=3)
+    rows = []
+    for arm in cells:
+        info = a["arms"][arm]
+        kept = info["longest_kept"]
+        rows.append([arm_title(arm), ", ".join(str(v) for v in kept.values()), f"{statistics.median(kept.values()):g}",
+                     f"{len(info['solved'])}/{len(kept)}", ", ".join(info["failed_to_train"]) or "none"])
+    rep.table(["arm", "longest n per seed", "median", "solved the trained lengths", "failed to train (seeds)"], rows)
+    rep.section("Paired margins per seed", level=3).paragraph(
+        "Full-bandwidth exact minus each seed's best control (baseline, equal-FLOPs, looped), and minus the RNN.")
+    rows = []
+    for n in tests:
+        m, r = a["margins"][str(n)], a["reference_margins"].get(str(n))
+        rows.append([n, " ".join(_signed(v) for v in m["per_seed"].values()),
+                     f"{_signed(m['mean'])} [{_signed(m['low'])}, {_signed(m['high'])}]",
+                     ", ".join(arm_title(b) for b in m["best_control"].values()),
+                     f"{_signed(r['mean'])} [{_signed(r['low'])}, {_signed(r['high'])}]" if r else "-"])
+    rep.table(["n", "margin per seed", "mean [t 95%]", "best control per seed", "minus the RNN: mean [t 95%]"], rows)
+
+
+def _second_selection(rep: Report, results: dict[str, Any], plots: bool) -> None:
+    cfg = results["config"]
+    length = cfg["extrapolation_length"]
+    rep.section("Second selection: on unseen lengths (a follow-up)").paragraph(
+        "Added after the committed study's seed-0 grid showed that validation on the trained lengths cannot tell the "
+        "settings that extrapolate from those that do not: nearly every setting of the recurrent arms is at 1.000 "
+        "there, and the tie-break picks the hotter runs. Here every arm, controls included, keeps the grid point "
+        f"(seed 0) with the highest mean accuracy at the unseen lengths {cfg['train_length'] + 1}..{length} on "
+        f"{cfg['validation_problems']} selection problems of their own (not the test problems; the grid tables "
+        "show this score as `unseen (selection)`), the most favourable rule for an arm that can extrapolate at all. "
+        f"That setting then trains on seeds 1..{cfg['seeds']}, none of which took part in the choice; seed 0, whose "
+        "models were chosen this way, is left out of these tables. Lengths up to "
+        f"{length} took part in the choice (on other problems); the longer ones did not.")
+    if plots:
+        rep.figure(EXTRAPOLATION_PLOT, "accuracy vs length, second selection")
+    for group, data in results["groups"].items():
+        if "extrapolation" in data:
+            rep.section(f"{GROUP_TITLES.get(group, group)}, second selection", level=2)
+            _chosen_tables(rep, data["extrapolation"], data["floors"], cfg)
 
 
 def _cpu_spread(rep: Report, spread: dict[str, Any]) -> None:
@@ -242,13 +294,14 @@ def _mean_worst(values: list[float]) -> str:
     return f"{_mean(values):.2f} ({min(values):.2f})"
 
 
-def plot_accuracy(results: dict[str, Any], out_dir: Path) -> None:
-    """Accuracy against length (log axis), mean over seeds with the seeds' range shaded, one panel per group."""
+def plot_accuracy(results: dict[str, Any], out_dir: Path, second: bool = False) -> None:
+    """Accuracy against length (log axis), mean over seeds with the seeds' range shaded, one panel per group (of the
+    second selection's runs with ``second``)."""
     plt = pyplot()
     groups = results["groups"]
     fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.5), squeeze=False)
     for ax, (group, data) in zip(axes[0], groups.items(), strict=True):
-        for arm, seeds in data["cells"].items():
+        for arm, seeds in (data["extrapolation"] if second else data)["cells"].items():
             curves = [s["test"] for s in seeds.values()]
             n = list(range(1, len(curves[0]) + 1))
             mean = [statistics.fmean(c[i] for c in curves) for i in range(len(n))]
@@ -262,10 +315,10 @@ def plot_accuracy(results: dict[str, Any], out_dir: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("problem length n (steps; the vertical line is the longest trained)")
         ax.set_ylabel("answer accuracy (mean over seeds, range shaded)")
-        ax.set_title(GROUP_TITLES.get(group, group))
+        ax.set_title(GROUP_TITLES.get(group, group) + (", second selection" if second else ""))
         ax.set_ylim(0, 1.02)
         ax.legend(fontsize=7)
-    save_figure(fig, out_dir / ACCURACY_PLOT)
+    save_figure(fig, out_dir / (EXTRAPOLATION_PLOT if second else ACCURACY_PLOT))
 
 
 def plot_curves(results: dict[str, Any], out_dir: Path) -> None:

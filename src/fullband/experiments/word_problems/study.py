@@ -5,7 +5,9 @@
    (:func:`~fullband.experiments.word_problems.analysis.choose`).
 2. Seeds: every arm's chosen setting on the other seeds; the ablations with the full-bandwidth model's chosen
    setting on every seed.
-3. Analysis and report: accuracy at every length 1..max(test_lengths) on the test problems, per seed.
+3. Second selection (a follow-up; ``extrapolation_length`` 0 skips it): every tuning checkpoint scored on selection
+   problems of unseen lengths, each arm's best there trained on seeds 1..seeds, which took no part in the choice.
+4. Analysis and report: accuracy at every length 1..max(test_lengths) on the test problems, per seed.
 
 Every run is a directory of its own under out_dir/runs/ whose result.json is written last: ``--resume true``
 reads finished runs back and trains the rest (an interrupted run starts again and computes the same numbers).
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +26,11 @@ from fullband.configio import config_to_dict
 from fullband.experiments.core.parallel import map_jobs
 from fullband.experiments.core.report import Report
 from fullband.experiments.core.study import Study, set_threads
-from fullband.experiments.word_problems.analysis import MODEL, analyse_group, choose
+from fullband.experiments.word_problems.analysis import MODEL, analyse_group, choose, choose_extrapolating
 from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.experiments.word_problems.cpu_spread import SPREAD_FILE
 from fullband.experiments.word_problems.report import plot_accuracy, plot_curves, report, verdict
-from fullband.experiments.word_problems.train import RunSpec, test_set, train_run
+from fullband.experiments.word_problems.train import RunSpec, extrapolation_scores, test_set, train_run
 
 if TYPE_CHECKING:
     from fullband.experiments.word_problems.arms import Arm
@@ -61,10 +64,41 @@ class ControlsStudy(Study):
                       (r["knob"], r["lr"]) == (chosen[group][r["arm"]]["knob"], chosen[group][r["arm"]]["lr"])]
             groups[group] = assemble(cfg, group, runs, picked + [r for r in seed_runs if r["group"] == group],
                                      chosen[group])
+        if cfg.extrapolation_length:
+            self.second_selection(grid_specs, grid_runs, groups)
         results = {"study": "controls", "config": config_to_dict(cfg), "groups": groups, "machine": machine()}
         if (spread := self.out_dir / SPREAD_FILE).is_file():  # written by .cpu_spread after a finished study
             results["cpu_spread"] = json.loads(spread.read_text())
         return results
+
+    def second_selection(self, grid_specs: list[RunSpec], grid_runs: list[dict[str, Any]],
+                         groups: dict[str, dict[str, Any]]) -> None:
+        """Score every tuning checkpoint on the selection problems of the unseen lengths, keep each arm's best there
+        and train it on seeds 1..seeds; adds each group's "extrapolation" part and the grid's "extrapolation" scores."""
+        cfg, root = self.cfg, str(self.out_dir)
+        if cfg.progress:
+            print(f"second selection: scoring {len(grid_specs)} tuning runs at lengths up to "
+                  f"{cfg.extrapolation_length}", flush=True)
+        scores = list(map_jobs(extrapolation_scores, [(cfg, s, root) for s in grid_specs], cfg.workers))
+        unseen = slice(cfg.train_length, cfg.extrapolation_length)
+        chosen: dict[str, dict[str, Any]] = {group: {} for group in cfg.groups}
+        for group in cfg.groups:
+            for arm in cfg.arms:
+                points = [point | {"extrapolation_accuracy": statistics.fmean(accuracy[str(point["steps"])][unseen])}
+                          for run, accuracy in zip(grid_runs, scores, strict=True)
+                          if (run["group"], run["arm"]) == (group, arm) for point in grid_points([run])]
+                chosen[group][arm] = choose_extrapolating(points)
+                for entry in groups[group]["grid"]:  # the report's grid shows what this selection saw
+                    if entry["arm"] == arm:
+                        entry["extrapolation"] = next(p["extrapolation_accuracy"] for p in points if all(
+                            p[k] == entry[k] for k in ("knob", "lr", "steps")))
+        specs = [RunSpec(group, arm, pick["knob"], pick["lr"], seed, (pick["steps"],))
+                 for group in cfg.groups for arm, pick in chosen[group].items() for seed in range(1, cfg.seeds + 1)]
+        runs = self.run_all(specs, "second selection seeds")
+        for group in cfg.groups:
+            groups[group]["extrapolation"] = {"length": cfg.extrapolation_length, "chosen": chosen[group],
+                                              **chosen_runs(cfg, [r for r in runs if r["group"] == group],
+                                                            chosen[group])}
 
     def arm(self, group: str, name: str) -> Arm:
         from fullband.experiments.word_problems.arms import make_arm
@@ -89,11 +123,15 @@ class ControlsStudy(Study):
     def analyse(self, results: dict[str, Any]) -> dict[str, Any]:
         cfg = self.cfg
         for group in results["groups"].values():
-            group["analysis"] = analyse_group(group, cfg.arms, cfg.test_lengths, cfg.train_length)
+            for part in (group, group.get("extrapolation")):
+                if part is not None:
+                    part["analysis"] = analyse_group(part, cfg.arms, cfg.test_lengths, cfg.train_length)
         return {}
 
     def plot(self, results: dict[str, Any]) -> None:
         plot_accuracy(results, self.out_dir)
+        if all("extrapolation" in data for data in results["groups"].values()):
+            plot_accuracy(results, self.out_dir, second=True)
         plot_curves(results, self.out_dir)
 
     def report(self, results: dict[str, Any], plots: bool) -> Report:
@@ -127,6 +165,17 @@ def assemble(cfg: ControlsConfig, group: str, grid_runs: list[dict[str, Any]], p
         for point in grid_points([run]):
             test = run["checkpoints"][str(point["steps"])]["test"]["accuracy"]
             grid.append({"arm": run["arm"], **point, "test": {str(n): test[n - 1] for n in cfg.test_lengths}})
+    problems = WordProblems(group)
+    test = test_set(cfg, problems)
+    return {"grid": grid, "chosen": chosen, **chosen_runs(cfg, picked, chosen),
+            "floors": floors(problems, test, cfg.train_length),
+            "knob_names": {a: make_arm(a, cfg, problems).knob_name for a in (*cfg.arms, *cfg.ablations)}}
+
+
+def chosen_runs(cfg: ControlsConfig, picked: list[dict[str, Any]], chosen: dict[str, dict[str, Any]]
+                ) -> dict[str, Any]:
+    """The runs of the chosen settings (an ablation at the model's): every arm's cells and curves per seed, and its
+    costs."""
     cells: dict[str, dict[str, Any]] = {}
     curves: dict[str, dict[str, Any]] = {}
     costs: dict[str, Any] = {}
@@ -143,12 +192,8 @@ def assemble(cfg: ControlsConfig, group: str, grid_runs: list[dict[str, Any]], p
                              "knob": run["knob"], "lr": run["lr"],
                              "training_flops": run["train_flops_per_step"] * steps,
                              "inference_flops": run["inference_flops"]}
-    problems = WordProblems(group)
-    test = test_set(cfg, problems)
-    return {"grid": grid, "chosen": chosen, "cells": {a: dict(sorted(c.items(), key=lambda kv: int(kv[0])))
-                                                      for a, c in cells.items()},
-            "curves": curves, "costs": costs, "floors": floors(problems, test, cfg.train_length),
-            "knob_names": {a: make_arm(a, cfg, problems).knob_name for a in (*cfg.arms, *cfg.ablations)}}
+    return {"cells": {a: dict(sorted(c.items(), key=lambda kv: int(kv[0]))) for a, c in cells.items()},
+            "curves": curves, "costs": costs}
 
 
 def machine() -> dict[str, Any]:

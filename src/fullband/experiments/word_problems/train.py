@@ -14,6 +14,7 @@ What a run leaves in its directory: ``result.json`` (written last: a directory w
 from __future__ import annotations
 
 import copy
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +33,10 @@ from fullband.training.optim import lr_at, set_lr
 from fullband.training.sections import OptimConfig
 
 RESULT = "result.json"
+EXTRAPOLATION = "extrapolation.json"  # a tuning run's checkpoints scored on the selection problems of unseen lengths
 GRAD_CLIP = 1.0  # fullband train's default
 VALIDATION_SEED, TEST_SEED = 1_000_003, 2_000_003  # the held-out sets: the same for every seed and arm
+EXTRAPOLATION_SEED = 3_000_017  # the second selection's problems: neither the validation nor the test problems
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,11 @@ def test_set(cfg: ControlsConfig, problems: WordProblems) -> WordBatch:
     return problems.batch(cfg.test_problems, max(cfg.test_lengths), torch.Generator().manual_seed(TEST_SEED))
 
 
+def extrapolation_set(cfg: ControlsConfig, problems: WordProblems) -> WordBatch:
+    return problems.batch(cfg.validation_problems, cfg.extrapolation_length,
+                          torch.Generator().manual_seed(EXTRAPOLATION_SEED))
+
+
 def training_batch(cfg: ControlsConfig, problems: WordProblems, seed: int, step: int) -> WordBatch:
     """The batch of ``step`` for ``seed``: every arm of a seed trains on the same batches."""
     generator = torch.Generator().manual_seed(seed * 1_000_033 + step)
@@ -68,12 +76,15 @@ def training_batch(cfg: ControlsConfig, problems: WordProblems, seed: int, step:
 
 
 @torch.no_grad()
-def score(arm: Arm, model: torch.nn.Module, knob: Any, batch: WordBatch, rows: int = 250) -> dict[str, Any]:
-    """Accuracy at every length of ``batch`` and the loss over its labels, in chunks of ``rows`` problems."""
+def score(arm: Arm, model: torch.nn.Module, knob: Any, batch: WordBatch, rows: int = 250,
+          other_modes: bool = True) -> dict[str, Any]:
+    """Accuracy at every length of ``batch`` and the loss over its labels, in chunks of ``rows`` problems (and, with
+    ``other_modes``, the accuracy of the arm's other ways of answering)."""
     model.eval()
     logits = torch.cat([arm.logits(model, batch.tokens[i : i + rows], knob) for i in range(0, len(batch.tokens), rows)])
     out = {"accuracy": accuracy_by_length(logits, batch).tolist(), "loss": ntp_loss(logits, batch.labels).item()}
-    for mode in arm.other_modes:  # the same model answering another way (fullband: without its feedback)
+    # the same model answering another way (fullband: without its feedback)
+    for mode in arm.other_modes if other_modes else ():
         other = torch.cat([arm.mode_logits(mode, model, batch.tokens[i : i + rows])
                            for i in range(0, len(batch.tokens), rows)])
         out[f"{mode}_accuracy"] = accuracy_by_length(other, batch).tolist()
@@ -85,8 +96,6 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
     """Train ``spec`` (or read back its finished result) -> its result (what result.json holds)."""
     directory = spec.directory(Path(root))
     if (directory / RESULT).is_file():
-        import json
-
         return json.loads((directory / RESULT).read_text())
     directory.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -149,6 +158,30 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
               "seconds": time.perf_counter() - start, "threads": torch.get_num_threads()}
     write_json(directory / RESULT, result)
     return result
+
+
+def extrapolation_scores(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, list[float]]:
+    """A finished run's checkpoints scored on the selection problems of the unseen lengths: step count -> accuracy
+    at every length 1..extrapolation_length. Kept in the run's extrapolation.json (computed once; read back while
+    the length and the number of problems are the same)."""
+    from safetensors.torch import load_model
+
+    directory = spec.directory(Path(root))
+    stamp = {"length": cfg.extrapolation_length, "problems": cfg.validation_problems}
+    kept_file = directory / EXTRAPOLATION
+    if kept_file.is_file() and (kept := json.loads(kept_file.read_text()))["set"] == stamp:
+        return kept["accuracy"]
+    device = resolve_device(cfg.device)
+    problems = WordProblems(spec.group)
+    arm = make_arm(spec.arm, cfg, problems)
+    batch = _to(extrapolation_set(cfg, problems), device)
+    accuracy = {}
+    for steps in spec.stops:
+        model = arm.build(spec.knob).to(device)
+        load_model(model, str(directory / f"model-{steps}.safetensors"), device=str(device))
+        accuracy[str(steps)] = score(arm, model, spec.knob, batch, other_modes=False)["accuracy"]
+    write_json(directory / EXTRAPOLATION, {"set": stamp, "accuracy": accuracy})
+    return accuracy
 
 
 def _to(batch: WordBatch, device: torch.device) -> WordBatch:
