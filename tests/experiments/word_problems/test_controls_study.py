@@ -228,3 +228,6 @@ def test_bad_settings_name_the_field():
         ControlsConfig(train_length=8, test_lengths=(8, 12))
     with pytest.raises(ConfigError, match="arms"):
         ControlsConfig(arms=("looped", "rnn"))
+    with pytest.raises(ConfigError, match="extrapolation_length.*train_length=6"):
+        ControlsConfig(extrapolation_length=6)
+    assert ControlsConfig(extrapolation_length=0).extrapolation_length == 0  # 0 skips the second selection
