@@ -185,7 +185,7 @@ def test_second_selection_keeps_each_arms_best_at_unseen_lengths_and_trains_fres
     assert "extrapolation" not in json.loads((out / "results.json").read_text())["groups"]["s5"]
 
 
-def test_cpu_spread_retrains_a_seed_with_avx2_kernels_and_the_report_shows_it(tmp_path):
+def test_cpu_spread_retrains_a_seed_with_avx2_kernels_and_the_report_shows_it(tmp_path, capsys):
     from fullband.cli import main
     from fullband.experiments.word_problems import cpu_spread
 
@@ -200,6 +200,11 @@ def test_cpu_spread_retrains_a_seed_with_avx2_kernels_and_the_report_shows_it(tm
     native = json.loads((out / "results.json").read_text())["groups"]["s5"]["cells"]["rnn"]["1"]["test"]
     other = retrained["checkpoints"][str(retrained["stops"][-1])]["test"]["accuracy"]
     assert arms["rnn"]["max_abs_difference"] == max(abs(a - b) for a, b in zip(native, other, strict=True))
+    assert cpu_spread.main(["--out_dir", str(out), "--seed", "1", "--arms", "rnn,fullband"]) == 0  # a subset
+    assert set(json.loads((out / cpu_spread.SPREAD_FILE).read_text())["groups"]["s5"]) == {"rnn", "fullband"}
+    with pytest.raises(SystemExit):
+        cpu_spread.main(["--out_dir", str(out), "--arms", "gru"])
+    assert "--arms: gru not in this study" in capsys.readouterr().err
     main(["eval-controls", "--preset", "smoke", "--out_dir", str(out), "--workers", "1", "--progress", "false",
           "--resume", "true"])
     assert "## Across CPU kinds" in (out / "report.md").read_text()
@@ -228,6 +233,6 @@ def test_bad_settings_name_the_field():
         ControlsConfig(train_length=8, test_lengths=(8, 12))
     with pytest.raises(ConfigError, match="arms"):
         ControlsConfig(arms=("looped", "rnn"))
-    with pytest.raises(ConfigError, match="extrapolation_length.*train_length=6"):
+    with pytest.raises(ConfigError, match=r"extrapolation_length.*train_length=6"):
         ControlsConfig(extrapolation_length=6)
     assert ControlsConfig(extrapolation_length=0).extrapolation_length == 0  # 0 skips the second selection

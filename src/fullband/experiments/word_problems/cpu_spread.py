@@ -1,7 +1,7 @@
 """How much the cells of ``fullband eval-controls`` move on another CPU kind: retrain one seed's chosen runs with
 PyTorch, MKL and oneDNN restricted to AVX2 (what a CPU without AVX-512 runs) and compare them with the study's.
 
-    python -m fullband.experiments.word_problems.cpu_spread --out_dir runs/controls --seed 1
+    python -m fullband.experiments.word_problems.cpu_spread --out_dir runs/controls --seed 1 [--arms fullband,looped]
 
 Why they move at all: the vector width decides the order in which floats are summed (matmul blocking, reductions),
 so the last bits of every step differ between kernels, and thousands of steps of training amplify them; a run is
@@ -28,11 +28,13 @@ SPREAD_DIR = "cpu-spread"
 MODULE = "fullband.experiments.word_problems.cpu_spread"
 
 
-def chosen_specs(results: dict[str, Any], seed: int) -> list[dict[str, Any]]:
-    """The run of every arm and ablation of every group on ``seed`` at its chosen setting."""
+def chosen_specs(results: dict[str, Any], seed: int, arms: list[str] | None = None) -> list[dict[str, Any]]:
+    """The run of every arm and ablation (or those of ``arms``) of every group on ``seed`` at its chosen setting."""
     specs = []
     for group, data in results["groups"].items():
         for arm, cost in data["costs"].items():
+            if arms and arm not in arms:
+                continue
             specs.append({"group": group, "arm": arm, "knob": cost["knob"], "lr": cost["lr"], "seed": seed,
                           "stops": [cost["steps"]]})
     return specs
@@ -74,11 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out_dir", required=True, help="A finished eval-controls study.")
     parser.add_argument("--seed", type=int, default=1, help="The seed (>= 1: one trained at its chosen setting "
                         "alone) whose chosen runs are retrained.")
+    parser.add_argument("--arms", default="", help="Comma-separated arms and ablations to retrain (default: all; "
+                        "a subset keeps a sitting short, e.g. fullband,looped,rnn).")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     out_dir = Path(args.out_dir)
     results = json.loads((out_dir / "results.json").read_text())
-    specs = chosen_specs(results, args.seed)
+    arms = [a for a in args.arms.split(",") if a]
+    known = {arm for data in results["groups"].values() for arm in data["costs"]}
+    if unknown := sorted(set(arms) - known):
+        parser.error(f"--arms: {', '.join(unknown)} not in this study (its arms: {', '.join(sorted(known))})")
+    specs = chosen_specs(results, args.seed, arms)
     if args.seed < 1:
         parser.error("--seed must be >= 1 (seed 0's chosen runs are tuning runs, scored at two step counts)")
     if args.child:  # in the AVX2-only environment: train the runs, each with the threads the study's run had
@@ -96,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             train_run(cfg, run, str(out_dir / SPREAD_DIR))
         return 0
     env = os.environ | AVX2_ONLY
-    subprocess.run([sys.executable, "-m", MODULE, "--out_dir", str(out_dir), "--seed", str(args.seed), "--child"],
-                   env=env, check=True)
+    subprocess.run([sys.executable, "-m", MODULE, "--out_dir", str(out_dir), "--seed", str(args.seed), "--arms",
+                    args.arms, "--child"], env=env, check=True)
     from fullband.experiments.word_problems.train import RESULT, RunSpec
 
     replicas = [json.loads((RunSpec(**{**s, "stops": tuple(s["stops"])}).directory(out_dir / SPREAD_DIR) / RESULT)
