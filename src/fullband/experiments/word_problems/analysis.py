@@ -28,6 +28,11 @@ def choose(grid: list[dict[str, Any]]) -> dict[str, Any]:
     return min(grid, key=selection_key)
 
 
+def same_setting(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two grid points (or a point and a choice) are the same knob, learning rate and step count."""
+    return all(a[k] == b[k] for k in ("knob", "lr", "steps"))
+
+
 def extrapolation_key(candidate: dict[str, Any]) -> tuple[float, float, float, int]:
     """Order of the tuning grid for the second selection, best first: mean accuracy on the selection problems of
     the unseen lengths (higher), then :func:`selection_key`."""

@@ -15,6 +15,7 @@ from fullband.experiments.word_problems.analysis import (
     MARGIN_TARGET,
     MODEL,
     REFERENCE,
+    same_setting,
     selection_key,
 )
 
@@ -39,6 +40,11 @@ def _signed(value: float) -> str:
 
 def is_smoke(results: dict[str, Any]) -> bool:
     return results["config"]["preset"] == "smoke"
+
+
+def has_second_selection(results: dict[str, Any]) -> bool:
+    """Whether the study ran the second selection (it adds its part to every group)."""
+    return all("extrapolation" in data for data in results["groups"].values())
 
 
 def verdict(results: dict[str, Any]) -> list[str]:
@@ -98,7 +104,7 @@ def report(results: dict[str, Any], plots: bool) -> Report:
         rep.figure(ACCURACY_PLOT, "accuracy vs length")
     for group, data in results["groups"].items():
         _group_section(rep, group, data, cfg)
-    if any("extrapolation" in data for data in results["groups"].values()):
+    if has_second_selection(results):
         _second_selection(rep, results, plots)
     if "cpu_spread" in results:
         _cpu_spread(rep, results["cpu_spread"])
@@ -176,7 +182,7 @@ def _group_section(rep: Report, group: str, data: dict[str, Any], cfg: dict[str,
     knob_names = data["knob_names"]
     for point in sorted(data["grid"], key=lambda p: (list(cells).index(p["arm"]), selection_key(p))):
         marks = [mark for mark, chosen in (("✓", data["chosen"]), ("2", second and second["chosen"]))
-                 if chosen and _is_pick(point, chosen[point["arm"]])]
+                 if chosen and same_setting(point, chosen[point["arm"]])]
         unseen = [f"{point['extrapolation']:.2f}"] if second else []
         rows.append([arm_title(point["arm"]), f"{knob_names[point['arm']]} {point['knob']}", f"{point['lr']:g}",
                      point["steps"], f"{point['validation_accuracy']:.3f}", f"{point['validation_loss']:.4f}",
@@ -194,10 +200,6 @@ def _group_section(rep: Report, group: str, data: dict[str, Any], cfg: dict[str,
         if points:
             rows.append([arm_title(arm), *[f"{max(point['test'][str(n)] for point in points):.2f}" for n in tests]])
     rep.table(["arm", *[f"n={n}" for n in tests]], rows)
-
-
-def _is_pick(point: dict[str, Any], pick: dict[str, Any]) -> bool:
-    return all(point[k] == pick[k] for k in ("knob", "lr", "steps"))
 
 
 def _header(cfg: dict[str, Any]) -> tuple[list[int], list[str]]:

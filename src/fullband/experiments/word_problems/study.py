@@ -26,10 +26,22 @@ from fullband.configio import config_to_dict
 from fullband.experiments.core.parallel import map_jobs
 from fullband.experiments.core.report import Report
 from fullband.experiments.core.study import Study, set_threads
-from fullband.experiments.word_problems.analysis import MODEL, analyse_group, choose, choose_extrapolating
+from fullband.experiments.word_problems.analysis import (
+    MODEL,
+    analyse_group,
+    choose,
+    choose_extrapolating,
+    same_setting,
+)
 from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.experiments.word_problems.cpu_spread import SPREAD_FILE
-from fullband.experiments.word_problems.report import plot_accuracy, plot_curves, report, verdict
+from fullband.experiments.word_problems.report import (
+    has_second_selection,
+    plot_accuracy,
+    plot_curves,
+    report,
+    verdict,
+)
 from fullband.experiments.word_problems.train import RunSpec, extrapolation_scores, test_set, train_run
 
 if TYPE_CHECKING:
@@ -90,8 +102,8 @@ class ControlsStudy(Study):
                 chosen[group][arm] = choose_extrapolating(points)
                 for entry in groups[group]["grid"]:  # the report's grid shows what this selection saw
                     if entry["arm"] == arm:
-                        entry["extrapolation"] = next(p["extrapolation_accuracy"] for p in points if all(
-                            p[k] == entry[k] for k in ("knob", "lr", "steps")))
+                        entry["extrapolation"] = next(p["extrapolation_accuracy"] for p in points
+                                                      if same_setting(p, entry))
         specs = [RunSpec(group, arm, pick["knob"], pick["lr"], seed, (pick["steps"],))
                  for group in cfg.groups for arm, pick in chosen[group].items() for seed in range(1, cfg.seeds + 1)]
         runs = self.run_all(specs, "second selection seeds")
@@ -130,7 +142,7 @@ class ControlsStudy(Study):
 
     def plot(self, results: dict[str, Any]) -> None:
         plot_accuracy(results, self.out_dir)
-        if all("extrapolation" in data for data in results["groups"].values()):
+        if has_second_selection(results):
             plot_accuracy(results, self.out_dir, second=True)
         plot_curves(results, self.out_dir)
 
