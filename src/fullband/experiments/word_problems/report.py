@@ -279,10 +279,11 @@ def _second_selection(rep: Report, results: dict[str, Any], plots: bool) -> None
 def _cpu_spread(rep: Report, spread: dict[str, Any]) -> None:
     env = " ".join(f"{k}={v}" for k, v in spread["environment"].items())
     rep.section("Across CPU kinds").paragraph(
-             f"Seed {spread['seed']}'s chosen runs trained again on the same machine with `{env}` (the kernels of a "
-             "CPU without AVX-512; `python -m fullband.experiments.word_problems.cpu_spread`). The vector width "
-             "can change the order of float sums, which training can amplify: the spread to expect between CPU "
-             "kinds. Cells identical = the same accuracy at every length.")
+             f"Seed {spread['seed']}'s runs at the first selection's chosen settings trained again on the same "
+             f"machine with `{env}` (the kernels of a CPU without AVX-512; "
+             "`python -m fullband.experiments.word_problems.cpu_spread`). The vector width can change the order of "
+             "float sums, which training can amplify: the spread to expect between CPU kinds. Cells identical = the "
+             "same accuracy at every length.")
     rows = [[group, arm_title(arm), f"{d['max_weight_difference']:.2g}", "yes" if d["identical"] else "no",
              f"{d['max_abs_difference']:.3f}",
              f"{d['mean_abs_difference']:.4f}", f"{d['longest_kept'][0]} / {d['longest_kept'][1]}"]
