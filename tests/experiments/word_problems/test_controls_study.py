@@ -177,6 +177,11 @@ def test_second_selection_keeps_each_arms_best_at_unseen_lengths_and_trains_fres
     report = (out / "report.md").read_text()
     assert "## Second selection: on unseen lengths" in report
     assert "## S5 (transpositions of 5 cups), second selection" in report
+    # its own per-seed cells: lengths 1..3 (trained) and the test lengths 4 and 6
+    second_part = report.split("## S5 (transpositions of 5 cups), second selection")[1]
+    cell = second["cells"]["fullband"]["2"]["test"]
+    row = " | ".join(f"{cell[n - 1]:.2f}" for n in (1, 2, 3, 4, 6))
+    assert f"| full-bandwidth exact | 2 | {row} |" in second_part.split("### Every seed")[1]
     assert (out / "accuracy_vs_length_second_selection.png").is_file()
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/**/" + EXTRAPOLATION)}
     main([*args, "--resume", "true"])

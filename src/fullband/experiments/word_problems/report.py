@@ -168,11 +168,7 @@ def _setup(rep: Report, cfg: dict[str, Any]) -> None:
 def _group_section(rep: Report, group: str, data: dict[str, Any], cfg: dict[str, Any]) -> None:
     rep.section(GROUP_TITLES.get(group, group))
     _chosen_tables(rep, data, data["floors"], cfg)
-    tests, (lengths, header), cells = cfg["test_lengths"], _header(cfg), data["cells"]
-    rep.section("Every seed", level=3)
-    rows = [[arm_title(arm), seed, *[f"{cell['test'][n - 1]:.2f}" for n in lengths]]
-            for arm, seeds in cells.items() for seed, cell in seeds.items()]
-    rep.table(["arm", "seed", *header], rows)
+    tests, cells = cfg["test_lengths"], data["cells"]
     second = data.get("extrapolation")
     rep.section("Tuning grid (seed 0)", level=3).paragraph(
         "Chosen by validation on the trained lengths only; the test columns are shown for transparency and played "
@@ -210,7 +206,8 @@ def _header(cfg: dict[str, Any]) -> tuple[list[int], list[str]]:
 
 
 def _chosen_tables(rep: Report, data: dict[str, Any], floors: dict[str, list[float]], cfg: dict[str, Any]) -> None:
-    """The tables of one selection's chosen settings: costs, accuracy by length, longest n kept, paired margins."""
+    """The tables of one selection's chosen settings: costs, accuracy by length, longest n kept, paired margins,
+    every seed's cells."""
     tests = cfg["test_lengths"]
     lengths, header = _header(cfg)
     cells, a, costs = data["cells"], data["analysis"], data["costs"]
@@ -253,6 +250,10 @@ def _chosen_tables(rep: Report, data: dict[str, Any], floors: dict[str, list[flo
                      ", ".join(arm_title(b) for b in m["best_control"].values()),
                      f"{_signed(r['mean'])} [{_signed(r['low'])}, {_signed(r['high'])}]" if r else "-"])
     rep.table(["n", "margin per seed", "mean [t 95%]", "best control per seed", "minus the RNN: mean [t 95%]"], rows)
+    rep.section("Every seed", level=3)
+    rows = [[arm_title(arm), seed, *[f"{cell['test'][n - 1]:.2f}" for n in lengths]]
+            for arm, seeds in cells.items() for seed, cell in seeds.items()]
+    rep.table(["arm", "seed", *header], rows)
 
 
 def _second_selection(rep: Report, results: dict[str, Any], plots: bool) -> None:
