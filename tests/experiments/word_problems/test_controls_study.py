@@ -10,6 +10,7 @@ import torch
 
 from fullband.config import ConfigError
 from fullband.experiments.core.flops import step_flops
+from fullband.experiments.word_problems import report as controls_report
 from fullband.experiments.word_problems.analysis import (
     choose,
     choose_extrapolating,
@@ -182,6 +183,10 @@ def test_second_selection_keeps_each_arms_best_at_unseen_lengths_and_trains_fres
     cell = second["cells"]["fullband"]["2"]["test"]
     row = " | ".join(f"{cell[n - 1]:.2f}" for n in (1, 2, 3, 4, 6))
     assert f"| full-bandwidth exact | 2 | {row} |" in second_part.split("### Every seed")[1]
+    assert "Lengths up to 5 took part in the choice" in report  # test length 6 did not
+    results = json.loads((out / "results.json").read_text())
+    results["config"]["extrapolation_length"] = 6  # a selection that looks at every test length says so
+    assert "Every test length took part in the choice" in controls_report.report(results, plots=False).render()
     assert (out / "accuracy_vs_length_second_selection.png").is_file()
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/**/" + EXTRAPOLATION)}
     main([*args, "--resume", "true"])

@@ -259,6 +259,9 @@ def _chosen_tables(rep: Report, data: dict[str, Any], floors: dict[str, list[flo
 def _second_selection(rep: Report, results: dict[str, Any], plots: bool) -> None:
     cfg = results["config"]
     length = cfg["extrapolation_length"]
+    longer = [n for n in cfg["test_lengths"] if n > length]
+    which = (f"Lengths up to {length} took part in the choice (on other problems); the longer ones did not."
+             if longer else "Every test length took part in the choice (on other problems, with seed 0's models).")
     rep.section("Second selection: on unseen lengths (a follow-up)").paragraph(
         "Added after the committed study's seed-0 grid showed that validation on the trained lengths cannot tell the "
         "settings that extrapolate from those that do not: nearly every setting of the recurrent arms is at 1.000 "
@@ -267,8 +270,7 @@ def _second_selection(rep: Report, results: dict[str, Any], plots: bool) -> None
         f"{cfg['validation_problems']} selection problems of their own (not the test problems; the grid tables "
         "show this score as `unseen (selection)`), the most favourable rule for an arm that can extrapolate at all. "
         f"That setting then trains on seeds 1..{cfg['seeds']}, none of which took part in the choice; seed 0, whose "
-        "models were chosen this way, is left out of these tables. Lengths up to "
-        f"{length} took part in the choice (on other problems); the longer ones did not.")
+        f"models were chosen this way, is left out of these tables. {which}")
     if plots:
         rep.figure(EXTRAPOLATION_PLOT, "accuracy vs length, second selection")
     for group, data in results["groups"].items():
