@@ -259,9 +259,9 @@ def _chosen_tables(rep: Report, data: dict[str, Any], floors: dict[str, list[flo
 def _second_selection(rep: Report, results: dict[str, Any], plots: bool) -> None:
     cfg = results["config"]
     length = cfg["extrapolation_length"]
-    longer = [n for n in cfg["test_lengths"] if n > length]
     which = (f"Lengths up to {length} took part in the choice (on other problems); the longer ones did not."
-             if longer else "Every test length took part in the choice (on other problems, with seed 0's models).")
+             if max(cfg["test_lengths"]) > length
+             else "Every test length took part in the choice (on other problems, with seed 0's models).")
     rep.section("Second selection: on unseen lengths (a follow-up)").paragraph(
         "Added after the committed study's seed-0 grid showed that validation on the trained lengths cannot tell the "
         "settings that extrapolate from those that do not: nearly every setting of the recurrent arms is at 1.000 "
@@ -282,11 +282,10 @@ def _second_selection(rep: Report, results: dict[str, Any], plots: bool) -> None
 def _cpu_spread(rep: Report, spread: dict[str, Any]) -> None:
     env = " ".join(f"{k}={v}" for k, v in spread["environment"].items())
     rep.section("Across CPU kinds").paragraph(
-             f"Seed {spread['seed']}'s runs at the first selection's chosen settings trained again on the same "
-             f"machine with `{env}` (the kernels of a CPU without AVX-512; "
-             "`python -m fullband.experiments.word_problems.cpu_spread`). The vector width can change the order of "
-             "float sums, which training can amplify: the spread to expect between CPU kinds. Cells identical = the "
-             "same accuracy at every length.")
+        f"Seed {spread['seed']}'s runs at the first selection's chosen settings trained again on the same machine with "
+        f"`{env}` (the kernels of a CPU without AVX-512; `python -m fullband.experiments.word_problems.cpu_spread`). "
+        "The vector width can change the order of float sums, which training can amplify: the spread to expect "
+        "between CPU kinds. Cells identical = the same accuracy at every length.")
     rows = [[group, arm_title(arm), f"{d['max_weight_difference']:.2g}", "yes" if d["identical"] else "no",
              f"{d['max_abs_difference']:.3f}",
              f"{d['mean_abs_difference']:.4f}", f"{d['longest_kept'][0]} / {d['longest_kept'][1]}"]
