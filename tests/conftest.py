@@ -103,14 +103,16 @@ def make_model(seed: int = 0, dtype: torch.dtype = torch.float64, **overrides) -
     return model.to(dtype).eval()
 
 
-@pytest.fixture(params=[("fused", "own"), ("fused", "shared"), ("paper", "shared"), ("all", "own")],
-                ids=["fused_inputs_normed", "shared_gate_norm", "paper_form", "all_inputs_normed"])
+@pytest.fixture(params=[("fused", "own", "rope"), ("fused", "shared", "rope"), ("paper", "shared", "rope"),
+                        ("all", "own", "rope"), ("fused", "own", "none")],
+                ids=["fused_inputs_normed", "shared_gate_norm", "paper_form", "all_inputs_normed", "nope"])
 def model(request) -> FullBandwidthLM:
     """The tiny model in each input form of DESIGN.md §1: the default (only fused inputs normalised; the gate with
     its own norm or the input norm), the paper's literal form (at inference, as here in eval mode, plain inputs
-    stay raw), and every input normalised (the earlier default)."""
-    input_norm, gate_norm = request.param
-    return make_model(input_norm=input_norm, gate_norm=gate_norm)
+    stay raw), and every input normalised (the earlier default); and the default form without a positional
+    encoding (NoPE), so every test of the recurrence and of decoding covers both encodings."""
+    input_norm, gate_norm, position_encoding = request.param
+    return make_model(input_norm=input_norm, gate_norm=gate_norm, position_encoding=position_encoding)
 
 
 @pytest.fixture

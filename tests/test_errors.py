@@ -21,6 +21,7 @@ from fullband.generation import generate
         ({"fusion": "add"}, r"fusion='add' is invalid: must be one of \('glu_cross',\)"),
         ({"norm_eps": 0}, r"norm_eps=0 is invalid: must be in \(0, 1\)"),
         ({"d_model": 36, "n_heads": 4, "n_kv_heads": None}, r"must be even for RoPE"),
+        ({"position_encoding": "alibi"}, r"position_encoding='alibi' is invalid: must be one of \('rope', 'none'\)"),
     ],
 )
 def test_bad_model_configs(overrides, message):
@@ -28,6 +29,14 @@ def test_bad_model_configs(overrides, message):
     settings.update(overrides)
     with pytest.raises(ConfigError, match=message):
         ModelConfig(**settings)
+
+
+def test_odd_head_dims_are_refused_for_rope_only():
+    # RoPE rotates pairs of dimensions; without it (NoPE) a head of any width works.
+    config = ModelConfig(vocab_size=61, d_model=36, n_heads=4, position_encoding="none")
+    assert config.head_dim == 9
+    with pytest.raises(ConfigError, match="must be even for RoPE"):
+        ModelConfig(vocab_size=61, d_model=36, n_heads=4)
 
 
 def test_unknown_config_key():

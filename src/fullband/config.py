@@ -44,6 +44,8 @@ GATE_NORMS = ("own", "shared")
 INPUT_NORMS = ("fused", "paper", "all")
 # forward_exact's methods; auto = fullband.model.recurrence.auto_exact_method's choice for the device
 EXACT_METHODS = ("auto", "sequential", "chunked", "jacobi")
+# Positional encoding of the attention (DESIGN.md §1): rotary on queries and keys, or none at all (NoPE).
+POSITION_ENCODINGS = ("rope", "none")
 
 
 @dataclass
@@ -57,7 +59,13 @@ class ModelConfig:
     n_kv_heads: int | None = doc(None, "Key/value heads for grouped-query attention; None = n_heads.")
     d_ff: int | None = doc(None, "Hidden width of the SwiGLU MLP; None = 8/3 * d_model rounded up to 64.")
     max_seq_len: int = doc(1024, "Longest sequence (prompt + generated) the model accepts.")
-    rope_theta: float = doc(10000.0, "RoPE base frequency.")
+    position_encoding: str = doc(
+        "rope",
+        "rope = rotary position embedding (RoPE) on queries and keys; none = no positional encoding (NoPE, "
+        "Kazemnejad et al. 2023, 'The impact of positional encoding on length generalization in transformers'): "
+        "attention is causal, so position is still inferable.",
+    )
+    rope_theta: float = doc(10000.0, "RoPE base frequency (read only with position_encoding='rope').")
     norm_eps: float = doc(1e-5, "RMSNorm epsilon.")
     tie_embeddings: bool = doc(True, "Share the input embedding with the output head.")
     init_std: float = doc(0.02, "Std of the normal init; residual output projections get init_std/sqrt(2L).")
@@ -263,8 +271,11 @@ def validate_model_config(c: ModelConfig) -> None:
         value = getattr(c, name)
         _require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
     _require(c.d_model % c.n_heads == 0, "n_heads", c.n_heads, f"must divide d_model={c.d_model}")
-    _require((c.d_model // c.n_heads) % 2 == 0, "n_heads", c.n_heads,
-             f"d_model/n_heads must be even for RoPE (got {c.d_model}/{c.n_heads})")
+    _require(c.position_encoding in POSITION_ENCODINGS, "position_encoding", c.position_encoding,
+             f"must be one of {POSITION_ENCODINGS} (rope = rotary embedding, none = no positional encoding)")
+    if c.position_encoding == "rope":  # RoPE rotates pairs of head dimensions
+        _require((c.d_model // c.n_heads) % 2 == 0, "n_heads", c.n_heads,
+                 f"d_model/n_heads must be even for RoPE (got {c.d_model}/{c.n_heads})")
     if c.n_kv_heads is not None:
         _require(_is_int(c.n_kv_heads) and c.n_kv_heads >= 1 and c.n_heads % c.n_kv_heads == 0,
                  "n_kv_heads", c.n_kv_heads, f"must be a positive divisor of n_heads={c.n_heads} (or None)")

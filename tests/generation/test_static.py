@@ -32,11 +32,12 @@ def test_static_step_greedy_tokens_equal_the_eager_path(model, mode):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("position_encoding", ["rope", "none"])
 @pytest.mark.parametrize("mode", MODES)
-def test_static_step_logits_equal_the_eager_step(mode):
+def test_static_step_logits_equal_the_eager_step(mode, position_encoding):
     """Step by step from one prefill: the static step's logits and carried state are the eager step's to float64
-    rounding (attention sums over the unused, masked slots too), fed the same tokens."""
-    model = make_model()
+    rounding (attention sums over the unused, masked slots too), fed the same tokens; with RoPE and with NoPE."""
+    model = make_model(position_encoding=position_encoding)
     ids, mask = left_pad(PROMPTS)
     eager = prefill(model, ids, mask, mode, ids.shape[1] + NEW)
     decoder = StaticDecoder(model, len(PROMPTS), capacity_for(model, ids.shape[1] + NEW))

@@ -82,6 +82,30 @@ def test_untied_baseline_round_trips(tmp_path, tokens):
 
 
 @torch.no_grad()
+def test_nope_model_round_trips_through_the_auto_classes_with_remote_code(tokens, tmp_path):
+    """A model without a positional encoding keeps it through from_native, save_pretrained and
+    AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True): the same config and the native logits and
+    greedy tokens (the reference: the native model, whose NoPE forward tests/model checks against a definition).
+    Here fullband is imported, so its registered class answers; test_hf_remote_code.py opens a NoPE checkpoint in
+    a process that never imported it."""
+    native = make_model(dtype=torch.float32, position_encoding="none")
+    model = FullBandwidthForCausalLM.from_native(native).eval()
+    assert model.config.position_encoding == "none"
+    torch.testing.assert_close(model(tokens, passes=3).logits, native(tokens, passes=3).logits, atol=0, rtol=0)
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["position_encoding"] == "none"
+    assert "no positional encoding (NoPE)" in (tmp_path / "README.md").read_text()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    assert loaded.config.to_model_config() == native.config
+    for passes in (1, 4):
+        torch.testing.assert_close(loaded(tokens, passes=passes).logits, native(tokens, passes=passes).logits,
+                                   atol=0, rtol=0)
+    for mode in ("standard", "soft"):
+        got = loaded.generate(torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False, decoding_mode=mode)
+        assert got[0].tolist() == generate(native, PROMPT, NEW, mode=mode)
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("mode", MODES)
 def test_greedy_generate_equals_native_generate(native, mode):
     model = FullBandwidthForCausalLM.from_native(native).eval()

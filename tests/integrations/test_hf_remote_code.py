@@ -93,6 +93,33 @@ def test_trust_remote_code_load_without_importing_fullband(checkpoint, tmp_path)
     assert got["tok"] == [ByteTokenizer().encode("héllo <|endoftext|>"), ByteTokenizer.eos_id]
 
 
+def test_a_nope_checkpoint_opens_through_remote_code_with_its_encoding(tmp_path):
+    """A model without a positional encoding, opened by a process that never imported fullband: its config keeps
+    position_encoding='none' and its logits (score_mode standard, the default) and soft greedy tokens are the
+    native model's."""
+    model = make_model(dtype=torch.float32, position_encoding="none")
+    model.save_pretrained(tmp_path / "ckpt")
+    tokens = [[5, 9, 17, 3, 40, 44, 2]]
+    out = run_python(f"""
+        import json, sys, torch
+        from transformers import AutoModelForCausalLM
+        assert "fullband" not in sys.modules
+        model = AutoModelForCausalLM.from_pretrained({str(tmp_path / "ckpt")!r}, trust_remote_code=True)
+        ids = torch.tensor({tokens})
+        print(json.dumps({{"module": type(model).__module__, "encoding": model.config.position_encoding,
+                          "logits": model(ids).logits.tolist(),
+                          "soft": model.generate(ids, max_new_tokens=6, do_sample=False,
+                                                 decoding_mode="soft").tolist()}}))
+    """, tmp_path)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["module"].startswith("transformers_modules.") and got["encoding"] == "none"
+    ids = torch.tensor(tokens)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.tensor(got["logits"]), model(ids).logits, atol=1e-5, rtol=1e-5)
+    assert got["soft"] == generate(model, ids, max_new_tokens=6, mode="soft").tolist()
+
+
 def test_without_fullband_installed_the_error_says_pip_install_fullband(checkpoint, tmp_path):
     path, _ = checkpoint
     out = run_python(f"""

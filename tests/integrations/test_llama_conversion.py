@@ -100,6 +100,8 @@ def test_greedy_generate_agrees_both_ways():
 def test_unconvertible_models_are_refused():
     with pytest.raises(ValueError, match="feedback"):
         to_llama(make_model())
+    with pytest.raises(ValueError, match=r"position_encoding='none' \(a Llama has rotary position embeddings only"):
+        to_llama(make_model(feedback=False, position_encoding="none"))
     llama = random_llama(tie=True)
     llama.config.attention_bias = True
     with pytest.raises(ValueError, match="attention_bias"):

@@ -11,10 +11,13 @@ from fullband.generation import generate
 from fullband.model.serialization import CheckpointError
 
 
-@pytest.mark.parametrize("overrides", [{}, {"feedback": False}, {"tie_embeddings": False}])
+@pytest.mark.parametrize("overrides", [{}, {"feedback": False}, {"tie_embeddings": False},
+                                       {"position_encoding": "none"}])
 def test_round_trip_gives_identical_logits(tmp_path, tokens, overrides):
     model = make_model(dtype=torch.float32, **overrides)
     model.save_pretrained(tmp_path / "ckpt")
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert config["position_encoding"] == model.config.position_encoding
     loaded = FullBandwidthLM.from_pretrained(tmp_path / "ckpt")
     assert loaded.config == model.config
     with torch.no_grad():
@@ -38,6 +41,23 @@ def test_checkpoint_from_before_the_input_norm_decodes_as_trained(tmp_path, toke
     with torch.no_grad():
         torch.testing.assert_close(loaded(tokens, passes=3).logits, model(tokens, passes=3).logits, atol=0, rtol=0)
         assert generate(loaded, [1, 2, 3], max_new_tokens=5) == generate(model, [1, 2, 3], max_new_tokens=5)
+
+
+@pytest.mark.parametrize("form", ["transformers", "bare"])
+def test_checkpoint_from_before_the_position_encoding_option_loads_as_rope(tmp_path, tokens, form):
+    # Every model had RoPE before position_encoding existed: a config.json without the key must read as "rope", in
+    # transformers' form (model_type and decoding defaults beside the fields) and in the older bare ModelConfig one.
+    model = make_model(dtype=torch.float32)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    if form == "bare":
+        config = model.config.to_dict()
+    del config["position_encoding"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = FullBandwidthLM.from_pretrained(tmp_path)
+    assert loaded.config.position_encoding == "rope" and loaded.config == model.config
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens, passes=3).logits, model(tokens, passes=3).logits, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize(("written", "form"), [(True, "all"), (False, "fused")])

@@ -117,7 +117,8 @@ def test_float32_modes_agree_closely(tokens):
 
 
 def standard_transformer_reference(model: FullBandwidthLM, tokens: torch.Tensor) -> torch.Tensor:
-    """A from-scratch pre-norm Llama-style forward (explicit softmax attention) with the model's weights."""
+    """A from-scratch pre-norm Llama-style forward (explicit softmax attention) with the model's weights; queries
+    and keys rotated (RoPE) unless the config says position_encoding="none" (NoPE: causal mask only)."""
     cfg = model.config
     B, T = tokens.shape
     H, Hkv, hd = cfg.n_heads, cfg.kv_heads, cfg.head_dim
@@ -130,6 +131,8 @@ def standard_transformer_reference(model: FullBandwidthLM, tokens: torch.Tensor)
     cos, sin = ang.cos().double(), ang.sin().double()
 
     def rope(x):  # (B, H, T, hd)
+        if cfg.position_encoding == "none":
+            return x
         x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)
 
@@ -152,8 +155,9 @@ def standard_transformer_reference(model: FullBandwidthLM, tokens: torch.Tensor)
 
 
 @torch.no_grad()
-def test_baseline_has_no_fusion_and_ignores_passes(tokens):
-    model = make_model(feedback=False)
+@pytest.mark.parametrize("position_encoding", ["rope", "none"])
+def test_baseline_has_no_fusion_and_ignores_passes(tokens, position_encoding):
+    model = make_model(feedback=False, position_encoding=position_encoding)
     assert model.fusion is None
     assert not any("fusion" in name for name in model.state_dict())
     one = model(tokens, passes=1)
@@ -166,6 +170,44 @@ def test_baseline_has_no_fusion_and_ignores_passes(tokens):
 @torch.no_grad()
 def test_feedback_model_single_pass_is_the_standard_transformer(model, tokens):
     torch.testing.assert_close(model(tokens).logits, standard_transformer_reference(model, tokens), atol=TOL, rtol=0)
+
+
+@torch.no_grad()
+def test_nope_attention_sees_earlier_tokens_as_a_set(tokens):
+    """Without a positional encoding, one block's keys and values at a position are functions of that token alone,
+    so the last position attends to the earlier tokens as a set: permuting them leaves its logits unchanged. With
+    RoPE the scores depend on the distance between positions, so the same permutation changes them. The earlier
+    positions' logits change under NoPE too: each sees another causal prefix, which is how position stays inferable."""
+    T = tokens.shape[1]
+    order = torch.randperm(T - 1, generator=torch.Generator().manual_seed(4))
+    shuffled = torch.cat((tokens[:, :-1][:, order], tokens[:, -1:]), 1)
+    assert not torch.equal(shuffled, tokens)
+    last, earlier = {}, {}
+    for encoding in ("none", "rope"):
+        model = make_model(feedback=False, n_layers=1, init_std=0.3, position_encoding=encoding)
+        change = (model(shuffled).logits - model(tokens).logits).abs()
+        last[encoding], earlier[encoding] = change[:, -1].max(), change[:, :-1].max()
+    assert last["none"] < 1e-12
+    assert last["rope"] > 1e-3
+    assert earlier["none"] > 1e-3
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("feedback", [False, True])
+def test_nope_stack_ignores_the_positions_it_is_given(tokens, feedback):
+    """The stack reads no position with NoPE: other positions give the same states, while RoPE's change. The
+    positions are spread as well as shifted, since RoPE sees only distances and a shift alone would not move it."""
+    B, T = tokens.shape
+    positions = torch.arange(T).expand(B, T)
+    for encoding in ("none", "rope"):
+        model = make_model(feedback=feedback, position_encoding=encoding)
+        inputs = model.embed(tokens)
+        at_zero = model.run_stack(inputs, positions)[1]
+        shifted = model.run_stack(inputs, 3 * positions + 17)[1]
+        if encoding == "none":
+            torch.testing.assert_close(shifted, at_zero, atol=0, rtol=0)
+        else:
+            assert (shifted - at_zero).abs().max() > 1e-6
 
 
 # ---------------------------------------------------------------- training-facing options

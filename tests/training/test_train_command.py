@@ -55,6 +55,30 @@ def test_train_on_shakespeare_writes_a_usable_run(tmp_path, capsys):
     assert capsys.readouterr().out == "KING:" + tok.decode([t for t in new if t != tok.eos_id]) + "\n"
 
 
+def test_train_and_generate_a_model_without_positional_encoding(tmp_path, capsys):
+    # --model.position_encoding none reaches the model (NoPE), its checkpoint and the run's settings, and the
+    # checkpoint decodes through the CLI as generate() decodes the loaded model.
+    out = tmp_path / "run"
+    assert train(out, "--train.max_steps", "2", "--train.eval_every", "0", "--model.position_encoding", "none") == 0
+    assert json.loads((out / "model" / "config.json").read_text())["position_encoding"] == "none"
+    assert load_config_file(out / "config.toml")["model"]["position_encoding"] == "none"
+    model = FullBandwidthLM.from_pretrained(out / "model")
+    assert model.config.position_encoding == "none"
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", str(out / "model"), "--prompt", "KING:", "--max_new_tokens", "5"]) == 0
+    tok = ByteTokenizer()
+    new = generate(model, tok.encode("KING:"), 5, mode="soft", stop_token_ids=[tok.eos_id])[len("KING:") :]
+    assert capsys.readouterr().out == "KING:" + tok.decode([t for t in new if t != tok.eos_id]) + "\n"
+
+
+def test_an_unknown_position_encoding_is_one_line_naming_the_choices(tmp_path, capsys):
+    assert train(tmp_path / "run", "--train.max_steps", "1", "--model.position_encoding", "alibi") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "position_encoding='alibi' is invalid: must be one of ('rope', 'none')" in err
+    assert not (tmp_path / "run" / "model").exists()
+
+
 def test_the_printed_loss_is_val_loss_1pass_on_the_training_batch(tmp_path, capsys):
     """What the final line (and the progress bar) calls the loss is the next-token loss of pass 1 by val_loss_1pass's
     definition (training.validation.loss_eval), on the step's batch; the objective, about twice it with feedback on,

@@ -54,6 +54,8 @@ _CONFIG_KEYS = {
 def llama_config(config: ModelConfig) -> LlamaConfig:
     """The LlamaConfig of a baseline ModelConfig (no special tokens: fullband models carry none)."""
     _require(not config.feedback, "feedback", config.feedback, "to_llama needs a baseline (feedback=False) model")
+    _require(config.position_encoding == "rope", "position_encoding", config.position_encoding,
+             "a Llama has rotary position embeddings only; to_llama needs position_encoding='rope'")
     return LlamaConfig(
         **{key: getattr(config, attr) for key, (_, attr) in _CONFIG_KEYS.items()},
         head_dim=config.head_dim,

@@ -1,4 +1,4 @@
-"""Pre-norm decoder blocks: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
+"""Pre-norm decoder blocks: RMSNorm, RoPE (or no positional encoding), grouped-query attention, SwiGLU."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # (B, T, D)
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rope: tuple[torch.Tensor, ...] | None,  # RoPE's (cos, sin); None = no positional encoding (NoPE)
         mask: torch.Tensor | None,  # (B, 1, T, S) bool, None = plain causal
         cache: KVCache | None,
     ) -> torch.Tensor:
@@ -67,7 +67,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             # Writes at the pending positions; a later pass over the same chunk overwrites them.
             k, v = cache.write(self.layer_index, k, v)  # (B, Hkv, S, hd)
@@ -101,7 +102,8 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None, cache: KVCache | None
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None, mask: torch.Tensor | None,
+        cache: KVCache | None,
     ) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), rope, mask, cache)
         return x + self.mlp(self.mlp_norm(x))

@@ -1,8 +1,8 @@
 """FullBandwidthLM: the native network under :class:`~fullband.model.feedback.FeedbackLM`'s one feedback forward.
 
-A pre-norm decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) whose top-layer state is fed back into the
-next position's input through :class:`~fullband.model.fusion.LatentFusion`. This module holds what is native:
-the layers, the input norm, the KV cache, the initialisation and the checkpoint files.
+A pre-norm decoder (RMSNorm, RoPE or no positional encoding, grouped-query attention, SwiGLU) whose top-layer
+state is fed back into the next position's input through :class:`~fullband.model.fusion.LatentFusion`. This module
+holds what is native: the layers, the input norm, the KV cache, the initialisation and the checkpoint files.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class FullBandwidthLM(FeedbackLM):
     def run_stack(
         self,
         inputs: torch.Tensor,  # (B, T, D) input vectors u_t
-        positions: torch.Tensor,  # (B, T) RoPE positions
+        positions: torch.Tensor,  # (B, T) RoPE positions (unused with position_encoding="none")
         mask: torch.Tensor | None = None,  # (B, 1, T, S) bool; None = plain causal without cache
         cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,7 +86,7 @@ class FullBandwidthLM(FeedbackLM):
 
         ``inputs`` are embeddings or fused states; with ``input_norm="all"`` the stack normalises them first.
         """
-        rope = rope_angles(positions, self.inv_freq, inputs.dtype)
+        rope = self._rope(positions, inputs.dtype)
         carried = None
         for i, x in enumerate(self._through_blocks(inputs, rope, mask, cache)):
             if i == self.config.feedback_layer:
@@ -98,14 +98,20 @@ class FullBandwidthLM(FeedbackLM):
 
     def depth_states(self, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """(L + 1, B, T, D): the normed inputs the first block sees, then every block's output (no mask, no cache)."""
-        rope = rope_angles(positions, self.inv_freq, inputs.dtype)
+        rope = self._rope(positions, inputs.dtype)
         return torch.stack(list(self._through_blocks(inputs, rope, None, None)))
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
+        """RoPE's cos/sin for ``positions``; None without a positional encoding (NoPE: the blocks never see them)."""
+        if self.config.position_encoding == "none":
+            return None
+        return rope_angles(positions, self.inv_freq, dtype)
 
     def logits_of_top(self, state: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(state))  # the top block's output is before the final norm
 
     def _through_blocks(
-        self, inputs: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+        self, inputs: torch.Tensor, rope: tuple[torch.Tensor, ...] | None, mask: torch.Tensor | None,
         cache: KVCache | None,
     ) -> Iterator[torch.Tensor]:
         """Yield the input the first block sees (depth 0), then each block's output (depths 1..L)."""
