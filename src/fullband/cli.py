@@ -23,6 +23,7 @@ from fullband.experiments.reasoning.config import ReasoningConfig
 from fullband.experiments.recipe.config import RecipeConfig
 from fullband.experiments.state_tracking.config import StateTrackingConfig
 from fullband.experiments.word_problems.config import ControlsConfig
+from fullband.experiments.word_problems.decisive.config import DecisiveConfig
 from fullband.generation.config import GenerateConfig
 from fullband.serve.config import ServeConfig
 from fullband.training.config import TrainRunConfig
@@ -146,7 +147,8 @@ def run_eval_lm(cfg: LmEvalConfig) -> None:
     print(f"results: {cfg.out_dir}/results.json")
 
 
-def _check_resumable(cfg: ReasoningConfig | StateTrackingConfig | ControlsConfig, command: str) -> None:
+def _check_resumable(cfg: ReasoningConfig | StateTrackingConfig | ControlsConfig | DecisiveConfig,
+                     command: str) -> None:
     """--resume true with nothing in out_dir: one line, not a fresh study (CLI conventions)."""
     out_dir = Path(cfg.out_dir)
     if cfg.resume and not (out_dir.is_dir() and any(out_dir.iterdir())):
@@ -178,6 +180,13 @@ def run_eval_controls(cfg: ControlsConfig) -> None:
     from fullband.experiments.word_problems.study import ControlsStudy
 
     print(run_study(ControlsStudy(cfg, cfg.progress)))
+
+
+def run_eval_decisive(cfg: DecisiveConfig) -> None:
+    _check_resumable(cfg, "eval-decisive")
+    from fullband.experiments.word_problems.decisive.study import DecisiveStudy
+
+    print(run_study(DecisiveStudy(cfg, cfg.progress)))
 
 
 def run_compare(cfg: CompareConfig) -> None:
@@ -220,6 +229,8 @@ COMMANDS: dict[str, tuple[type, Callable, str]] = {
     "eval-state": (StateTrackingConfig, run_eval_state, "Study: linear probes of the state at every depth (Fig. 7)."),
     "eval-controls": (ControlsConfig, run_eval_controls,
                       "Study: the full-bandwidth model vs controls trained to win on S5/A5 word problems."),
+    "eval-decisive": (DecisiveConfig, run_eval_decisive,
+                      "Study: vs the controls that decide length generalisation, by a rule fixed before the runs."),
     "bench": (BenchConfig, run_bench, "Speed beside transformers' Llama and GPT-2, with the machine's limits."),
 }
 

@@ -18,7 +18,15 @@ fullband       the full-bandwidth model trained on its exact recurrence (all  la
                answering with exact (fully recurrent) prefill
 shift0         ablation: the full-bandwidth pass loop with feedback_shift 0,  fullband's chosen lambda
                the pass count of its training at every length
+growing_depth  the shift-0 pass loop read at position t after c x t passes    c, passes per step
+               (the looped rule): same parameters and fusion as fullband,
+               depth that grows with n, no state from the previous position
 =============  =============================================================  ==========================
+
+A study may also give an arm a *variant*: study-wide options beside its knob, named in :attr:`Arm.variant_axes` and
+spelled ``"position=none,injection=normed"`` (:func:`parse_variant`): ``position`` (every transformer arm: ``rope``
+or ``none``, the model's ``position_encoding``) and ``injection`` (looped: ``raw`` or ``normed``). The empty variant
+is each axis's first value, the arms as ``fullband eval-controls`` trains them.
 """
 
 from __future__ import annotations
@@ -33,8 +41,10 @@ from fullband.config import ModelConfig
 from fullband.experiments.core.flops import Shape, equal_flops_depth, forward_flops, positions_flops, step_flops
 from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.experiments.word_problems.models import (
+    INJECTIONS,
     RNNLM,
     LoopedTransformer,
+    growing_depth_logits,
     matched_rnn_hidden,
     rnn_parameters,
 )
@@ -43,20 +53,47 @@ from fullband.model.recurrence import ntp_loss
 from fullband.tasks.word_problems import WordBatch, WordProblems
 from fullband.training.optim import fusion_names, param_groups
 
+POSITIONS = ("rope", "none")  # fullband.config.POSITION_ENCODINGS
+VARIANT_VALUES: dict[str, tuple[str, ...]] = {"position": POSITIONS, "injection": INJECTIONS}  # first = default
+
+
+def parse_variant(variant: str) -> dict[str, str]:
+    """``"position=none,injection=normed"`` -> ``{"position": "none", "injection": "normed"}`` ("" -> {})."""
+    out = {}
+    for item in filter(None, variant.split(",")):
+        key, _, value = item.partition("=")
+        if key not in VARIANT_VALUES or value not in VARIANT_VALUES[key]:
+            raise ValueError(f"unknown variant {item!r}: axes and values are {VARIANT_VALUES}")
+        out[key] = value
+    return out
+
+
+def variant_name(values: dict[str, str]) -> str:
+    """The spelling of a variant (:func:`parse_variant`'s inverse, axes in a fixed order)."""
+    return ",".join(f"{axis}={values[axis]}" for axis in VARIANT_VALUES if axis in values)
+
 
 class Arm:
     """One model of the study. ``knob`` is a value of :meth:`knobs`; tokens and labels are a
-    :class:`~fullband.tasks.word_problems.WordBatch`'s (n + 2 positions: start cup, n steps, END)."""
+    :class:`~fullband.tasks.word_problems.WordBatch`'s (n + 2 positions: start cup, n steps, END). ``variant``: the
+    study-wide options of :attr:`variant_axes` (see the module docstring)."""
 
     name: ClassVar[str]
     title: ClassVar[str]
     knob_name: ClassVar[str]
     other_modes: ClassVar[tuple[str, ...]] = ()  # other ways the same model answers, scored beside its own
+    variant_axes: ClassVar[tuple[str, ...]] = ("position",)  # the options a study may vary beside the knob
 
-    def __init__(self, cfg: ControlsConfig, problems: WordProblems) -> None:
+    def __init__(self, cfg: ControlsConfig, problems: WordProblems, variant: str = "") -> None:
         self.cfg = cfg
         self.problems = problems
         self.train_T = cfg.train_length + 2  # tokens of a training problem
+        values = parse_variant(variant)
+        if unknown := set(values) - set(self.variant_axes):
+            raise ValueError(f"arm {self.name} has no variant axis {sorted(unknown)} (its axes: {self.variant_axes})")
+        self.variant = variant_name(values)
+        self.position = values.get("position", POSITIONS[0])
+        self.injection = values.get("injection", INJECTIONS[0])
 
     def knobs(self) -> tuple[Any, ...]:
         raise NotImplementedError
@@ -94,11 +131,20 @@ class Arm:
         """The transformers' shared shape (plain unless ``changes`` say otherwise), long enough for every test."""
         cfg = self.cfg
         shared = dict(vocab_size=self.problems.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                      n_heads=cfg.n_heads, max_seq_len=max(cfg.test_lengths) + 2, feedback=False)
+                      n_heads=cfg.n_heads, max_seq_len=cfg.max_test_length + 2, feedback=False,
+                      position_encoding=self.position)
         return ModelConfig(**(shared | changes))
 
     def describe(self, knob: Any) -> str:
-        return f"{self.knob_name} {knob}"
+        return self.with_variant(f"{self.knob_name} {knob}")
+
+    def with_variant(self, text: str) -> str:
+        """``text`` (what the knob made) with the variant's values ("RoPE" or "NoPE", "normed injection"), when the
+        arm has one (eval-controls' arms have none and read as they did)."""
+        values = parse_variant(self.variant)
+        notes = [{"rope": "RoPE", "none": "NoPE"}[values["position"]]] if "position" in values else []
+        notes += [f"{values['injection']} injection"] if "injection" in values else []
+        return ", ".join([text, *notes])
 
 
 class Transformer(Arm):
@@ -127,7 +173,7 @@ class Transformer(Arm):
 
     def describe(self, knob: Any) -> str:
         s = self.shape(knob)
-        return f"{s.n_layers} blocks x d_model {s.d_model}"
+        return self.with_variant(f"{s.n_layers} blocks x d_model {s.d_model}")
 
 
 class Baseline(Transformer):
@@ -140,7 +186,7 @@ class Baseline(Transformer):
         return param_groups(model.named_parameters(), knob)
 
     def describe(self, knob: Any) -> str:
-        return f"weight decay {knob:g}"
+        return self.with_variant(f"weight decay {knob:g}")
 
 
 class FullBandwidth(Arm):
@@ -188,7 +234,7 @@ class FullBandwidth(Arm):
         return positions_flops(s, 1, 1, False) + positions_flops(s, 2, n + 1, True)
 
     def describe(self, knob: Any) -> str:
-        return f"lambda {knob:g}"
+        return self.with_variant(f"lambda {knob:g}")
 
 
 class Shift0(FullBandwidth):
@@ -241,12 +287,13 @@ class EqualFlops(Transformer):
 
 class Looped(Arm):
     name, title, knob_name = "looped", "looped (input injection)", "loops per step"
+    variant_axes = ("position", "injection")
 
     def knobs(self) -> tuple[Any, ...]:
         return self.cfg.loops_per_step
 
     def build(self, knob: Any) -> nn.Module:
-        return LoopedTransformer(self.model_config(), knob)
+        return LoopedTransformer(self.model_config(), knob, self.injection)
 
     def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
         # END carries no answer: leave it out, so the last step's loop count is the longest run.
@@ -264,11 +311,52 @@ class Looped(Arm):
         return knob * n * forward_flops(self.shape(knob), n + 1, False)
 
     def describe(self, knob: Any) -> str:
-        return f"k = {knob} x n"
+        return self.with_variant(f"k = {knob} x n")
+
+
+class GrowingDepth(Arm):
+    """DESIGN.md §7's growing-depth ablation: the full-bandwidth model's parameters and fusion with
+    ``feedback_shift`` 0 (pass k fuses a position's own state from pass k-1), position t read after c x t passes by
+    the looped rule in training and answering, gradients through every pass. What it lacks beside the
+    full-bandwidth model is only the state from the previous position."""
+
+    name, title, knob_name = "growing_depth", "shift-0, depth grows with n", "passes per step"
+
+    def knobs(self) -> tuple[Any, ...]:
+        return self.cfg.loops_per_step
+
+    def config(self) -> ModelConfig:
+        return self.model_config(feedback=True, feedback_shift=0)
+
+    def build(self, knob: Any) -> nn.Module:
+        return FullBandwidthLM(self.config())
+
+    def optimizer_groups(self, model: nn.Module, knob: Any) -> list[dict]:
+        return param_groups(model.named_parameters(), 0.0, self.cfg.fusion_lr_mult, fusion_names(model))
+
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
+        # END carries no answer: leave it out, so the last step's pass count is the longest run (as looped).
+        out = growing_depth_logits(model, tokens[:, :-1], knob)
+        return torch.cat((out, out.new_zeros(out.shape[0], 1, out.shape[2])), dim=1)
+
+    def shape(self, knob: Any) -> Shape:
+        return Shape.of(self.config())
+
+    def train_flops(self, knob: Any) -> float:
+        s, T, passes = self.shape(knob), self.train_T - 1, knob * self.cfg.train_length
+        return self.cfg.batch_size * 3 * (forward_flops(s, T, False) + (passes - 1) * forward_flops(s, T, True))
+
+    def inference_flops(self, knob: Any, n: int) -> float:
+        s = self.shape(knob)
+        return forward_flops(s, n + 1, False) + (knob * n - 1) * forward_flops(s, n + 1, True)
+
+    def describe(self, knob: Any) -> str:
+        return self.with_variant(f"c = {knob} (passes = c x n)")
 
 
 class RNN(Arm):
     name, title, knob_name = "rnn", "RNN (reference)", "cell"
+    variant_axes = ()
 
     def knobs(self) -> tuple[Any, ...]:
         return self.cfg.rnn_cells
@@ -299,11 +387,12 @@ class RNN(Arm):
         return f"{knob.upper()}, hidden {H} ({rnn_parameters(self.problems.vocab_size, H, knob):,} parameters)"
 
 
-ARM_TYPES: dict[str, type[Arm]] = {a.name: a for a in (Baseline, EqualFlops, Looped, RNN, FullBandwidth, Shift0)}
+ARM_TYPES: dict[str, type[Arm]] = {a.name: a for a in (Baseline, EqualFlops, Looped, RNN, FullBandwidth, Shift0,
+                                                       GrowingDepth)}
 
 
-def make_arm(name: str, cfg: ControlsConfig, problems: WordProblems) -> Arm:
-    return ARM_TYPES[name](cfg, problems)
+def make_arm(name: str, cfg: ControlsConfig, problems: WordProblems, variant: str = "") -> Arm:
+    return ARM_TYPES[name](cfg, problems, variant)
 
 
 def parameters(model: nn.Module) -> int:

@@ -96,6 +96,16 @@ class ControlsConfig(StudyConfig):
     resume: str = resume_field("finished runs are read back, an unfinished one starts again: the numbers of an "
                                "uninterrupted study")
 
+    @property
+    def max_test_length(self) -> int:
+        """The longest length any run is scored at (the models' context is this + 2)."""
+        return max(self.test_lengths)
+
+    @property
+    def reported_lengths(self) -> tuple[int, ...]:
+        """The unseen lengths the tables show (each run records its inference FLOPs at them)."""
+        return self.test_lengths
+
     def validate(self) -> None:
         _require_ints(self, {"train_length": 1, "steps": 4, "batch_size": 1, "d_model": 8, "n_layers": 1,
                              "n_heads": 1, "grad_passes": 1, "seeds": 1, "validation_problems": 1,

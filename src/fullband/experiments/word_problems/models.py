@@ -1,7 +1,8 @@
-"""The two control networks of ``fullband eval-controls`` that are not a :class:`~fullband.model.FeedbackLM`
-(DESIGN.md §7): a looped transformer as the literature builds it, and an RNN.
+"""The control networks of the word-problem studies that are not a plain :class:`~fullband.model.FeedbackLM`
+(DESIGN.md §7): a looped transformer as the literature builds it, the growing-depth read-out of the shift-0 pass loop,
+and an RNN.
 
-Both map tokens (B, T) to logits (B, T, V) per position, causally: the logits of position t depend on tokens
+Each maps tokens (B, T) to logits (B, T, V) per position, causally: the logits of position t depend on tokens
 0..t only, so one sequence scores every prefix, as the transformers' and the full-bandwidth model's do.
 """
 
@@ -18,23 +19,54 @@ from fullband.config import ModelConfig
 from fullband.model import FullBandwidthLM
 
 
+def loops_per_position(T: int, loops_per_step: int, device: torch.device | None = None) -> torch.Tensor:
+    """(T,) the depth rule of the looped control and the growing-depth ablation (DESIGN.md §7): position t (the t-th
+    step; 0 is the start cup) is read after ``loops_per_step`` x t loops (or passes), at least 1. One rule in training
+    and answering."""
+    return (torch.arange(T, device=device) * loops_per_step).clamp(min=1)
+
+
+def read_at_own_depth(per_loop: Iterator[torch.Tensor], loops: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, V) with each position taken from the loop ``loops[t]`` (1-based) of ``per_loop``, which yields
+    the logits after each loop over the whole sequence. By causality position t's logits after k loops over the whole
+    sequence equal those of a run over its first t + 1 tokens, so one run scores every prefix at its own depth."""
+    out = None
+    for k, logits in enumerate(per_loop, start=1):
+        here = (loops == k)[None, :, None]
+        out = torch.where(here, logits, out if out is not None else 0.0)
+        if k == int(loops.max()):
+            break
+    return out
+
+
+INJECTIONS = ("raw", "normed")
+
+
 class LoopedTransformer(nn.Module):
     """Depth recurrence: the blocks of a plain transformer applied ``k`` times at every position, the token's
-    embedding added to the state at every loop, ``x^(k) = h^(k-1) + e_t`` (input injection; Fan et al. 2024,
-    "Looped transformers for length generalization"). No state moves along the sequence except through attention
-    within a loop, so a position's serial depth is ``k x n_layers`` whatever its index.
+    embedding added to the state at every loop (input injection; Yang et al. 2024, "Looped transformers are better at
+    learning learning algorithms"; Fan et al. 2024, "Looped transformers for length generalization"). No state moves
+    along the sequence except through attention within a loop, so a position's serial depth is ``k x n_layers``
+    whatever its index.
 
-    How many loops a problem gets is a rule of its length (``loops_per_step`` x n, at least 1), the same in
-    training and decoding: position t (the t-th step) is read after ``loops_for(t)`` loops. By causality the states
-    of positions <= t after k loops over a whole sequence equal those of a run over its first t + 1 tokens, so one
-    run of the longest position's count scores every prefix with its own count. Gradients flow through every loop.
+    ``injection`` says what is fed back: ``raw`` = the residual stream ``x^(k) = h^(k-1) + e_t``; ``normed`` = the
+    state after the final RMSNorm, the one the head reads, ``x^(k) = RMSNorm(h^(k-1)) + e_t``: the form of Yang et
+    al.'s code, whose GPT-2 backbone returns its output after the final LayerNorm and loops it back, so the state's
+    scale cannot drift over many more loops than training ran (DESIGN.md §7's strongest form).
+
+    How many loops a problem gets is a rule of its length (:func:`loops_per_position`), the same in training and
+    decoding; one run of the longest position's count scores every prefix with its own count
+    (:func:`read_at_own_depth`). Gradients flow through every loop.
     """
 
-    def __init__(self, config: ModelConfig, loops_per_step: int) -> None:
+    def __init__(self, config: ModelConfig, loops_per_step: int, injection: str = "raw") -> None:
         super().__init__()
         if loops_per_step < 1:
             raise ValueError(f"loops_per_step must be >= 1, got {loops_per_step}")
+        if injection not in INJECTIONS:
+            raise ValueError(f"injection must be one of {INJECTIONS}, got {injection!r}")
         self.loops_per_step = loops_per_step
+        self.injection = injection
         self.net = FullBandwidthLM(dataclasses.replace(config, feedback=False))  # embedding, blocks, head
 
     @property
@@ -42,8 +74,8 @@ class LoopedTransformer(nn.Module):
         return self.net.config
 
     def loops_for(self, T: int, device: torch.device) -> torch.Tensor:
-        """(T,) loops of each position: ``loops_per_step`` x its index (the steps it has read), at least 1."""
-        return (torch.arange(T, device=device) * self.loops_per_step).clamp(min=1)
+        """(T,) loops of each position (:func:`loops_per_position`)."""
+        return loops_per_position(T, self.loops_per_step, device)
 
     def loop_logits(self, tokens: torch.Tensor, loops: int) -> Iterator[torch.Tensor]:
         """Logits (B, T, V) after each of ``loops`` loops over the whole sequence."""
@@ -53,16 +85,24 @@ class LoopedTransformer(nn.Module):
         for _ in range(loops):
             state, normed = self.net.run_stack(x, positions)
             yield self.net.lm_head(normed)
-            x = state + emb
+            x = (normed if self.injection == "normed" else state) + emb
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) -> logits (B, T, V), each position's after its own loop count."""
         loops = self.loops_for(tokens.shape[1], tokens.device)
-        out = None
-        for k, logits in enumerate(self.loop_logits(tokens, int(loops.max())), start=1):
-            here = (loops == k)[None, :, None]
-            out = torch.where(here, logits, out) if out is not None else torch.where(here, logits, 0.0)
-        return out
+        return read_at_own_depth(self.loop_logits(tokens, int(loops.max())), loops)
+
+
+def growing_depth_logits(model: FullBandwidthLM, tokens: torch.Tensor, loops_per_step: int) -> torch.Tensor:
+    """(B, T) -> logits (B, T, V) of a shift-0 full-bandwidth model (``feedback_shift`` 0: pass k fuses a position's
+    own state from pass k-1, nothing moves along the sequence but attention) with each position read after its own
+    pass count, the looped rule (:func:`loops_per_position`): DESIGN.md §7's growing-depth ablation, the same
+    parameters and fusion as the full-bandwidth model and depth that grows with n, without the shift."""
+    if model.feedback_shift != 0:
+        raise ValueError("growing_depth_logits needs a model with feedback_shift=0")
+    loops = loops_per_position(tokens.shape[1], loops_per_step, tokens.device)
+    passes = model.iterate_passes(tokens, int(loops.max()), plain_prefix=1)
+    return read_at_own_depth((model.lm_head(p.head_input) for p in passes), loops)
 
 
 class RNNLM(nn.Module):

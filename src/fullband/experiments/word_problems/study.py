@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import statistics
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fullband.configio import config_to_dict
@@ -42,7 +41,7 @@ from fullband.experiments.word_problems.report import (
     report,
     verdict,
 )
-from fullband.experiments.word_problems.train import RunSpec, extrapolation_scores, test_set, train_run
+from fullband.experiments.word_problems.train import RunSpec, extrapolation_scores, run_specs, test_set
 
 if TYPE_CHECKING:
     from fullband.experiments.word_problems.arms import Arm
@@ -120,17 +119,7 @@ class ControlsStudy(Study):
 
     def run_all(self, specs: list[RunSpec], phase: str) -> list[dict[str, Any]]:
         """Every run of ``specs`` (finished ones read back), ``workers`` at a time, the costliest first."""
-        root = Path(self.out_dir)
-        todo = [s for s in specs if not (s.directory(root) / "result.json").is_file()]
-        if self.cfg.progress:
-            print(f"{phase}: {len(specs)} runs, {len(specs) - len(todo)} already done", flush=True)
-        order = sorted(todo, key=lambda s: -self.arm(s.group, s.arm).train_flops(s.knob) * s.stops[-1])
-        for done, result in enumerate(map_jobs(train_run, [(self.cfg, s, str(root)) for s in order],
-                                               self.cfg.workers), start=1):
-            if self.cfg.progress:
-                print(f"[{phase} {done}/{len(order)}] {result['group']} {result['arm']} {result['describe']} lr "
-                      f"{result['lr']:g} seed {result['seed']}: {result['seconds']:.0f} s", flush=True)
-        return [json.loads((s.directory(root) / "result.json").read_text()) for s in specs]
+        return run_specs(self.cfg, specs, self.out_dir, phase)
 
     def analyse(self, results: dict[str, Any]) -> dict[str, Any]:
         cfg = self.cfg

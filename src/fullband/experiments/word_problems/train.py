@@ -8,7 +8,10 @@ end, is scored, and the main run goes on from the state before the branch. Both 
 later run of only the shorter count computes the same numbers (batches are a function of the seed and the step).
 
 What a run leaves in its directory: ``result.json`` (written last: a directory without it is an unfinished run) and
-``model-<steps>.safetensors`` for each scored step count.
+``model-<steps>.safetensors`` for each scored step count. Each checkpoint is scored on the validation problems (the
+trained lengths), the test problems (``test_problems`` of the longest of ``test_lengths``) and, for a run with
+``long_test``, the long test problems (``long_test_problems`` of the config's ``max_test_length``: fewer problems, as a
+looped model's cost grows with the square of the length).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_model
 
-from fullband.devices import resolve_device
+from fullband.devices import cpu_flags, cpu_name, resolve_device
 from fullband.experiments.word_problems.arms import Arm, make_arm, parameters
 from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.files import write_json
@@ -37,12 +40,13 @@ EXTRAPOLATION = "extrapolation.json"  # a tuning run's checkpoints scored on the
 GRAD_CLIP = 1.0  # fullband train's default
 VALIDATION_SEED, TEST_SEED = 1_000_003, 2_000_003  # the held-out sets: the same for every seed and arm
 EXTRAPOLATION_SEED = 3_000_017  # the second selection's problems: neither the validation nor the test problems
+LONG_TEST_SEED = 4_000_037  # the long test problems (eval-decisive)
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What one run trains: ``arm`` with ``knob`` at peak ``lr`` on ``seed``'s batches, scored after each of
-    ``stops`` steps."""
+    """What one run trains: ``arm`` (in its ``variant``, see :mod:`.arms`) with ``knob`` at peak ``lr`` on
+    ``seed``'s batches, scored after each of ``stops`` steps (on the long test problems too with ``long_test``)."""
 
     group: str
     arm: str
@@ -50,10 +54,13 @@ class RunSpec:
     lr: float
     seed: int
     stops: tuple[int, ...]
+    variant: str = ""
+    long_test: bool = False
 
     def directory(self, root: Path) -> Path:
         knob = f"{self.knob:g}" if isinstance(self.knob, float) else str(self.knob)
-        return root / "runs" / self.group / self.arm / f"{knob}-lr{self.lr:g}" / f"seed{self.seed}-{self.stops[-1]}"
+        arm = Path(self.arm, self.variant) if self.variant else Path(self.arm)
+        return root / "runs" / self.group / arm / f"{knob}-lr{self.lr:g}" / f"seed{self.seed}-{self.stops[-1]}"
 
 
 def validation_set(cfg: ControlsConfig, problems: WordProblems) -> WordBatch:
@@ -62,6 +69,11 @@ def validation_set(cfg: ControlsConfig, problems: WordProblems) -> WordBatch:
 
 def test_set(cfg: ControlsConfig, problems: WordProblems) -> WordBatch:
     return problems.batch(cfg.test_problems, max(cfg.test_lengths), torch.Generator().manual_seed(TEST_SEED))
+
+
+def long_test_set(cfg: ControlsConfig, problems: WordProblems) -> WordBatch:
+    """The long test problems (their own seed: not the test problems extended)."""
+    return problems.batch(cfg.long_test_problems, cfg.max_test_length, torch.Generator().manual_seed(LONG_TEST_SEED))
 
 
 def extrapolation_set(cfg: ControlsConfig, problems: WordProblems) -> WordBatch:
@@ -101,7 +113,7 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
     start = time.perf_counter()
     device = resolve_device(cfg.device)
     problems = WordProblems(spec.group)
-    arm = make_arm(spec.arm, cfg, problems)
+    arm = make_arm(spec.arm, cfg, problems, spec.variant)
     torch.manual_seed(10_007 * spec.seed + 1)  # the initial weights: one per seed, the same for every lr
     model = arm.build(spec.knob).to(device)
     optim_cfg = OptimConfig(optimizer="adamw", lr=spec.lr, warmup_steps=round(cfg.warmup_fraction * cfg.steps),
@@ -110,6 +122,7 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
                                   eps=optim_cfg.eps)
     validation = _to(validation_set(cfg, problems), device)
     test = _to(test_set(cfg, problems), device)
+    long_test = _to(long_test_set(cfg, problems), device) if spec.long_test else None
     curve: dict[str, list[float]] = {"step": [], "train_loss": [], "validation_accuracy": [], "validation_loss": []}
     checkpoints: dict[str, Any] = {}
     last = spec.stops[-1]
@@ -135,9 +148,15 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
                     losses.clear()
                     _progress(cfg, spec, step + 1, curve)
 
+    scoring = [0.0]  # seconds spent scoring checkpoints (the rest of the run's time is training)
+
     def checkpoint(steps: int) -> None:
+        began = time.perf_counter()
         checkpoints[str(steps)] = {"validation": score(arm, model, spec.knob, validation),
                                    "test": score(arm, model, spec.knob, test)}
+        if long_test is not None:
+            checkpoints[str(steps)]["long_test"] = score(arm, model, spec.knob, long_test)
+        scoring[0] += time.perf_counter() - began
         save_model(model, str(directory / f"model-{steps}.safetensors"))
 
     step = 0
@@ -151,13 +170,37 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
         step = branch_at
     steps_to(step, last, last, record=True)
     checkpoint(last)
-    result = {"group": spec.group, "arm": spec.arm, "knob": spec.knob, "lr": spec.lr, "seed": spec.seed,
+    variant = {"variant": spec.variant} if spec.variant else {}  # eval-controls' runs keep their result.json
+    result = {"group": spec.group, "arm": spec.arm, **variant, "knob": spec.knob, "lr": spec.lr, "seed": spec.seed,
               "stops": list(spec.stops), "checkpoints": checkpoints, "curve": curve, "parameters": parameters(model),
               "describe": arm.describe(spec.knob), "train_flops_per_step": arm.train_flops(spec.knob),
-              "inference_flops": {str(n): arm.inference_flops(spec.knob, n) for n in cfg.test_lengths},
-              "seconds": time.perf_counter() - start, "threads": torch.get_num_threads()}
+              "inference_flops": {str(n): arm.inference_flops(spec.knob, n) for n in cfg.reported_lengths},
+              "seconds": time.perf_counter() - start, "scoring_seconds": scoring[0],
+              "threads": torch.get_num_threads(), "processor": cpu_name(),
+              "avx512_bf16": "avx512_bf16" in cpu_flags()}
     write_json(directory / RESULT, result)
     return result
+
+
+def run_specs(cfg: ControlsConfig, specs: list[RunSpec], root: str | Path, phase: str) -> list[dict[str, Any]]:
+    """Every run of ``specs`` under ``root`` (finished ones read back), ``cfg.workers`` at a time, the costliest
+    first -> their results, in the order of ``specs``."""
+    from fullband.experiments.core.parallel import map_jobs
+
+    root = Path(root)
+    todo = [s for s in specs if not (s.directory(root) / RESULT).is_file()]
+    if cfg.progress:
+        print(f"{phase}: {len(specs)} runs, {len(specs) - len(todo)} already done", flush=True)
+
+    def cost(spec: RunSpec) -> float:
+        return make_arm(spec.arm, cfg, WordProblems(spec.group), spec.variant).train_flops(spec.knob) * spec.stops[-1]
+
+    order = sorted(todo, key=lambda s: -cost(s))
+    for done, result in enumerate(map_jobs(train_run, [(cfg, s, str(root)) for s in order], cfg.workers), start=1):
+        if cfg.progress:
+            print(f"[{phase} {done}/{len(order)}] {result['group']} {result['arm']} {result['describe']} lr "
+                  f"{result['lr']:g} seed {result['seed']}: {result['seconds']:.0f} s", flush=True)
+    return [json.loads((s.directory(root) / RESULT).read_text()) for s in specs]
 
 
 def extrapolation_scores(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, list[float]]:
@@ -173,7 +216,7 @@ def extrapolation_scores(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[
         return kept["accuracy"]
     device = resolve_device(cfg.device)
     problems = WordProblems(spec.group)
-    arm = make_arm(spec.arm, cfg, problems)
+    arm = make_arm(spec.arm, cfg, problems, spec.variant)
     batch = _to(extrapolation_set(cfg, problems), device)
     accuracy = {}
     for steps in spec.stops:
