@@ -37,7 +37,7 @@ RATIO = 2  # ... and its multiple of every control's
 MARGIN_TARGET = 0.3
 SETTINGS = ("fair", "hindsight")
 # The commit that wrote this rule into DESIGN.md §7 and this module, before any run of the study.
-RULE_COMMIT = ""
+RULE_COMMIT = "5d6fd05"
 
 
 def controls_of(arms: Sequence[str]) -> list[str]:
