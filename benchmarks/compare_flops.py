@@ -21,8 +21,8 @@ import torch
 
 from fullband import FullBandwidthLM
 from fullband.data import ByteTokenizer
-from fullband.experiments.compare.study import plan_runs, preset_config, train_config
 from fullband.experiments.core.flops import Shape, batch_lengths, forward_flops, training_flops
+from fullband.experiments.core.lm.runs import plan_runs, preset_config, train_config
 
 
 def parameters(model_cfg) -> int:

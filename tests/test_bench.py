@@ -15,7 +15,7 @@ from fullband.bench.workers import combined_share
 from fullband.cli import main
 from fullband.devices import CPU_FEATURES, cpu_flags
 from fullband.experiments.compare.config import CompareConfig
-from fullband.experiments.compare.study import study_compile
+from fullband.experiments.core.lm.runs import study_compile
 from fullband.model.linear import Linear
 from fullband.training.metrics import flops_per_token
 from fullband.training.muon import resolve_ns_dtype

@@ -80,8 +80,8 @@ def test_one_function_maps_a_mode_to_its_prefill():
 
 
 def test_the_names_written_into_results_stay_the_committed_strings():
-    from fullband.experiments.compare.perplexity import mode_name
-    from fullband.experiments.compare.results import mode_label
+    from fullband.experiments.core.lm.perplexity import mode_name
+    from fullband.experiments.core.report import mode_label
     from fullband.experiments.reasoning.evaluation import variant_name
     from fullband.experiments.state_tracking.probes import PREFILLS
 

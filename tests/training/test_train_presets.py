@@ -8,7 +8,7 @@ import pytest
 from fullband.config import ConfigError
 from fullband.configio import build_config, load_config_file, save_resolved_config
 from fullband.experiments.compare.config import CompareConfig
-from fullband.experiments.compare.study import plan_runs, preset_config, train_config
+from fullband.experiments.core.lm.runs import plan_runs, preset_config, train_config
 from fullband.training.config import OptimConfig, ScheduleConfig, TrainRunConfig
 
 

@@ -133,12 +133,12 @@ class Bench:
     def optim(self) -> None:
         """The whole training step with AdamW, Muon and NorMuon at compare's default, the optimizer's share of it,
         its model FLOP/s against the matmul peak, and (Nor)Muon's time over AdamW's."""
-        from fullband.experiments.compare.config import CompareConfig
+        from fullband.experiments.core.lm.config import LMRunsConfig
         from fullband.training.optim import build_optimizer, ns_dtype_for, optimizer_ns_dtype
 
         c = self.cfg.optim
         model, tokens = steps.train_model(c, self.device)
-        base = CompareConfig().optim  # compare's learning rates, weight decays and fusion LR multiplier
+        base = LMRunsConfig().optim  # compare's learning rates, weight decays and fusion LR multiplier
         variants = {"adamw": (dataclasses.replace(base, optimizer="adamw"), contextlib.nullcontext),
                     "muon": (dataclasses.replace(base, optimizer="muon", ns_dtype=c.ns_dtype), contextlib.nullcontext),
                     "normuon": (dataclasses.replace(base, optimizer="normuon", ns_dtype=c.ns_dtype),
@@ -211,7 +211,7 @@ class Bench:
         if compiled:
             self.rows.append(Row("optim", "AdamW eager / compiled blocks step time",
                                  ratio=ratio(times, "adamw-eager", "adamw")))
-        workers = CompareConfig().workers
+        workers = LMRunsConfig().workers
         if self.device.type == "cpu" and workers > 1:
             # compare's runs train several at a time, the threads shared out: what the study gets of the machine.
             chosen = {name: variants[name][0] for name in dict.fromkeys(("adamw", base.optimizer))}
@@ -237,11 +237,11 @@ class Bench:
 
     def compare_compiles(self) -> bool:
         """Whether compare's default study compiles the blocks on this device: its own decision
-        (``fullband.experiments.compare.study.study_compile``)."""
-        from fullband.experiments.compare.config import CompareConfig
-        from fullband.experiments.compare.study import study_compile
+        (``fullband.experiments.core.lm.runs.study_compile``)."""
+        from fullband.experiments.core.lm.config import LMRunsConfig
+        from fullband.experiments.core.lm.runs import study_compile
 
-        return study_compile(CompareConfig(device=str(self.device))) == "true"
+        return study_compile(LMRunsConfig(device=str(self.device))) == "true"
 
     def passes(self) -> None:
         c = self.cfg.train

@@ -7,11 +7,13 @@ import pytest
 import fullband.experiments.core.plots as plots
 from fullband.cli import main
 from fullband.config import ConfigError
-from fullband.configio import build_config
-from fullband.experiments.compare.config import COMPARE_PRESETS, CompareConfig
-from fullband.experiments.compare.records import CompareResults, ModeScore, RunRecord
+from fullband.configio import build_config, config_to_dict
+from fullband.experiments.compare.config import CompareConfig
+from fullband.experiments.compare.records import CompareResults
 from fullband.experiments.compare.report import write_report
-from fullband.experiments.compare.study import plan_runs, preset_config, shortest_run_steps, study_compile, train_config
+from fullband.experiments.core.lm.config import LM_PRESETS
+from fullband.experiments.core.lm.records import ModeScore, RunRecord
+from fullband.experiments.core.lm.runs import plan_runs, preset_config, shortest_run_steps, study_compile, train_config
 from fullband.experiments.core.records import key_problems
 from fullband.experiments.core.report import SMOKE_NOTE
 from fullband.training import step_setup
@@ -67,7 +69,7 @@ def test_smoke_preset_writes_report_results_and_plots(tmp_path, capsys, monkeypa
 def test_precedence_is_defaults_then_preset_then_file_then_command_line(tmp_path):
     assert CompareConfig().model.d_model == build_config(CompareConfig, None, {}).model.d_model == 128
     smoke = preset_config("smoke")
-    assert smoke.model.d_model == COMPARE_PRESETS["smoke"]["model"]["d_model"]
+    assert smoke.model.d_model == LM_PRESETS["smoke"]["model"]["d_model"]
     assert smoke.model.n_layers == 2 and smoke.train.token_budget == 1280
     assert smoke.schedule.pass_mix == (0.88, 0.12)  # not in the preset: the default stays
     file = tmp_path / "cmp.toml"
@@ -79,10 +81,11 @@ def test_precedence_is_defaults_then_preset_then_file_then_command_line(tmp_path
     assert gpu.model.d_model == 384 and gpu.train.token_budget == 1000 and gpu.exact_method == "jacobi"
 
 
-
-@pytest.mark.parametrize("name", sorted(COMPARE_PRESETS))
+@pytest.mark.parametrize("name", sorted(LM_PRESETS))
 def test_a_preset_means_the_same_from_python_as_from_the_command_line(name):
-    assert CompareConfig(preset=name) == build_config(CompareConfig, None, {"preset": name}) == preset_config(name)
+    assert CompareConfig(preset=name) == build_config(CompareConfig, None, {"preset": name})
+    # The shared language-model runs' config (recipe's runs) means the same: compare's config is that one.
+    assert config_to_dict(CompareConfig(preset=name)) == config_to_dict(preset_config(name))
     # What the caller gives wins over the preset, in Python as on the command line.
     given = CompareConfig(preset=name, seeds=5, eval_windows=3)
     assert given.seeds == 5 and given.eval_windows == 3

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from fullband.experiments.compare.multiplier import (
+from fullband.experiments.compare.report import verdict
+from fullband.experiments.core.lm.multiplier import (
     BETTER_THAN_LARGEST,
     INTERPOLATED,
     NO_FIT,
@@ -15,7 +16,6 @@ from fullband.experiments.compare.multiplier import (
     baseline_loss_at,
     tokens_to_match,
 )
-from fullband.experiments.compare.report import verdict
 
 TOKENS = [1000.0, 1500.0, 2000.0]
 

@@ -11,7 +11,7 @@ from fullband.data.config import PrepareConfig
 from fullband.data.errors import DataError
 from fullband.data.prepare import prepare_shards
 from fullband.data.prepared import load_flat_split
-from fullband.experiments.compare.perplexity import evaluate_modes
+from fullband.experiments.core.lm.perplexity import evaluate_modes
 from fullband.families import load_any
 
 TEXT = "".join(f"Line {i}: to be or not to be, that is question number {i}.\n" for i in range(400))

@@ -7,7 +7,8 @@ import pytest
 from conftest import Killed, kill_training_at
 
 from fullband.cli import main
-from fullband.experiments.compare.study import preset_config, run_compare
+from fullband.experiments.compare.study import run_compare
+from fullband.experiments.core.lm.runs import preset_config
 
 # 10 steps per 1x run, a checkpoint every 3; the 1x baseline and the feedback run validate at steps 4 and 9.
 SMALL = {"budgets": (1.0, 2.0), "stability_ablation": False, "stability_passes": 3, "train_eval_points": 2,

@@ -64,7 +64,7 @@ def test_bad_settings_name_the_field(kwargs, message):
 
 
 def test_every_variant_is_a_valid_compare_config():
-    from fullband.experiments.compare.study import preset_config
+    from fullband.experiments.core.lm.runs import preset_config
 
     for overrides, _, _ in RECIPE_VARIANTS.values():
         preset_config("default", dict(overrides))  # raises on a key or value compare does not accept

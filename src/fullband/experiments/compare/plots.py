@@ -7,10 +7,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from fullband.experiments.compare.multiplier import baseline_loss_at
 from fullband.experiments.compare.records import CompareResults
-from fullband.experiments.compare.results import mean_sd, mode_label, run_names, runs_named
+from fullband.experiments.compare.results import run_names, runs_named
+from fullband.experiments.core.lm.multiplier import baseline_loss_at
 from fullband.experiments.core.plots import pyplot, save_figure
+from fullband.experiments.core.report import mode_label
+from fullband.experiments.core.stats import mean_sd
 
 MARKERS = {"standard": "o", "fused1": "s", "fused2": "D", "fused3": "v", "fused4": "^", "exact": "*"}
 

@@ -11,10 +11,12 @@ from typing import Any
 
 from fullband.experiments.compare import plots as plotting
 from fullband.experiments.compare import trend
-from fullband.experiments.compare.multiplier import BETTER_THAN_LARGEST, INTERPOLATED, WORSE_THAN_SMALLEST, against_one
-from fullband.experiments.compare.records import CompareResults, RunRecord
-from fullband.experiments.compare.results import mean_sd, mode_label, modes_of, run_names, runs_named
-from fullband.experiments.core.report import REPORT, Report, input_text, is_smoke
+from fullband.experiments.compare.records import CompareResults
+from fullband.experiments.compare.results import modes_of, run_names, runs_named
+from fullband.experiments.core.lm.multiplier import BETTER_THAN_LARGEST, INTERPOLATED, WORSE_THAN_SMALLEST, against_one
+from fullband.experiments.core.lm.records import RunRecord
+from fullband.experiments.core.report import REPORT, Report, input_text, is_smoke, mode_label
+from fullband.experiments.core.stats import mean_sd
 from fullband.experiments.core.study import write_study
 
 LOSS_PLOT = "loss_vs_tokens.png"

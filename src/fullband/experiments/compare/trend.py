@@ -20,9 +20,9 @@ import random
 import statistics
 from typing import Any
 
-from fullband.experiments.compare.records import CompareResults, RunRecord
-from fullband.experiments.compare.results import mode_label
-from fullband.experiments.core.report import Report
+from fullband.experiments.compare.records import CompareResults
+from fullband.experiments.core.lm.records import RunRecord
+from fullband.experiments.core.report import Report, mode_label
 
 FEEDBACK = "feedback"  # the run the verdict is about (compare.FEEDBACK; not imported: compare imports torch)
 VALIDATED_MODES = {1: "standard", 2: "fused1", 3: "fused2"}  # val_loss_{k}pass = the last of k passes

@@ -16,6 +16,7 @@ from typing import Any
 
 from fullband.config import ModelConfig
 from fullband.files import write_text
+from fullband.modes import DecodingMode
 
 REPORT = "report.md"
 Table = tuple[list[str], list[list[Any]]]  # headers and rows, as a study builds a table before its report
@@ -153,3 +154,8 @@ def input_text(model: dict[str, Any]) -> str:
         return (f"input form `paper` (App. C's code): raw embeddings at plain positions in pass 1 and at inference, "
                 f"the plain prefix of training passes >= 2 and every fused input through one input RMSNorm {gain}")
     return f"input form `fused`: raw embeddings at plain positions, RMS-normalised fused inputs {gain}"
+
+
+def mode_label(mode: str) -> str:
+    """A results key (``standard``, ``fused2``, ``exact``) as a report prints it (``fused(2)``)."""
+    return DecodingMode.from_result_key(mode).label

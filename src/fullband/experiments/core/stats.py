@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Iterable, Sequence
 
 Z95 = 1.959963984540054  # the two-sided 95% normal quantile
 
@@ -37,3 +38,11 @@ def pooled_wilson(accuracies: Sequence[float], ns: Sequence[int]) -> tuple[float
 
 def format_interval(interval: tuple[float, float], fmt: str = ".2f") -> str:
     return f"[{format(interval[0], fmt)}, {format(interval[1], fmt)}]"
+
+
+def mean_sd(values: Iterable[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample sd of the values that are not None ((None, None) for none; sd None for one value)."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None, None
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)

@@ -14,8 +14,8 @@ from fullband.config import (
     resume_field,
     threads_field,
 )
-from fullband.experiments.compare.config import COMPARE_PRESETS
 from fullband.experiments.core.config import StudyConfig
+from fullband.experiments.core.lm.config import LM_PRESETS
 from fullband.training.config import DataConfig
 
 # Each ingredient of the recipe, toggled away from the compare default (the best recipe found) one at a time:
@@ -75,8 +75,8 @@ class RecipeConfig(StudyConfig):
     threads: str = threads_field()
 
     def validate(self) -> None:
-        _require(self.compare_preset in COMPARE_PRESETS, "compare_preset", self.compare_preset,
-                 f"must be one of {tuple(COMPARE_PRESETS)}")
+        _require(self.compare_preset in LM_PRESETS, "compare_preset", self.compare_preset,
+                 f"must be one of {tuple(LM_PRESETS)}")
         _require(len(self.variants) > 0 and all(v in RECIPE_VARIANTS for v in self.variants), "variants",
                  self.variants, f"must be a non-empty list from {tuple(RECIPE_VARIANTS)}")
         _require(all(_is_int(w) and w >= 8 and w % 8 == 0 for w in self.widths), "widths", self.widths,

@@ -6,10 +6,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from fullband.experiments.compare.multiplier import against_one
-from fullband.experiments.compare.results import mean_sd, mode_label
+from fullband.experiments.core.lm.multiplier import against_one
 from fullband.experiments.core.plots import pyplot, save_figure
-from fullband.experiments.core.report import REPORT, Report, input_text, is_smoke
+from fullband.experiments.core.report import REPORT, Report, input_text, is_smoke, mode_label
+from fullband.experiments.core.stats import mean_sd
 
 GAPS_PLOT = "gap_by_variant.png"
 WIDTH_PLOT = "gap_vs_width.png"

@@ -1,7 +1,8 @@
 """``fullband recipe``: which ingredient of the training recipe makes latent feedback pay, and by how much.
 
-Every run is a ``fullband compare`` run (:func:`fullband.experiments.compare.study.train_and_evaluate`) of the compare
-preset, so the numbers are the ones ``fullband compare`` would report:
+Every run is a language-model run of the shared machinery (:mod:`fullband.experiments.core.lm.runs`, as ``fullband
+compare``'s) of a preset of :data:`~fullband.experiments.core.lm.config.LM_PRESETS`, so the numbers are the ones
+``fullband compare`` would report:
 
 - the baseline curve: baselines at the preset's budgets (the token multipliers are read off it);
 - one full-bandwidth model per *variant*: the best recipe (the compare default) with one ingredient toggled
@@ -22,13 +23,12 @@ from typing import Any
 
 from fullband.config import ConfigError
 from fullband.configio import build_config, config_to_dict
-from fullband.experiments.compare.config import CompareConfig
-from fullband.experiments.compare.results import mean_sd
-from fullband.experiments.compare.study import (
+from fullband.experiments.core.lm.config import LMRunsConfig
+from fullband.experiments.core.lm.runs import (
     FEEDBACK,
-    CompareStudy,
     Job,
     RunSpec,
+    collect_runs,
     machine_info,
     multipliers,
     plan_runs,
@@ -37,6 +37,7 @@ from fullband.experiments.compare.study import (
 )
 from fullband.experiments.core.plots import have_matplotlib
 from fullband.experiments.core.report import Report
+from fullband.experiments.core.stats import mean_sd
 from fullband.experiments.core.study import Study
 from fullband.experiments.recipe.config import RECIPE_VARIANTS, RecipeConfig
 from fullband.training.run import resolve_device
@@ -44,7 +45,7 @@ from fullband.training.run import resolve_device
 BEST = "best"
 
 
-def variant_config(cfg: RecipeConfig, out_dir: Path, overrides: dict[str, Any]) -> CompareConfig:
+def variant_config(cfg: RecipeConfig, out_dir: Path, overrides: dict[str, Any]) -> LMRunsConfig:
     """The compare preset with ``overrides``, evaluated and validated as ``fullband compare`` would."""
     data = {f"data.{key}": value for key, value in dataclasses.asdict(cfg.data).items()}  # every run reads it
     study = {**data, "seeds": cfg.seeds, "workers": 1, "device": cfg.device, "threads": cfg.threads,
@@ -74,8 +75,8 @@ def plan(cfg: RecipeConfig, out_dir: Path) -> list[Job]:
     return jobs
 
 
-class RecipeStudy(CompareStudy):
-    """``fullband recipe``: compare runs of :func:`plan`, analysed per variant, width and step
+class RecipeStudy(Study):
+    """``fullband recipe``: the language-model runs of :func:`plan`, analysed per variant, width and step
     (:func:`analyse`), written down by :mod:`.report`. ``report_only`` re-analyses a finished study."""
 
     command = "recipe"
@@ -90,7 +91,7 @@ class RecipeStudy(CompareStudy):
         if self.cfg.resume and not (self.out_dir / "config.toml").is_file():
             raise ConfigError(f"out_dir={self.cfg.out_dir!r} holds no recipe study to resume (no config.toml): run "
                               "without --resume true to start one there")
-        Study.prepare(self)  # the plots are optional here: no warning
+        super().prepare()  # the plots are optional here: no warning
 
     def plan(self) -> list[Job]:
         jobs = plan(self.cfg, self.out_dir)
@@ -104,6 +105,10 @@ class RecipeStudy(CompareStudy):
                 "machine": {**machine_info(resolve_device(self.cfg.device), self.cfg.workers),
                             "training_blocks": training_blocks(jobs[0][0])},
                 "command": self.command_line()}
+
+    def collect(self) -> dict[str, Any]:
+        jobs = self.plan()
+        return collect_runs(self.cfg, jobs, self.header(jobs), self.progress)
 
     def analyse(self, results: dict[str, Any]) -> dict[str, Any]:
         return analyse(self.cfg, results["runs"], results["stability"])
@@ -127,7 +132,7 @@ class RecipeStudy(CompareStudy):
         from fullband.experiments.recipe.report import verdict
 
         results["verdict_lines"] = verdict(results)
-        Study.write(self, results, have_matplotlib() if plots is None else plots)
+        super().write(results, have_matplotlib() if plots is None else plots)
 
 
 def run_recipe(cfg: RecipeConfig, progress: bool = True) -> dict[str, Any]:

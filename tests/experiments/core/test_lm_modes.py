@@ -6,8 +6,8 @@ import torch
 from conftest import make_model
 
 from fullband.data import TokenSplit
-from fullband.experiments.compare.passes import iterate_passes, token_nll_sum
-from fullband.experiments.compare.perplexity import ExactSpec, evaluate_modes, exact_agreement
+from fullband.experiments.core.lm.passes import iterate_passes, token_nll_sum
+from fullband.experiments.core.lm.perplexity import ExactSpec, evaluate_modes, exact_agreement
 from fullband.model.recurrence import ntp_loss
 
 SPLIT = TokenSplit(tokens=np.zeros(100, dtype=np.uint16), n_bytes=150, n_docs=1)  # 2/3 token per byte

@@ -10,7 +10,7 @@ are predicted from the logits of the mode's final pass. With ``plain_prefix = 1`
   ``sequential`` (one position at a time through the KV cache, the definition), ``jacobi`` (whole-window
   passes until ``max|Δh| < tol``) or ``chunked`` (Jacobi per chunk to ``tol``).
 
-standard and fused(k) come from one loop of ``1 + max(k)`` passes (:mod:`fullband.experiments.compare.passes`).
+standard and fused(k) come from one loop of ``1 + max(k)`` passes (:mod:`fullband.experiments.core.lm.passes`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from fullband.config import EXACT_METHODS
 from fullband.data import TokenSplit
-from fullband.experiments.compare.passes import iterate_passes, token_nll_sum
+from fullband.experiments.core.lm.passes import iterate_passes, token_nll_sum
 from fullband.model import FullBandwidthLM, LMOutput
 from fullband.modes import STANDARD, fused
 

@@ -6,7 +6,7 @@ import torch
 from conftest import make_model
 
 from fullband.data import TokenSplit
-from fullband.experiments.compare.stability import stability_curve
+from fullband.experiments.core.lm.stability import stability_curve
 from fullband.model.recurrence import ntp_loss
 
 SPLIT = TokenSplit(tokens=np.zeros(10, dtype=np.uint16), n_bytes=10, n_docs=1)

@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fullband.data import TokenSplit
-from fullband.experiments.compare.passes import iterate_passes, token_nll_sum
+from fullband.experiments.core.lm.passes import iterate_passes, token_nll_sum
 from fullband.model import FullBandwidthLM
 
 
