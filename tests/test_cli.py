@@ -4,10 +4,12 @@ import pytest
 import torch
 from conftest import make_model
 
-from fullband.cli import COMMANDS, main
+from fullband.cli import commands, main
 from fullband.config import ConfigError
 from fullband.configio import build_config
 from fullband.generation import generate
+
+COMMANDS = commands()  # every subcommand, the studies' from their registry
 
 
 @pytest.fixture
@@ -84,4 +86,4 @@ def test_the_flat_decoding_flags_are_refused_naming_the_decode_section(command, 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{flat} is now --decode.{flat[2:]}" in err, err
     with pytest.raises(ConfigError, match=rf"{flat[2:]} is now decode.{flat[2:]} \(\[decode\] {flat[2:]} in a config"):
-        build_config(COMMANDS[command][0], {flat[2:]: 1}, {})
+        build_config(COMMANDS[command].config, {flat[2:]: 1}, {})

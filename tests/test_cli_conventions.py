@@ -6,11 +6,13 @@ import re
 
 import pytest
 
-from fullband.cli import COMMANDS, build_parser, main
+from fullband.cli import build_parser, commands, main
 from fullband.config import ConfigError
 from fullband.configio import build_config, load_config_file
 from fullband.training.config import TrainRunConfig
 from fullband.version import __version__
+
+COMMANDS = commands()  # every subcommand, the studies' from their registry
 
 TINY = ["--model.d_model", "32", "--model.n_layers", "1", "--model.n_heads", "2", "--train.batch_size", "2",
         "--train.seq_len", "16", "--train.max_steps", "2", "--train.eval_every", "0", "--device", "cpu",
@@ -104,7 +106,7 @@ def test_synthetic_studies_take_the_training_sections_and_refuse_the_retired_fla
     for flag in ("--model.d_model", "--train.max_steps", "--train.batch_size", "--optim.lr", "--optim.optimizer",
                  "--schedule.feedback_start", "--schedule.pass_mix"):
         assert flag in shown, flag
-    config_cls = COMMANDS[command][0]
+    config_cls = COMMANDS[command].config
     sectioned = ["--model.d_model", "48", "--train.max_steps", "7", "--optim.lr", "0.01", "--train.seed", "3",
                  "--schedule.feedback_start", "0.5"]
     cfg = build_config(config_cls, None, build_parser().parse_args([command, "--preset", "smoke", *sectioned]))
@@ -125,7 +127,7 @@ def test_synthetic_studies_take_the_training_sections_and_refuse_the_retired_fla
 
 @pytest.mark.parametrize("command", ["train", "compare", "recipe", "eval-reasoning", "eval-state"])
 def test_every_command_that_resumes_takes_true_auto_and_false(command, tmp_path):
-    config_cls = COMMANDS[command][0]
+    config_cls = COMMANDS[command].config
     words = {}
     for word in ("true", "auto", "false", "yes", "no"):
         args = build_parser().parse_args([command, "--out_dir", str(tmp_path / "new"), "--resume", word])
@@ -151,12 +153,12 @@ def test_every_command_that_trains_starts_from_the_recipe(command, tmp_path):
     """A bare command trains with fullband train's recipe (the optimizer and feedback schedule of OptimConfig's and
     ScheduleConfig's defaults); the committed AdamW reports are reproduced by naming their preset (adamw)."""
     recipe = TrainRunConfig()
-    cfg = build_config(COMMANDS[command][0], None, build_parser().parse_args([command, "--out_dir", str(tmp_path)]))
+    cfg = build_config(COMMANDS[command].config, None, build_parser().parse_args([command, "--out_dir", str(tmp_path)]))
     for section, key in (("optim", "optimizer"), ("optim", "fusion_lr_mult"), ("optim", "weight_decay"),
                          ("schedule", "feedback_start"), ("schedule", "pass_mix")):
         assert getattr(getattr(cfg, section), key) == getattr(getattr(recipe, section), key), (section, key)
     if command != "train":
-        adamw = build_config(COMMANDS[command][0], None,
+        adamw = build_config(COMMANDS[command].config, None,
                              build_parser().parse_args([command, "--preset", "adamw", "--out_dir", str(tmp_path)]))
         assert (adamw.optim.optimizer, adamw.schedule.feedback_start) == ("adamw", 0.75)
         assert adamw.model == cfg.model and adamw.train.max_steps == cfg.train.max_steps  # the same sizes

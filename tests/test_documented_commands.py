@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from fullband.cli import COMMANDS, _parse, build_parser
+from fullband.cli import _parse, build_parser, commands
 from fullband.configio import config_from_args
+
+COMMANDS = commands()  # every subcommand, the studies' from their registry
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -96,4 +98,4 @@ def test_the_committed_reports_name_their_commands():
 @pytest.mark.parametrize(("report", "command"), report_commands(), ids=lambda x: x if "fullband" not in x else None)
 def test_every_committed_report_command_parses_and_builds_its_config(report, command):
     args = _parse(build_parser(), shlex.split(command)[1:])
-    config_from_args(COMMANDS[args.command][0], args)  # a ConfigError (or argparse's exit 2) fails the test
+    config_from_args(COMMANDS[args.command].config, args)  # a ConfigError (or argparse's exit 2) fails the test

@@ -6,24 +6,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import NoReturn
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from fullband.bench.config import BenchConfig
 from fullband.config import CheckConfig, ConfigError
 from fullband.configio import add_dataclass_arguments, config_from_args, given_values
 from fullband.data.config import PrepareConfig
 from fullband.evaluation.config import LmEvalConfig
-from fullband.experiments.compare.config import CompareConfig
+from fullband.experiments.core.registry import StudyCommand, study_commands
 from fullband.experiments.core.study import run_study
-from fullband.experiments.reasoning.config import ReasoningConfig
-from fullband.experiments.recipe.config import RecipeConfig
-from fullband.experiments.state_tracking.config import StateTrackingConfig
-from fullband.experiments.word_problems.config import ControlsConfig
-from fullband.experiments.word_problems.decisive.config import DecisiveConfig
 from fullband.generation.config import GenerateConfig
 from fullband.serve.config import ServeConfig
 from fullband.training.config import TrainRunConfig
@@ -147,58 +143,9 @@ def run_eval_lm(cfg: LmEvalConfig) -> None:
     print(f"results: {cfg.out_dir}/results.json")
 
 
-def _check_resumable(cfg: ReasoningConfig | StateTrackingConfig | ControlsConfig | DecisiveConfig,
-                     command: str) -> None:
-    """--resume true with nothing in out_dir: one line, not a fresh study (CLI conventions)."""
-    out_dir = Path(cfg.out_dir)
-    if cfg.resume and not (out_dir.is_dir() and any(out_dir.iterdir())):
-        raise ConfigError(f"out_dir={cfg.out_dir!r} holds no {command} study to resume: run without --resume "
-                          "true to start one there")
-
-
-def run_eval_reasoning(cfg: ReasoningConfig) -> None:
-    _check_resumable(cfg, "eval-reasoning")
-    if cfg.families:  # one study per family (their reports sit in out_dir/<family>/) and their controls
-        from fullband.experiments.reasoning.controls.study import ControlsStudy
-
-        print(run_study(ControlsStudy(cfg, cfg.progress)))
-        return
-    from fullband.experiments.reasoning.study import ReasoningStudy
-
-    print(run_study(ReasoningStudy(cfg, cfg.progress)))
-
-
-def run_eval_state(cfg: StateTrackingConfig) -> None:
-    _check_resumable(cfg, "eval-state")
-    from fullband.experiments.state_tracking.study import StateTrackingStudy
-
-    print(run_study(StateTrackingStudy(cfg, cfg.progress)))
-
-
-def run_eval_controls(cfg: ControlsConfig) -> None:
-    _check_resumable(cfg, "eval-controls")
-    from fullband.experiments.word_problems.study import ControlsStudy
-
-    print(run_study(ControlsStudy(cfg, cfg.progress)))
-
-
-def run_eval_decisive(cfg: DecisiveConfig) -> None:
-    _check_resumable(cfg, "eval-decisive")
-    from fullband.experiments.word_problems.decisive.study import DecisiveStudy
-
-    print(run_study(DecisiveStudy(cfg, cfg.progress)))
-
-
-def run_compare(cfg: CompareConfig) -> None:
-    from fullband.experiments.compare.study import CompareStudy
-
-    print(run_study(CompareStudy(cfg)))
-
-
-def run_recipe(cfg: RecipeConfig) -> None:
-    from fullband.experiments.recipe.study import RecipeStudy
-
-    print(run_study(RecipeStudy(cfg)))
+def run_study_command(command: StudyCommand, cfg: Any) -> None:
+    """Any study of the registry: build it from its config, run it, print its summary."""
+    print(run_study(command.build_study(cfg)))
 
 
 def run_bench(cfg: BenchConfig) -> None:
@@ -216,23 +163,38 @@ def run_serve(cfg: ServeConfig) -> None:
     serve(cfg)
 
 
-COMMANDS: dict[str, tuple[type, Callable, str]] = {
-    "train": (TrainRunConfig, run_train, "Train a full-bandwidth transformer (or the feedback=False baseline)."),
-    "prepare": (PrepareConfig, run_prepare, "Tokenize text, JSONL or a dataset into memory-mapped token shards."),
-    "generate": (GenerateConfig, run_generate, "Decode from a checkpoint in standard, soft, fused or exact mode."),
-    "serve": (ServeConfig, run_serve, "OpenAI-compatible HTTP server (every mode, continuous batching)."),
-    "check": (CheckConfig, run_check, "Verify that sequential, multi-pass, chunked and cached decoding agree."),
-    "compare": (CompareConfig, run_compare, "Baselines at several token budgets vs the full-bandwidth model: report."),
-    "recipe": (RecipeConfig, run_recipe, "Study: each recipe ingredient toggled, widths, gap vs steps: report."),
-    "eval": (LmEvalConfig, run_eval_lm, "Run lm-evaluation-harness tasks on a checkpoint in a decoding mode."),
-    "eval-reasoning": (ReasoningConfig, run_eval_reasoning, "Study: shorter reasoning traces at equal accuracy?"),
-    "eval-state": (StateTrackingConfig, run_eval_state, "Study: linear probes of the state at every depth (Fig. 7)."),
-    "eval-controls": (ControlsConfig, run_eval_controls,
-                      "Study: the full-bandwidth model vs controls trained to win on S5/A5 word problems."),
-    "eval-decisive": (DecisiveConfig, run_eval_decisive,
-                      "Study: vs the controls that decide length generalisation, by a rule fixed before the runs."),
-    "bench": (BenchConfig, run_bench, "Speed beside transformers' Llama and GPT-2, with the machine's limits."),
-}
+@dataclass(frozen=True)
+class Command:
+    """One ``fullband`` subcommand: its options (a config class) and what runs them."""
+
+    name: str
+    config: type
+    run: Callable[[Any], None]
+    help: str
+
+
+CORE_COMMANDS = (
+    Command("train", TrainRunConfig, run_train,
+            "Train a full-bandwidth transformer (or the feedback=False baseline)."),
+    Command("prepare", PrepareConfig, run_prepare,
+            "Tokenize text, JSONL or a dataset into memory-mapped token shards."),
+    Command("generate", GenerateConfig, run_generate,
+            "Decode from a checkpoint in standard, soft, fused or exact mode."),
+    Command("serve", ServeConfig, run_serve, "OpenAI-compatible HTTP server (every mode, continuous batching)."),
+    Command("check", CheckConfig, run_check, "Verify that sequential, multi-pass, chunked and cached decoding agree."),
+    Command("eval", LmEvalConfig, run_eval_lm, "Run lm-evaluation-harness tasks on a checkpoint in a decoding mode."),
+    Command("bench", BenchConfig, run_bench, "Speed beside transformers' Llama and GPT-2, with the machine's limits."),
+)
+
+
+def commands() -> dict[str, Command]:
+    """Every subcommand: the library's own, then each study's from the study registry
+    (:mod:`fullband.experiments.core.registry`), which this module reads and never names."""
+    table = {c.name: c for c in CORE_COMMANDS}
+    for study in study_commands():
+        table[study.name] = Command(study.name, study.config_class(), functools.partial(run_study_command, study),
+                                    study.help)
+    return table
 
 
 class _Parser(argparse.ArgumentParser):
@@ -242,17 +204,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (options: {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(table: dict[str, Command] | None = None) -> argparse.ArgumentParser:
+    table = commands() if table is None else table
     parser = _Parser(
         prog="fullband",
         description="The full-bandwidth transformer: train, compare, decode, evaluate and serve.",
     )
     parser.add_argument("--version", action="version", version=f"fullband {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (config_cls, _, help_text) in COMMANDS.items():
-        cmd = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
+    for command in table.values():
+        cmd = sub.add_parser(command.name, help=command.help, description=command.help, allow_abbrev=False)
         cmd.add_argument("--config", default=None, metavar="FILE", help="TOML or YAML file with these options.")
-        add_dataclass_arguments(cmd, config_cls)
+        add_dataclass_arguments(cmd, command.config)
     return parser
 
 
@@ -274,12 +237,13 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    table = commands()
+    parser = build_parser(table)
     args = _parse(parser, argv)
     if args.command is None:
         parser.print_help()
         return 0
-    config_cls, handler, _ = COMMANDS[args.command]
+    config_cls, handler = table[args.command].config, table[args.command].run
     try:  # options first: a bad one is answered before torch is even imported
         if config_cls is TrainRunConfig:  # --resume takes the run's own settings (fullband.training.resume)
             cfg = train_config(given_values(config_cls, args))
@@ -295,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if hasattr(cfg, "device"):  # one check for every command, before anything is loaded
             device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
-            if args.command not in ("train", "compare"):  # those resolve "auto" per process themselves
+            if not getattr(config_cls, "DEVICE_PER_PROCESS", False):  # else each process resolves "auto" itself
                 cfg.device = str(device)
         apply_threads(cfg.threads)  # every command has the option: torch's thread count is never left to chance
         handler(cfg)

@@ -9,22 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from fullband.experiments.core.registry import report_of
 from fullband.experiments.core.report import HEADER_START, without_header
 from fullband.experiments.core.study import rerender
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
 COMMITTED = sorted(path.parent for path in RESULTS.glob("*/report.md"))
-
-
-def _report_module(results: dict) -> str:
-    """The study whose results these are: the synthetic studies name themselves; compare and recipe results are
-    told apart by their keys."""
-    named = {"reasoning traces": "reasoning.report", "state tracking at the input layer": "state_tracking.report",
-             "reasoning controls": "reasoning.controls.report", "controls": "word_problems.report"}
-    if "study" in results:
-        return f"fullband.experiments.{named[results['study']]}"
-    return f"fullband.experiments.{'recipe' if 'compare_config' in results else 'compare'}.report"
 
 
 def _rendered(out_dir: Path) -> str:
@@ -34,7 +25,7 @@ def _rendered(out_dir: Path) -> str:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module.saved_report(out_dir).render()
-    return rerender(out_dir, importlib.import_module(_report_module(results)).report)
+    return rerender(out_dir, report_of(results))  # the report of the study command that wrote them
 
 
 def test_every_results_dir_with_a_report_is_checked():

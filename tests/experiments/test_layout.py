@@ -1,7 +1,8 @@
 """experiments/ is a small core and one package per study (DESIGN.md, tests/README.md "Adding a study"): every
 study is a package with its config, its study and its report; no module sits loose beside them; the core names no
 study, neither in a file name nor in an import (string-named modules counted, as the import-graph test counts
-them), so a study is added or removed without touching the core."""
+them), so a study is added or removed without touching the core; no study package imports another; every package
+declares its commands in the registry, and the command line names no study."""
 
 import ast
 import re
@@ -68,3 +69,52 @@ def test_the_layout_test_sees_a_study_import_from_the_core(tmp_path):
     source = tmp_path / "probe.py"
     source.write_text("from fullband.experiments.compare.report import x\nNAME = 'fullband.experiments.recipe'\n")
     assert {"fullband.experiments.compare.report", "fullband.experiments.recipe"} <= _imported(source)
+
+
+def _study_of(module: str, importer: Path) -> str | None:
+    """The study package an import names (absolute, or relative to ``importer``), or None."""
+    if module.startswith("fullband.experiments."):
+        return module.split(".")[2]
+    if module.startswith("."):
+        level = len(module) - len(module.lstrip("."))
+        base = importer.relative_to(EXPERIMENTS).parts[:-1]  # the importer's package, below experiments/
+        if level > len(base) + 1:  # above experiments/
+            return None
+        parts = [*base[: len(base) - level + 1], *module.lstrip(".").split(".")]
+        return parts[0] if parts and parts[0] else None
+    return None
+
+
+def test_no_study_imports_another_study():
+    studies = set(_studies())
+    for study in studies:
+        for path in sorted((EXPERIMENTS / study).rglob("*.py")):
+            named = {_study_of(module, path) for module in _imported(path)} & studies
+            assert named <= {study}, f"experiments/{path.relative_to(EXPERIMENTS)} imports the study {named - {study}}"
+
+
+def test_outside_experiments_nothing_but_the_command_line_registry_reaches_a_study():
+    studies = set(_studies())
+    src = EXPERIMENTS.parent
+    for path in sorted(src.rglob("*.py")):
+        if EXPERIMENTS in path.parents:
+            continue
+        named = {_study_of(m, path) for m in _imported(path) if m.startswith("fullband.experiments.")} & studies
+        assert not named, f"{path.relative_to(src)} names the study {named}: go through the registry"
+
+
+def test_every_study_package_declares_its_commands_and_they_load():
+    from fullband.experiments.core.registry import load, study_commands
+
+    commands = study_commands()
+    declared = {c.config.split(".")[2] for c in commands}
+    assert declared == set(_studies())
+    assert len({c.name for c in commands}) == len(commands)  # one declaration per command
+    for command in commands:
+        assert command.config_class().__name__.endswith("Config")
+        assert callable(load(command.study)) and all(callable(load(r)) for r in command.reports.values())
+
+
+def test_the_layout_test_sees_a_relative_import_of_another_study():
+    path = EXPERIMENTS / "recipe" / "study.py"
+    assert _study_of("..compare.study", path) == "compare" and _study_of(".config", path) == "recipe"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from fullband.config import (
     HF_PREFIX,
@@ -142,6 +143,7 @@ class TrainSections:
 class TrainRunConfig(FamilyOptions, TrainSections):
     """``fullband train``: all sections of one run (the families' options sections after [schedule])."""
 
+    DEVICE_PER_PROCESS: ClassVar[bool] = True  # "auto" resolved by each torchrun process (its LOCAL_RANK's GPU)
     out_dir: str = doc("runs/train", "Run directory: checkpoints/, metrics.jsonl, config.toml, model/ at the end.")
     resume: str = doc(
         "false", "Continue from the latest complete checkpoint in out_dir: true = continue, an error when there is "

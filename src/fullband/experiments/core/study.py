@@ -43,15 +43,22 @@ class Study:
     command_skip: ClassVar[tuple[str, ...]] = ()  # config keys that never go into the rerun command
     records_command: ClassVar[bool] = True  # results["command"]: the report's header names it
 
-    def __init__(self, cfg: Any, progress: bool = True) -> None:
+    def __init__(self, cfg: Any, progress: bool | None = None) -> None:
         self.cfg = cfg
-        self.progress = progress
+        self.progress = getattr(cfg, "progress", True) if progress is None else progress  # None: the config's
         self.out_dir = Path(cfg.out_dir)
 
     def run(self) -> dict[str, Any]:
         start = time.perf_counter()
+        self.check_resumable()
         self.prepare()
         return self.finish(self.collect(), start)
+
+    def check_resumable(self) -> None:
+        """``resume`` true with nothing in out_dir: one line, not a fresh study (the CLI's conventions)."""
+        if getattr(self.cfg, "resume", False) and not (self.out_dir.is_dir() and any(self.out_dir.iterdir())):
+            raise ConfigError(f"out_dir={self.cfg.out_dir!r} holds no {self.command} study to resume: run without "
+                              "--resume true to start one there")
 
     def finish(self, results: dict[str, Any], start: float) -> dict[str, Any]:
         """Add the analysis, the wall time since ``start`` (``timed``) and the date to ``results``; write them."""

@@ -5,3 +5,16 @@ and an RNN reference on ball-tracking word problems over S5 and A5 (DESIGN.md §
 (:mod:`.config`), the arms (:mod:`.arms`, :mod:`.models`), one training loop (:mod:`.train`), the study
 (:mod:`.study`), the analysis (:mod:`.analysis`) and the report (:mod:`.report`).
 """
+
+from fullband.experiments.core.registry import StudyCommand
+
+COMMANDS = (StudyCommand(
+    "eval-controls", "Study: the full-bandwidth model vs controls trained to win on S5/A5 word problems.",
+    config="fullband.experiments.word_problems.config:ControlsConfig",
+    study="fullband.experiments.word_problems.study:ControlsStudy",
+    reports={"controls": "fullband.experiments.word_problems.report:report"}),
+    StudyCommand(
+    "eval-decisive", "Study: vs the controls that decide length generalisation, by a rule fixed before the runs.",
+    config="fullband.experiments.word_problems.decisive.config:DecisiveConfig",
+    study="fullband.experiments.word_problems.decisive.study:DecisiveStudy",
+    reports={"decisive": "fullband.experiments.word_problems.decisive.report:report"}),)

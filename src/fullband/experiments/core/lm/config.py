@@ -69,6 +69,7 @@ class LMRunsConfig(StudyConfig):
     """
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = LM_PRESETS
+    DEVICE_PER_PROCESS: ClassVar[bool] = True  # "auto" resolved by each run's process (the workers)
     SECTIONS: ClassVar[tuple[str, ...]] = ("model", "data", "train", "optim", "schedule")
     TUPLES: ClassVar[tuple[str, ...]] = ("budgets", "fused_passes")
 
