@@ -26,7 +26,7 @@ WRITTEN_NOT_IMPORTED = "RemoteCode"  # its string arguments name modules for gen
 LAYERS = (
     # torch-free: options, the decoding modes, the CPU facts a kernel choice reads, how a file is written
     ("fullband.version", "fullband.config", "fullband.configio", "fullband.devices", "fullband.modes",
-     "fullband.files"),
+     "fullband.files", "fullband.rundir"),
     ("fullband.model",),  # the network: stands alone
     ("fullband.generation", "fullband.tasks", "fullband.data"),  # decoding; synthetic tasks; tokenizers, corpora
     ("fullband.integrations",),  # transformers (Auto classes, retrofit) and llama conversion

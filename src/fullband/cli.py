@@ -11,8 +11,10 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
+from fullband import rundir
 from fullband.bench.config import BenchConfig
 from fullband.config import CheckConfig, ConfigError
 from fullband.configio import add_dataclass_arguments, config_from_args, given_values
@@ -140,7 +142,7 @@ def run_eval_lm(cfg: LmEvalConfig) -> None:
 
     _, table = run_lm_eval(cfg)
     print(table)
-    print(f"results: {cfg.out_dir}/results.json")
+    print(f"results: {Path(cfg.out_dir) / rundir.RESULTS}")
 
 
 def run_study_command(command: StudyCommand, cfg: Any) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fullband import rundir
 from fullband.files import write_json
 
 
@@ -242,7 +243,7 @@ def study_resumes(value: object, out_dir: str) -> bool:
     """Whether a study continues the one in ``out_dir``: ``value`` is its resume option (true, false or auto; auto =
     whether ``out_dir`` holds a study's config.toml)."""
     word = validate_resume(value)
-    return word == "true" or (word == "auto" and (Path(out_dir) / "config.toml").is_file())
+    return word == "true" or (word == "auto" and (Path(out_dir) / rundir.SETTINGS).is_file())
 
 
 

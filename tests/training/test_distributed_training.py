@@ -14,7 +14,7 @@ from conftest import ADAMW, make_model
 
 from fullband import FullBandwidthLM
 from fullband.training import Trainer
-from fullband.training.checkpoint import checkpoint_path
+from fullband.training.checkpoint_layout import checkpoint_path
 from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training.distributed import wrap_ddp
 

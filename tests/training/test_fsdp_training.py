@@ -15,9 +15,10 @@ from conftest import ADAMW, make_model
 
 from fullband import FullBandwidthLM
 from fullband.training import CheckpointError, Trainer, build_optimizer, load_checkpoint
-from fullband.training.checkpoint import checkpoint_path, is_sharded, list_checkpoints
+from fullband.training.checkpoint_layout import checkpoint_path, list_checkpoints
 from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training.distributed import wrap_fsdp
+from fullband.training.sharded import is_sharded
 
 GLOBAL_ROWS, T, STEPS = 4, 12, 6
 EXACT_KEYS = ("step", "objective", "ntp_loss", "z_loss", "pass_losses", "lr", "passes", "tokens", "grad_norm")

@@ -10,7 +10,7 @@ from test_trainer import make_trainer
 
 from fullband.devices import cpu_flags, cpu_name, cpu_vendor
 from fullband.training import build_optimizer
-from fullband.training.checkpoint import list_checkpoints, load_run_config
+from fullband.training.checkpoint_layout import list_checkpoints, load_run_config
 from fullband.training.config import OptimConfig
 from fullband.training.muon import (
     BF16_CPU_NS_DTYPE,

@@ -9,8 +9,7 @@ import torch
 from test_trainer import make_trainer, records
 
 from fullband.training import NonFiniteLossError
-from fullband.training.checkpoint import list_checkpoints
-from fullband.training.checkpoint_layout import load_training_state
+from fullband.training.checkpoint_layout import list_checkpoints, load_training_state
 
 
 def untimed(state):

@@ -19,7 +19,7 @@ from fullband.training import (
     save_checkpoint,
     verify_checkpoint,
 )
-from fullband.training.checkpoint import checkpoint_path, list_checkpoints
+from fullband.training.checkpoint_layout import checkpoint_path, list_checkpoints
 from fullband.training.config import OptimConfig
 
 

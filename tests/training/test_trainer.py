@@ -9,8 +9,7 @@ from conftest import ADAMW, make_model
 from test_training_metrics import tensorboard_scalars
 
 from fullband.training import CheckpointWarning, NonFiniteLossError, Trainer, TrainingError, loss_eval
-from fullband.training.checkpoint import list_checkpoints
-from fullband.training.checkpoint_layout import load_training_state
+from fullband.training.checkpoint_layout import list_checkpoints, load_training_state
 from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 
 VOCAB, T = 61, 16

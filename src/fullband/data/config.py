@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fullband import rundir
 from fullband.config import HF_PREFIX, _is_int, _is_number, _require, doc, threads_field, validate_threads
 from fullband.data.splits import HELD_OUT
 
 SHARD_DTYPES = ("auto", "uint16", "uint32")
 # The layout fullband prepare writes and training reads (data/prepare.py, data/prepared.py).
-INDEX_FILE = "index.json"
-PROGRESS_FILE = "progress.json"
-TOKENIZER_DIR = "tokenizer"
+INDEX_FILE = rundir.DATA_INDEX
+PROGRESS_FILE = rundir.DATA_PROGRESS
+TOKENIZER_DIR = rundir.TOKENIZER_DIR
 SHARDS_FORMAT = "fullband-token-shards"
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from fullband import rundir
 from fullband.config import HF_PREFIX
 from fullband.data.config import INDEX_FILE, PROGRESS_FILE, SHARDS_FORMAT, TOKENIZER_DIR, PrepareConfig
 from fullband.data.errors import DataError
@@ -42,7 +43,6 @@ from fullband.data.prepare_inputs import (
 from fullband.data.tokenizer import Tokenizer, load_tokenizer, named_tokenizer
 from fullband.files import write_file, write_json
 
-VERSION = 1
 FILE_PREFIX = {"validation": "val", "train": "train"}
 
 
@@ -237,9 +237,9 @@ def _index(shards: list[dict[str, Any]], tokenizer: Tokenizer, dtype: np.dtype, 
         mine = [{k: v for k, v in r.items() if k != "split"} for r in shards if r["split"] == split]
         splits[split] = {"tokens": sum(r["tokens"] for r in mine), "bytes": sum(r["bytes"] for r in mine),
                          "docs": sum(r["docs"] for r in mine), "shards": mine}
-    return {"format": SHARDS_FORMAT, "version": VERSION, "dtype": dtype.name, "vocab_size": tokenizer.vocab_size,
-            "eos_id": tokenizer.eos_id, "tokenizer": tokenizer.config(), "tokenizer_dir": TOKENIZER_DIR,
-            "splits": splits, "settings": settings}
+    return {"format": SHARDS_FORMAT, **rundir.stamped({
+        "dtype": dtype.name, "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id,
+        "tokenizer": tokenizer.config(), "tokenizer_dir": TOKENIZER_DIR, "splits": splits, "settings": settings})}
 
 
 class _Peekable:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from fullband import rundir
 from fullband.data.config import INDEX_FILE, PROGRESS_FILE, SHARDS_FORMAT, TOKENIZER_DIR
 from fullband.data.errors import DataError
 from fullband.data.shards import TokenSplit, bits_per_byte, load_tokens
@@ -72,6 +73,7 @@ def load_prepared(directory: str | Path, split: str, tokenizer: Tokenizer | None
     index = _index(directory)
     if index.get("format") != SHARDS_FORMAT:
         raise DataError(f"{directory / INDEX_FILE} is not a fullband prepare index")
+    rundir.check_format(index, directory / INDEX_FILE, legacy_key="version")
     if tokenizer is not None and index["settings"]["tokenizer_fingerprint"] != tokenizer.fingerprint:
         raise DataError(f"{directory} was tokenized with another tokenizer ({index['tokenizer'].get('type')}, "
                         f"vocab_size {index['vocab_size']}) than this run's ({tokenizer!r}); train on it with its own "

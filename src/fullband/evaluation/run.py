@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from fullband import rundir
 from fullband.config import ConfigError
 from fullband.evaluation.config import LmEvalConfig
 from fullband.files import write_json
@@ -49,7 +50,7 @@ def run_lm_eval(cfg: LmEvalConfig) -> tuple[dict[str, Any], str]:
     results["fullband"] = dataclasses.asdict(cfg)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / "results.json", results, default=handle_non_serializable)
+    write_json(out_dir / rundir.RESULTS, results, default=handle_non_serializable)
     if samples is not None:
         write_json(out_dir / "samples.json", samples, default=handle_non_serializable)
     return results, make_table(results)

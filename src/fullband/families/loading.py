@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from fullband import rundir
 from fullband.config import ConfigError
 from fullband.data import DataError, Tokenizer
 from fullband.families.spec import FamilySpec
@@ -143,7 +144,7 @@ class InitFrom:
         if self.family is not DEFAULT or source is None:
             return
         try:
-            saved = json.loads((Path(self.argument) / "config.json").read_text())
+            saved = json.loads((Path(self.argument) / rundir.MODEL_CONFIG).read_text())
         except (OSError, ValueError):
             return  # not readable here: the family's loader gives its own message
         model_type = saved.get("model_type") if isinstance(saved, dict) else None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fullband import rundir
 from fullband.config import install_hint
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ def _transformers_tokenizer_beside_remote_code(directory: Path) -> bool:
     """Whether ``directory`` holds a transformers tokenizer (saved there by ``save_pretrained``, not fullband's own
     files) beside a config.json that names remote code."""
     try:
-        config = json.loads((directory / "config.json").read_text())
+        config = json.loads((directory / rundir.MODEL_CONFIG).read_text())
         tokenizer = json.loads((directory / "tokenizer_config.json").read_text())
     except (OSError, ValueError):
         return False

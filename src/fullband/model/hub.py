@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from fullband import rundir
 from fullband.files import dumps, write_text
 from fullband.modes import DEFAULT_MODE, DEFAULT_SCORE_MODE
 
@@ -112,6 +113,7 @@ def hf_config_dict(fields: dict[str, Any], *, dtype: str, tie_word_embeddings: b
         "dtype": dtype,
         **{**DECODING_DEFAULTS, **decoding},
         "fullband_version": __version__,
+        rundir.FORMAT_KEY: rundir.FORMAT_VERSION,
     }
 
 

@@ -16,12 +16,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from fullband import rundir
 from fullband.config import HF_PREFIX, ConfigError, ModelConfig
 from fullband.files import write_json, write_through
 from fullband.model import hub
 
-WEIGHTS_NAME = "model.safetensors"
-CONFIG_NAME = "config.json"
+WEIGHTS_NAME = rundir.MODEL_WEIGHTS
+CONFIG_NAME = rundir.MODEL_CONFIG
 
 
 class CheckpointError(ValueError):
@@ -59,6 +60,7 @@ def load_config(directory: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path} is not valid JSON ({err}); the checkpoint is damaged: save it again") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    rundir.check_format(data, path)  # files from before format_version read as version 1
     model_type = data.get("model_type")
     if model_type is not None and model_type != hub.MODEL_TYPE and "fullband_version" in data:
         raise CheckpointError(f"{directory} holds a fullband {model_type!r} model, not a native one; load it with "

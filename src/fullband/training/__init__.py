@@ -8,8 +8,8 @@ from typing import Any
 
 _EXPORTS = {
     "CheckpointError": "errors", "CheckpointWarning": "errors", "NonFiniteLossError": "errors",
-    "TrainingError": "errors", "TrainingState": "checkpoint", "latest_good_checkpoint": "checkpoint",
-    "load_checkpoint": "checkpoint", "save_checkpoint": "checkpoint", "verify_checkpoint": "checkpoint",
+    "TrainingError": "errors", "TrainingState": "checkpoint_layout", "latest_good_checkpoint": "checkpoint_layout",
+    "load_checkpoint": "checkpoint", "save_checkpoint": "checkpoint", "verify_checkpoint": "checkpoint_layout",
     "multipass_loss": "objective", "sample_plain_prefix": "objective", "build_optimizer": "optim",
     "lr_at": "optim", "FeedbackSchedule": "schedule", "Trainer": "trainer", "loss_eval": "validation",
 }
@@ -19,8 +19,9 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'fullband.training' has no attribute {name!r}")
-    from fullband.training import checkpoint, errors, objective, optim, schedule, trainer, validation
+    from fullband.training import checkpoint, checkpoint_layout, errors, objective, optim, schedule, trainer, validation
 
-    modules = {"checkpoint": checkpoint, "errors": errors, "objective": objective, "optim": optim,
-               "schedule": schedule, "trainer": trainer, "validation": validation}
+    modules = {"checkpoint": checkpoint, "checkpoint_layout": checkpoint_layout, "errors": errors,
+               "objective": objective, "optim": optim, "schedule": schedule, "trainer": trainer,
+               "validation": validation}
     return getattr(modules[_EXPORTS[name]], name)

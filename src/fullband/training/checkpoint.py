@@ -29,20 +29,15 @@ from typing import Any
 
 import torch
 
-from fullband import families
+from fullband import families, rundir
 from fullband.files import fsync_dir, fsync_file, write_file, write_json
 from fullband.model import FeedbackLM
-
-# The layout's names stay importable from here (older code and users import them from this module).
-from fullband.training.checkpoint_layout import (  # noqa: F401
-    CHECKPOINTS,
-    FORMAT_VERSION,
+from fullband.training.checkpoint_layout import (
     MANIFEST,
     OPTIMIZER,
     RNG,
     RUN_CONFIG,
     SHARDED,
-    SHARDED_METADATA,
     STATE,
     TMP_PREFIX,
     TRASH_PREFIX,
@@ -50,9 +45,7 @@ from fullband.training.checkpoint_layout import (  # noqa: F401
     checkpoint_path,
     checkpoint_root,
     is_sharded_checkpoint,
-    latest_good_checkpoint,
     list_checkpoints,
-    load_run_config,
     load_training_state,
     manifest_of,
     tmp_path,
@@ -61,13 +54,7 @@ from fullband.training.checkpoint_layout import (  # noqa: F401
 )
 from fullband.training.errors import CheckpointError, CheckpointWarning, NonFiniteLossError
 from fullband.training.rng_state import capture_process_rng, restore_process_rng
-from fullband.training.sharded import (  # noqa: F401  (re-exported: older code imports them from here)
-    gather_full_state_dict,
-    is_sharded,
-    load_sharded,
-    save_model,
-    unsharded,
-)
+from fullband.training.sharded import gather_full_state_dict, is_sharded, load_sharded, unsharded
 
 # ---------------------------------------------------------------------------------------------- saving
 
@@ -164,7 +151,7 @@ def _complete(out_dir: str | Path, tmp: Path, state: TrainingState, extras: Chec
     if extras.generator is not None:
         rng["generator"] = extras.generator.get_state()
     write_file(tmp / RNG, lambda f: torch.save(rng, f))
-    write_json(tmp / STATE, {"format": FORMAT_VERSION, **asdict(state)})
+    write_json(tmp / STATE, rundir.stamped(asdict(state)))
     write_json(tmp / RUN_CONFIG, extras.run_config or {})
     if extras.write_extra is not None:
         extras.write_extra(tmp)

@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fullband import families
+from fullband import families, rundir
 from fullband.training.errors import CheckpointWarning
 
-CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 OPTIMIZER = "optimizer.pt"
 RNG = "rng.pt"
@@ -38,7 +37,6 @@ STATE = "trainer_state.json"
 RUN_CONFIG = "run_config.json"
 SHARDED = "distributed"  # the torch.distributed.checkpoint directory of an FSDP run
 SHARDED_METADATA = f"{SHARDED}/.metadata"  # written last by torch.distributed.checkpoint's FileSystemWriter
-FORMAT_VERSION = 1
 _PREFIX = "step-"
 TMP_PREFIX = ".tmp-"  # a checkpoint being written; never read
 TRASH_PREFIX = ".trash-"  # a checkpoint being replaced; never read
@@ -59,7 +57,7 @@ class TrainingState:
 
 
 def checkpoint_root(out_dir: str | Path) -> Path:
-    return Path(out_dir) / CHECKPOINTS
+    return Path(out_dir) / rundir.CHECKPOINTS_DIR
 
 
 def checkpoint_path(out_dir: str | Path, step: int) -> Path:
@@ -93,7 +91,7 @@ def manifest_of(directory: Path, step: int) -> dict[str, Any]:
     # Relative paths, so the shards under distributed/ are covered too (a flat checkpoint lists plain names).
     files = {p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_of(p)}
              for p in sorted(directory.rglob("*")) if p.is_file()}
-    return {"format": FORMAT_VERSION, "step": step, "files": files}
+    return rundir.stamped({"step": step, "files": files})
 
 
 def sha256_of(path: Path) -> str:
@@ -112,6 +110,7 @@ def verify_checkpoint(path: str | Path, hashes: bool = True) -> str | None:
     path = Path(path)
     try:
         manifest = json.loads((path / MANIFEST).read_text())
+        rundir.check_format(manifest, path / MANIFEST, legacy_key="format")  # a newer fullband's: say so, not "corrupt"
         files = {name: (int(entry["bytes"]), str(entry["sha256"])) for name, entry in manifest["files"].items()}
     except FileNotFoundError:
         return f"no {MANIFEST} (the write did not finish)"
@@ -157,7 +156,9 @@ def is_sharded_checkpoint(path: Path) -> bool:
 def load_training_state(path: str | Path) -> TrainingState:
     """The counters stored with a checkpoint."""
     data = json.loads((Path(path) / STATE).read_text())
-    data.pop("format", None)
+    rundir.check_format(data, Path(path) / STATE, legacy_key="format")
+    for key in ("format", rundir.FORMAT_KEY):  # the version, not a counter
+        data.pop(key, None)
     return TrainingState(**data)
 
 

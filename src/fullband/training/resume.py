@@ -13,11 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fullband import rundir
 from fullband.config import ConfigError
 from fullband.configio import build_config, load_config_file, show_value
 from fullband.training.config import TrainRunConfig, validate_resume
-
-SETTINGS_FILE = "config.toml"  # in the run directory: the resolved settings the run trains with
 
 # Dotted keys a resumed run takes from the command line: the run's length, the cadence of evaluation, checkpoints
 # and logging, how a step is executed (the same numbers) and where; and the resume itself.
@@ -32,7 +31,7 @@ def settings_of(out_dir: str | Path) -> Path | None:
     """``out_dir``'s saved settings when it holds a run to resume (checkpoints and config.toml), else None."""
     from fullband.training.checkpoint_layout import list_checkpoints  # imports torch: only when resuming
 
-    path = Path(out_dir) / SETTINGS_FILE
+    path = Path(out_dir) / rundir.SETTINGS
     return path if list_checkpoints(out_dir) and path.is_file() else None
 
 

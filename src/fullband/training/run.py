@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from fullband import families
+from fullband import families, rundir
 from fullband.config import ConfigError, install_hint
 from fullband.configio import config_to_dict, save_resolved_config
 from fullband.data import (
@@ -50,12 +50,11 @@ from fullband.data import (
 from fullband.devices import resolve_device
 from fullband.families.loading import AnyLM, init_from
 from fullband.model import hub
-from fullband.training.checkpoint import save_model
 from fullband.training.checkpoint_layout import latest_good_checkpoint, list_checkpoints
 from fullband.training.config import TrainRunConfig
 from fullband.training.distributed import cleanup_distributed, init_distributed, wrap_ddp, wrap_fsdp
 from fullband.training.errors import TrainingError
-from fullband.training.resume import SETTINGS_FILE
+from fullband.training.sharded import save_model
 from fullband.training.trainer import Trainer
 from fullband.training.validation import loss_eval
 
@@ -114,7 +113,7 @@ def build_tokenizer(cfg: TrainRunConfig, resume_dir: Path | None, is_main: bool,
     """The run's tokenizer: the one saved in ``resume_dir`` (the run being resumed), the init_from model's (as its
     family finds it), or a new one. ``share(x)`` gives every process rank 0's ``x``: a BPE tokenizer is trained once,
     by rank 0, and handed to the others in memory (nothing is written into out_dir before the run's checks pass)."""
-    if resume_dir is not None and (tokenizer := load_tokenizer(resume_dir / "tokenizer")) is not None:
+    if resume_dir is not None and (tokenizer := load_tokenizer(resume_dir / rundir.TOKENIZER_DIR)) is not None:
         return tokenizer
     if cfg.init_from and (tokenizer := init_from(cfg.init_from).tokenizer()) is not None:
         return tokenizer
@@ -258,8 +257,8 @@ def run_train(cfg: TrainRunConfig, progress: bool = True, announce: bool = False
             out_dir.mkdir(parents=True, exist_ok=True)
             # The settings the run trains with (a resumed run's are its own: fullband.training.resume), written
             # atomically and saying resume=false, so that `--config` with them trains the run again from scratch.
-            save_resolved_config(dataclasses.replace(cfg, resume="false"), out_dir / SETTINGS_FILE)
-            tokenizer.save(out_dir / "tokenizer")
+            save_resolved_config(dataclasses.replace(cfg, resume="false"), out_dir / rundir.SETTINGS)
+            tokenizer.save(out_dir / rundir.TOKENIZER_DIR)
         barrier()
         if env.world_size > 1:
             (wrap_fsdp if cfg.train.parallel == "fsdp" else wrap_ddp)(trainer)
@@ -276,7 +275,7 @@ def run_train(cfg: TrainRunConfig, progress: bool = True, announce: bool = False
             model.eval()
             with torch.no_grad():
                 validation = data.eval_fn(model, state.step)
-        model_dir = out_dir / "model"
+        model_dir = out_dir / rundir.MODEL_DIR
         save_model(model, model_dir, env.rank)  # under FSDP every process takes part in gathering the weights
         if env.is_main:
             tokenizer.save(model_dir)
@@ -327,7 +326,7 @@ def _say_how_to_resume(out_dir: Path) -> None:
 
 def _record_training(model_dir: Path, cfg: TrainRunConfig, state: Any) -> None:
     """The model card states what this run trained on (tokens, steps, data, starting point)."""
-    config = json.loads((model_dir / "config.json").read_text())
+    config = json.loads((model_dir / rundir.MODEL_CONFIG).read_text())
     hub.write_model_card(model_dir, config, {
         "tokens": state.tokens, "token_equiv_compute": state.token_equiv_compute, "steps": state.step,
         "data": cfg.data.source, "data_format": cfg.data.format, "init_from": cfg.init_from,
@@ -343,7 +342,7 @@ def _run_config(cfg: TrainRunConfig, tokenizer: Tokenizer) -> dict[str, Any]:
 
 def _last_eval(out_dir: Path) -> dict[str, float]:
     last: dict[str, float] = {}
-    path = out_dir / "metrics.jsonl"
+    path = out_dir / rundir.METRICS
     if path.exists():
         for line in path.read_text().splitlines():
             record = json.loads(line)

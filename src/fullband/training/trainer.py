@@ -28,27 +28,22 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from fullband import rundir
 from fullband.config import ConfigError
 from fullband.configio import config_to_dict
 from fullband.model import FeedbackLM
 from fullband.model.recurrence import truncation
-from fullband.training.checkpoint import (
-    TrainingState,
-    capture_process_rng,
-    is_sharded,
-    latest_good_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    save_checkpoint,
-    save_sharded_checkpoint,
-)
+from fullband.training.checkpoint import load_checkpoint, save_checkpoint, save_sharded_checkpoint
+from fullband.training.checkpoint_layout import TrainingState, latest_good_checkpoint, list_checkpoints
 from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training.errors import NonFiniteLossError, TrainingError
 from fullband.training.interrupt import Interrupted
 from fullband.training.metrics import MetricsLog, flops_per_token, peak_flops
 from fullband.training.objective import multipass_loss
 from fullband.training.optim import build_optimizer, in_cooldown, lr_at, optimizer_ns_dtype, set_lr
+from fullband.training.rng_state import capture_process_rng
 from fullband.training.schedule import FeedbackSchedule
+from fullband.training.sharded import is_sharded
 from fullband.training.step_scalars import (
     PENDING,
     PendingStep,
@@ -65,7 +60,6 @@ BatchFn = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
 # eval_fn(model, step) -> {"name": value}; called in eval mode under torch.no_grad.
 EvalFn = Callable[[FeedbackLM, int], dict[str, float]]
 
-METRICS_FILE = "metrics.jsonl"
 
 
 class Trainer:
@@ -434,6 +428,6 @@ class Trainer:
 
     def _open_log(self, resume_bytes: int | None, start_step: int) -> None:
         if self.rank == 0:
-            self.log = MetricsLog(self.out_dir / METRICS_FILE, resume_bytes=resume_bytes,
+            self.log = MetricsLog(self.out_dir / rundir.METRICS, resume_bytes=resume_bytes,
                                   tensorboard_dir=self.out_dir / "tensorboard", start_step=start_step,
                                   wandb_project=self.cfg.wandb_project, wandb_config=self.run_config)

@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from fullband import rundir
 from fullband.config import ConfigError, install_hint
 from fullband.configio import build_config, config_to_dict, load_config_file, save_resolved_config
 from fullband.experiments.compare.config import CompareConfig
@@ -53,7 +54,7 @@ class CompareStudy(Study):
             check_resumable(self.cfg, self.out_dir)
         super().prepare()
         if self.cfg.resume:  # the saved config reruns the study; it must not say "resume" to a fresh directory
-            save_resolved_config(dataclasses.replace(self.cfg, resume=False), self.out_dir / "config.toml")
+            save_resolved_config(dataclasses.replace(self.cfg, resume=False), self.out_dir / rundir.SETTINGS)
 
     def plan(self) -> list[Job]:
         return [(self.cfg, spec, self.out_dir) for spec in plan_runs(self.cfg)]
@@ -86,7 +87,7 @@ class CompareStudy(Study):
 def check_resumable(cfg: CompareConfig, out_dir: Path) -> None:
     """Refuse ``--resume true`` unless ``out_dir`` holds a compare study with these settings (one line: what to
     do). Settings that do not change the numbers (resume, workers, threads, out_dir) may differ."""
-    saved_path = out_dir / "config.toml"
+    saved_path = out_dir / rundir.SETTINGS
     if not saved_path.is_file():
         raise ConfigError(f"out_dir={str(out_dir)!r} holds no compare study to resume (no config.toml): run "
                           "without --resume true to start one there")
@@ -106,8 +107,8 @@ def check_resumable(cfg: CompareConfig, out_dir: Path) -> None:
 
 def commands(cfg: CompareConfig, out_dir: Path) -> dict[str, str]:
     return {"command": CompareStudy(cfg).command_line(),
-            "reproduce": f"fullband compare --config {out_dir / 'config.toml'} --out_dir NEW_DIR",
-            "one_run": f"fullband train --config {out_dir}/seed{cfg.train.seed}/{FEEDBACK}/config.toml"}
+            "reproduce": f"fullband compare --config {out_dir / rundir.SETTINGS} --out_dir NEW_DIR",
+            "one_run": f"fullband train --config {out_dir}/seed{cfg.train.seed}/{FEEDBACK}/{rundir.SETTINGS}"}
 
 
 def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from fullband import rundir
 from fullband.config import ConfigError
 from fullband.configio import save_resolved_config
 from fullband.experiments.core.config import flat_view
@@ -148,7 +149,7 @@ def train_run(kind: str, run_cfg: TrainRunConfig, progress: bool = True, reuse: 
     run_dir = Path(run_cfg.out_dir)
     resumed_from = None
     if run_dir.exists():
-        finished = (run_dir / SUMMARY_FILE).is_file() and (run_dir / "model").is_dir()
+        finished = (run_dir / SUMMARY_FILE).is_file() and (run_dir / rundir.MODEL_DIR).is_dir()
         if resume and (run_dir / SUMMARY_FILE).is_file() and cells_cache(run_dir.parent, run_dir.name).is_file():
             return json.loads((run_dir / SUMMARY_FILE).read_text())  # finished (its summary is written last)
         if resume and not finished:
@@ -165,7 +166,7 @@ def train_run(kind: str, run_cfg: TrainRunConfig, progress: bool = True, reuse: 
         print(f"training {kind} ({run_cfg.train.max_steps} steps{start})", flush=True)
     if resumed_from is not None:
         result = run_train(dataclasses.replace(run_cfg, resume=True), progress=progress)
-        save_resolved_config(run_cfg, run_dir / "config.toml")  # as an uninterrupted run's
+        save_resolved_config(run_cfg, run_dir / rundir.SETTINGS)  # as an uninterrupted run's
     else:
         result = run_train(run_cfg, progress=progress)
     summary = {
@@ -184,7 +185,7 @@ def cells_cache(seed_dir: Path, kind: str) -> Path:
 
 def _read_summary(run_dir: Path) -> dict[str, Any]:
     path = run_dir / SUMMARY_FILE
-    if not path.is_file() or not (run_dir / "model").is_dir():
+    if not path.is_file() or not (run_dir / rundir.MODEL_DIR).is_dir():
         raise ConfigError(f"{run_dir} holds no finished training run ({SUMMARY_FILE} and model/); delete it and rerun")
     return json.loads(path.read_text())
 

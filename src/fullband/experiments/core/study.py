@@ -18,13 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from fullband import rundir
 from fullband.config import ConfigError, install_hint
 from fullband.configio import config_to_dict, save_resolved_config
 from fullband.experiments.core import plots as plotting
 from fullband.experiments.core.report import REPORT, Report, header_command
 from fullband.files import write_json
-
-RESULTS = "results.json"
 
 
 class Study:
@@ -81,7 +80,7 @@ class Study:
             raise ConfigError(f"out_dir={self.cfg.out_dir!r} is invalid: it is not empty; pick a new --out_dir (or "
                               f"delete it){hint}")
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        save_resolved_config(self.cfg, self.out_dir / "config.toml")
+        save_resolved_config(self.cfg, self.out_dir / rundir.SETTINGS)
 
     def collect(self) -> dict[str, Any]:
         """Train and evaluate every model -> the results dict (what results.json holds)."""
@@ -119,7 +118,7 @@ def run_study(study: Study) -> str:
 def write_study(out_dir: Path, results: dict[str, Any], plot: Callable[[dict[str, Any]], None],
                 report: Callable[[dict[str, Any], bool], Report], plots: bool | None = None) -> None:
     """results.json, then the plots (skipped, with a warning, without matplotlib), then report.md."""
-    write_json(out_dir / RESULTS, results)
+    write_json(out_dir / rundir.RESULTS, results)
     if plots is None:
         plots = plotting.have_matplotlib()
         if not plots:
@@ -133,7 +132,7 @@ def write_study(out_dir: Path, results: dict[str, Any], plot: Callable[[dict[str
 def rerender(out_dir: Path, report: Callable[[dict[str, Any], bool], Report]) -> str:
     """report.md of ``out_dir`` rendered again from its results.json (the figures as drawn before). Results
     written before studies kept their command take it from the report they replace."""
-    results = json.loads((Path(out_dir) / RESULTS).read_text())
+    results = json.loads((Path(out_dir) / rundir.RESULTS).read_text())
     old = Path(out_dir) / REPORT
     if "command" not in results and old.is_file():
         results["command"] = header_command(old.read_text()) or ""

@@ -33,7 +33,6 @@ from fullband.experiments.core.config import flat_view
 from fullband.experiments.core.pair import PairStudy, StudyModel, train_both
 from fullband.experiments.core.parallel import map_jobs
 from fullband.experiments.core.report import Report
-from fullband.experiments.core.study import Study
 from fullband.experiments.reasoning.config import ReasoningConfig
 from fullband.experiments.reasoning.data import build_data, context_length, pass_mix_of
 from fullband.experiments.reasoning.evaluation import equal_accuracy, evaluate, over_seeds, pooled
@@ -136,13 +135,3 @@ def run_reasoning(cfg: ReasoningConfig) -> dict[str, Any]:
     """The study of one family (see the module docstring); returns what results.json holds. Several families with
     their controls: :func:`fullband.experiments.reasoning.controls.study.run_families`."""
     return ReasoningStudy(cfg, cfg.progress).run()
-
-
-def reasoning_study(cfg: ReasoningConfig) -> Study:
-    """``fullband eval-reasoning``'s study: one per family with its compute-matched controls (``families``), else
-    the reasoning-traces study of one family."""
-    if cfg.families:
-        from fullband.experiments.reasoning.controls.study import ControlsStudy
-
-        return ControlsStudy(cfg)
-    return ReasoningStudy(cfg)

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fullband import rundir
 from fullband.config import ConfigError
 from fullband.configio import build_config, config_to_dict
 from fullband.experiments.core.lm.config import LMRunsConfig
@@ -88,7 +89,7 @@ class RecipeStudy(Study):
         return super().run()
 
     def prepare(self) -> None:
-        if self.cfg.resume and not (self.out_dir / "config.toml").is_file():
+        if self.cfg.resume and not (self.out_dir / rundir.SETTINGS).is_file():
             raise ConfigError(f"out_dir={self.cfg.out_dir!r} holds no recipe study to resume (no config.toml): run "
                               "without --resume true to start one there")
         super().prepare()  # the plots are optional here: no warning
@@ -142,7 +143,7 @@ def run_recipe(cfg: RecipeConfig, progress: bool = True) -> dict[str, Any]:
 
 def rewrite_report(out_dir: Path) -> dict[str, Any]:
     """Analyse the runs recorded in ``out_dir/results.json`` again and rewrite results.json, plots and report."""
-    path = out_dir / "results.json"
+    path = out_dir / rundir.RESULTS
     if not path.is_file():
         raise ConfigError(f"out_dir={str(out_dir)!r} holds no results.json: run the study first (without report_only)")
     results = json.loads(path.read_text())

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fullband import rundir
 from fullband.files import write_json
 
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     out_dir = Path(args.out_dir)
-    results = json.loads((out_dir / "results.json").read_text())
+    results = json.loads((out_dir / rundir.RESULTS).read_text())
     arms = [a for a in args.arms.split(",") if a]
     known = {arm for data in results["groups"].values() for arm in data["costs"]}
     if unknown := sorted(set(arms) - known):
@@ -94,22 +95,22 @@ def main(argv: list[str] | None = None) -> int:
 
         from fullband.config import explicit_keys
         from fullband.experiments.word_problems.config import ControlsConfig
-        from fullband.experiments.word_problems.train import RESULT, RunSpec, train_run
+        from fullband.experiments.word_problems.train import RunSpec, read_result, train_run
 
         with explicit_keys(results["config"]):
             cfg = ControlsConfig(**results["config"])
         for spec in specs:
             run = RunSpec(**{**spec, "stops": tuple(spec["stops"])})
-            torch.set_num_threads(json.loads((run.directory(out_dir) / RESULT).read_text())["threads"])
+            torch.set_num_threads(read_result(run.directory(out_dir))["threads"])
             train_run(cfg, run, str(out_dir / SPREAD_DIR))
         return 0
     env = os.environ | AVX2_ONLY
     subprocess.run([sys.executable, "-m", MODULE, "--out_dir", str(out_dir), "--seed", str(args.seed), "--arms",
                     args.arms, "--child"], env=env, check=True)
-    from fullband.experiments.word_problems.train import RESULT, RunSpec
+    from fullband.experiments.word_problems.train import RunSpec, read_result
 
-    replicas = [json.loads((RunSpec(**{**s, "stops": tuple(s["stops"])}).directory(out_dir / SPREAD_DIR) / RESULT)
-                           .read_text()) for s in specs]
+    replicas = [read_result(RunSpec(**{**s, "stops": tuple(s["stops"])}).directory(out_dir / SPREAD_DIR))
+                for s in specs]
     spread = compare(results, replicas, args.seed, out_dir)
     write_json(out_dir / SPREAD_FILE, spread)
     for group, arms in spread["groups"].items():

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_model
 
+from fullband import rundir
 from fullband.devices import cpu_flags, cpu_name, resolve_device
 from fullband.experiments.word_problems.arms import Arm, make_arm, parameters
 from fullband.experiments.word_problems.config import ControlsConfig
@@ -35,7 +36,7 @@ from fullband.tasks.word_problems import WordBatch, WordProblems, accuracy_by_le
 from fullband.training.optim import lr_at, set_lr
 from fullband.training.sections import OptimConfig
 
-RESULT = "result.json"
+RESULT = rundir.RUN_RESULT
 EXTRAPOLATION = "extrapolation.json"  # a tuning run's checkpoints scored on the selection problems of unseen lengths
 GRAD_CLIP = 1.0  # fullband train's default
 VALIDATION_SEED, TEST_SEED = 1_000_003, 2_000_003  # the held-out sets: the same for every seed and arm
@@ -108,7 +109,7 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
     """Train ``spec`` (or read back its finished result) -> its result (what result.json holds)."""
     directory = spec.directory(Path(root))
     if (directory / RESULT).is_file():
-        return json.loads((directory / RESULT).read_text())
+        return read_result(directory)
     directory.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     device = resolve_device(cfg.device)
@@ -178,7 +179,14 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
               "seconds": time.perf_counter() - start, "scoring_seconds": scoring[0],
               "threads": torch.get_num_threads(), "processor": cpu_name(),
               "avx512_bf16": "avx512_bf16" in cpu_flags()}
-    write_json(directory / RESULT, result)
+    write_json(directory / RESULT, rundir.stamped(result))
+    return read_result(directory)
+
+
+def read_result(directory: Path) -> dict[str, Any]:
+    """A finished run's result.json (its format checked; runs from before format_version read as version 1)."""
+    result = json.loads((directory / RESULT).read_text())
+    rundir.check_format(result, directory / RESULT)
     return result
 
 
@@ -200,7 +208,7 @@ def run_specs(cfg: ControlsConfig, specs: list[RunSpec], root: str | Path, phase
         if cfg.progress:
             print(f"[{phase} {done}/{len(order)}] {result['group']} {result['arm']} {result['describe']} lr "
                   f"{result['lr']:g} seed {result['seed']}: {result['seconds']:.0f} s", flush=True)
-    return [json.loads((s.directory(root) / RESULT).read_text()) for s in specs]
+    return [read_result(s.directory(root)) for s in specs]
 
 
 def extrapolation_scores(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, list[float]]:

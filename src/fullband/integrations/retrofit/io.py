@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from fullband import rundir
 from fullband.files import write_json, write_through
 from fullband.integrations._hf_compat import no_progress_bars
 from fullband.integrations.retrofit.config import (
@@ -42,7 +43,6 @@ REMOTE_CODE = hub.RemoteCode("FullBandwidthRetrofitConfig", "FullBandwidthRetrof
 Retrofitted = TypeVar("Retrofitted", bound=nn.Module)
 
 FORMAT = "fullband-retrofit"
-FORMAT_VERSION = 1
 FUSION_WEIGHTS = RETROFIT_FUSION
 BASE_DIR = RETROFIT_BASE
 
@@ -55,7 +55,7 @@ def save_retrofitted(model: nn.Module, directory: str | Path, **decoding: Any) -
         model.base.save_pretrained(directory / BASE_DIR)
     fusion = {k: v.detach().contiguous().cpu() for k, v in model.fusion.state_dict().items()}
     write_through(directory / FUSION_WEIGHTS, lambda p: save_file(fusion, str(p), metadata={"format": "pt"}))
-    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "base_dir": BASE_DIR, **model.config.to_dict()}
+    meta = {"format": FORMAT, **rundir.stamped({"base_dir": BASE_DIR, **model.config.to_dict()})}
     write_json(directory / RETROFIT_CONFIG, meta)
     dtype = str(model.embed.weight.dtype).removeprefix("torch.")
     config = hub.hf_config_dict(model.config.to_dict(), dtype=dtype, tie_word_embeddings=False,
@@ -106,10 +106,10 @@ def load_retrofitted(cls: type[Retrofitted], directory: str | Path, **base_kwarg
 
 def checkpoint_problem(files: Collection[str]) -> str | None:
     """What a training checkpoint's manifest (``files``) lacks of a retrofitted model's files, or None."""
-    for required in (RETROFIT_CONFIG, RETROFIT_FUSION, f"{BASE_DIR}/config.json"):
+    for required in (RETROFIT_CONFIG, RETROFIT_FUSION, f"{BASE_DIR}/{rundir.MODEL_CONFIG}"):
         if required not in files:
             return f"does not list {required}"
-    if not any(f"{BASE_DIR}/{name}" in files for name in ("model.safetensors", "model.safetensors.index.json")):
+    if not any(f"{BASE_DIR}/{name}" in files for name in (rundir.MODEL_WEIGHTS, f"{rundir.MODEL_WEIGHTS}.index.json")):
         return f"lists no weights of the base model under {BASE_DIR}/"
     return None
 
@@ -145,7 +145,7 @@ def _read_meta(directory: Path) -> dict[str, Any]:
     if not is_retrofit_checkpoint(directory):
         raise CheckpointError(f"{directory} has no {RETROFIT_CONFIG}: not a retrofitted fullband checkpoint")
     meta = json.loads((directory / RETROFIT_CONFIG).read_text())
-    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{directory / RETROFIT_CONFIG}: unknown format {meta.get('format')!r} "
-                              f"version {meta.get('format_version')!r}")
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{directory / RETROFIT_CONFIG}: unknown format {meta.get('format')!r}")
+    rundir.check_format(meta, directory / RETROFIT_CONFIG)
     return meta

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from fullband import rundir
 from fullband.configio import build_config, save_resolved_config
 from fullband.data import eval_windows, load_tokenizer
 from fullband.data.prepared import load_flat_split, scored_split
@@ -35,7 +36,6 @@ from fullband.training.checkpoint_layout import latest_good_checkpoint, load_tra
 from fullband.training.config import TrainRunConfig
 from fullband.training.run import resolve_device, run_train
 from fullband.training.step_setup import should_compile
-from fullband.training.trainer import METRICS_FILE
 
 FEEDBACK = "feedback"  # the full-bandwidth model with the configured (paper) schedule
 TWO_PASS = "feedback-2pass"  # the stability ablation: only 1- and 2-pass batches
@@ -160,7 +160,7 @@ def train_and_evaluate(job: Job, index: int, count: int, progress: bool,
           f"{steps * run_cfg.train.tokens_per_step():,} tokens{start} -> {run_cfg.out_dir}", flush=True)
     if checkpoint is not None:
         trained = run_train(dataclasses.replace(run_cfg, resume=True), progress=progress)
-        save_resolved_config(run_cfg, Path(run_cfg.out_dir) / "config.toml")  # as an uninterrupted run's
+        save_resolved_config(run_cfg, Path(run_cfg.out_dir) / rundir.SETTINGS)  # as an uninterrupted run's
     else:
         # A run killed before its first checkpoint starts again: clear what it left (its log and checkpoint
         # temporaries), so the fresh run is the uninterrupted one.
@@ -202,7 +202,7 @@ def load_state_step(checkpoint: Path) -> int:
 
 def validation_history(run_dir: Path) -> list[dict[str, Any]]:
     """The validation records a run logged during training (metrics.jsonl), oldest first."""
-    lines = (run_dir / METRICS_FILE).read_text().splitlines()
+    lines = (run_dir / rundir.METRICS).read_text().splitlines()
     return [r for r in map(json.loads, lines) if r.get("kind") == "eval"]
 
 

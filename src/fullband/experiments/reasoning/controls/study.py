@@ -96,3 +96,9 @@ class ControlsStudy(Study):
 def run_families(cfg: ReasoningConfig) -> ControlsResults:
     """``fullband eval-reasoning`` with ``families``: one study per family and a report over them."""
     return ControlsStudy(cfg, cfg.progress).run()
+
+
+def reasoning_study(cfg: ReasoningConfig) -> Study:
+    """``fullband eval-reasoning``'s study: one per family with its compute-matched controls (``families``), else
+    the reasoning-traces study of one family."""
+    return ControlsStudy(cfg) if cfg.families else ReasoningStudy(cfg)
