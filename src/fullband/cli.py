@@ -4,17 +4,19 @@ dataclass (help from its field docs), set by ``--config FILE`` (TOML/YAML) and `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import os
 import sys
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from fullband.bench.config import BenchConfig
 from fullband.config import CheckConfig, ConfigError
-from fullband.configio import add_dataclass_arguments, config_from_args, given_values
+from fullband.configio import add_dataclass_arguments, config_from_args, given_values, short_help
 from fullband.data.config import PrepareConfig
 from fullband.evaluation.config import LmEvalConfig
 from fullband.experiments.compare.config import CompareConfig
@@ -273,12 +275,51 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     return args
 
 
+def _help_view(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """``fullband CMD --help`` of a command with a short view (its config's COMMON_OPTIONS): those options and a line
+    naming ``--help-all``; None for any other command line."""
+    if not argv or argv[0] not in COMMANDS or not {"-h", "--help"} & set(argv):
+        return None
+    common = getattr(COMMANDS[argv[0]][0], "COMMON_OPTIONS", None)
+    if common is None:
+        return None
+    command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[argv[0]]
+    every = sum(1 for a in command._actions if a.help != argparse.SUPPRESS and a.option_strings) - 1  # less -h
+    return short_help(command, common, f"fullband {argv[0]} --help-all lists all {every} options, by section.")
+
+
+@contextlib.contextmanager
+def _one_line_warnings(command: str) -> Iterator[None]:
+    """While a command runs, a warning is one line on stderr, ``fullband CMD: warning: ...``, not Python's
+    ``file:line: Category: ...`` and source line. Only the format changes: library code keeps warnings.warn, and
+    filters and recorders (``warnings.catch_warnings(record=True)``, ``pytest.warns``) see the warnings as before."""
+
+    def one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 line: str | None = None) -> str:
+        return f"fullband {command}: warning: {' '.join(str(message).split()) or category.__name__}\n"
+
+    formatted, warnings.formatwarning = warnings.formatwarning, one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = formatted
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = _parse(parser, argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if (view := _help_view(parser, argv)) is not None and "--help-all" not in argv:
+        print(view, end="")
+        return 0
+    args = _parse(parser, ["--help" if a == "--help-all" else a for a in argv])  # every command takes --help-all
     if args.command is None:
         parser.print_help()
         return 0
+    with _one_line_warnings(args.command):
+        return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
     config_cls, handler, _ = COMMANDS[args.command]
     try:  # options first: a bad one is answered before torch is even imported
         if config_cls is TrainRunConfig:  # --resume takes the run's own settings (fullband.training.resume)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from fullband.config import (
     HF_PREFIX,
@@ -141,6 +142,15 @@ class TrainSections:
 @dataclass
 class TrainRunConfig(FamilyOptions, TrainSections):
     """``fullband train``: all sections of one run (the families' options sections after [schedule])."""
+
+    # What ``fullband train --help`` shows first (``--help-all``: every option), as litgpt and Hugging Face list the
+    # options most runs set before the rest.
+    COMMON_OPTIONS: ClassVar[tuple[str, ...]] = (
+        "--config", "--out_dir", "--resume", "--preset", "--data.source", "--data.tokenizer", "--init_from",
+        "--model.d_model", "--model.n_layers", "--model.n_heads", "--model.feedback", "--train.max_steps",
+        "--train.batch_size", "--train.seq_len", "--train.eval_every", "--train.checkpoint_every", "--optim.lr",
+        "--device", "--threads",
+    )
 
     out_dir: str = doc("runs/train", "Run directory: checkpoints/, metrics.jsonl, config.toml, model/ at the end.")
     resume: str = doc(
