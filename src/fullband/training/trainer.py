@@ -216,7 +216,7 @@ class Trainer:
                 (loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
             accumulate(totals, metrics, cfg.grad_accum)
 
-        names = [k for k in ("objective", "ntp_loss", "z_loss") if k in totals]
+        names = [k for k in ("objective", "z_loss") if k in totals]
         values = self._mean_over_ranks(torch.stack([totals[k] for k in names] + totals["pass_losses"]).float())
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
