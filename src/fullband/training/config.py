@@ -96,9 +96,11 @@ class DataConfig:
         "linearly to all of it (so the file's order is the difficulty order); 0 = uniform throughout, in [0, 1].")
     val_fraction: float = doc(
         HELD_OUT[0], "Share of a text source held out for validation, in (0, 0.5]: a text file is cut at line starts "
-        "into train, then validation, then test; a directory of 3 or more files, a dataset of one split and the "
-        "embedded corpus hold out that share of their documents (ranked by a fixed hash). Sources with their own "
-        "splits (split directories, dataset splits, prepared shards: fullband prepare --val_fraction) keep them.")
+        "into train, then validation, then test; a directory's files (in path order) give validation the first this "
+        "share of their bytes and test the next test_fraction, cut at line ends, as fullband prepare does; a dataset "
+        "of one split and the embedded corpus hold out that share of their documents (ranked by a fixed hash). "
+        "Sources with their own splits (split directories, dataset splits, prepared shards: fullband prepare "
+        "--val_fraction) keep them.")
     test_fraction: float = doc(
         HELD_OUT[1], "Share of a text source held out for testing (fullband compare scores it), in [0, 0.5], cut "
         "as val_fraction's.")
