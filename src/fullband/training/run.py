@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from fullband import families
-from fullband.config import ConfigError, install_hint
+from fullband.config import ConfigError, install_hint, plural
 from fullband.configio import config_to_dict, save_resolved_config
 from fullband.data import (
     SFTBatches,
@@ -333,13 +333,14 @@ def _summary(cfg: TrainRunConfig, model: AnyLM, tokenizer: Tokenizer, data: RunD
     """What the run trains, before its first step: the model, where, on what data, for how long."""
     c, t = model.config, cfg.train
     feedback = "full-bandwidth (latent feedback)" if c.feedback else "baseline (no feedback)"
-    size = f", d_model {c.d_model}, {c.n_layers} layers" if hasattr(c, "d_model") and hasattr(c, "n_layers") else ""
+    sized = hasattr(c, "d_model") and hasattr(c, "n_layers")
+    size = f", d_model {c.d_model}, {plural(c.n_layers, 'layer')}" if sized else ""
     processes = f" x {world_size} processes" if world_size > 1 else ""
     held_out = f", {data.validation_tokens:,} validation tokens" if data.eval_fn is not None else ", no validation"
     every = f"every {t.checkpoint_every} steps and " if t.checkpoint_every else ""
     return "\n".join([
         f"model: {model.num_parameters():,} parameters, {feedback}{size}",
-        f"device: {device}, {torch.get_num_threads()} threads{processes}",
+        f"device: {device}, {plural(torch.get_num_threads(), 'thread')}{processes}",
         f"data: {cfg.data.source} ({tokenizer.config()['type']} tokenizer, {tokenizer.vocab_size:,} ids): "
         f"{data.train_tokens:,} training tokens{held_out}",
         f"run: {t.total_steps(world_size):,} steps of {t.tokens_per_step(world_size):,} tokens; checkpoints "

@@ -370,9 +370,12 @@ def machine_info(device: torch.device, workers: int = 1) -> dict[str, Any]:
 
 
 def commands(cfg: CompareConfig, out_dir: Path) -> dict[str, str]:
+    """The commands the report prints, each one that runs as printed: a saved config.toml names the directory it was
+    trained in, which already holds that run, so each trains into a new one (--out_dir)."""
+    seed, run = f"seed{cfg.train.seed}", FEEDBACK
     return {"command": CompareStudy(cfg).command_line(),
-            "reproduce": f"fullband compare --config {out_dir / 'config.toml'} --out_dir NEW_DIR",
-            "one_run": f"fullband train --config {out_dir}/seed{cfg.train.seed}/{FEEDBACK}/config.toml"}
+            "reproduce": f"fullband compare --config {out_dir / 'config.toml'} --out_dir {out_dir}-rerun",
+            "one_run": f"fullband train --config {out_dir}/{seed}/{run}/config.toml --out_dir {out_dir}-{seed}-{run}"}
 
 
 def _say(progress: bool, message: str) -> None:
