@@ -44,6 +44,23 @@ def test_a_written_file_has_the_permissions_open_gives(tmp_path):
     assert mode((tmp_path / "atomic").stat().st_mode) == mode((tmp_path / "plain").stat().st_mode)
 
 
+def test_a_file_written_through_a_path_has_the_permissions_open_gives(tmp_path):
+    """safetensors' save_file writes its own temporary file, 0600, and renames it over the path it is given."""
+
+    def private_writer(path: Path) -> None:
+        own = path.with_name(path.name + ".own")
+        own.write_bytes(b"weights")
+        own.chmod(0o600)
+        os.replace(own, path)
+
+    (tmp_path / "plain").write_text("x")
+    files.write_through(tmp_path / "model.safetensors", private_writer)
+    mode = stat.S_IMODE
+    assert mode((tmp_path / "model.safetensors").stat().st_mode) == mode((tmp_path / "plain").stat().st_mode)
+    assert (tmp_path / "model.safetensors").read_bytes() == b"weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "plain"]
+
+
 def test_json_policy_non_finite_numbers_are_null_everywhere_in_the_data(tmp_path):
     data = {"loss": float("nan"), "runs": [{"gap": float("inf")}, (1.5, float("-inf"))], "ok": 2.0, "flag": True}
     files.write_json(tmp_path / "r.json", data)

@@ -12,13 +12,14 @@ SRC = Path(fullband.__file__).parent
 
 def _code_map() -> str:
     text = (ROOT / "README.md").read_text()
-    return text[text.index("```\nsrc/fullband/\n"):text.index("\ntests/ ", text.index("```\nsrc/fullband/\n"))]
+    start = text.index("```\nsrc/fullband/\n")
+    return text[start:text.index("\ntests/ ", start)]
 
 
 def test_the_code_map_lists_every_package():
     listed = set(re.findall(r"^  (\w+)/ ", _code_map(), flags=re.M))
     packages = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
-    assert listed == packages, f"README code map: missing {sorted(packages - listed)}, stale {sorted(listed - packages)}"
+    assert listed == packages, f"README's code map lacks {sorted(packages - listed)}, has {sorted(listed - packages)}"
 
 
 def test_the_code_map_names_every_top_level_module():

@@ -59,7 +59,7 @@ def test_a_model_directory_carries_the_version_and_a_newer_one_is_refused(tmp_pa
     FullBandwidthLM(ModelConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2)).save_pretrained(tmp_path)
     assert load_config(tmp_path).d_model == 16
     _bump(tmp_path / rundir.MODEL_CONFIG)
-    with pytest.raises(rundir.FormatError, match="config.json has format_version 2"):
+    with pytest.raises(rundir.FormatError, match=r"config\.json has format_version 2"):
         load_config(tmp_path)
 
 
@@ -77,12 +77,12 @@ def test_a_training_checkpoint_and_a_word_problem_run_carry_the_version(tmp_path
         data = json.loads((path / name).read_text())
         assert data[rundir.FORMAT_KEY] == rundir.FORMAT_VERSION
     _bump(path / STATE)
-    with pytest.raises(rundir.FormatError, match="trainer_state.json"):
+    with pytest.raises(rundir.FormatError, match=r"trainer_state\.json"):
         load_training_state(path)
     spec = RunSpec("s5", "rnn", "gru", 1e-3, 0, (4,))
     cfg = ControlsConfig(preset="smoke", progress=False, steps=4)
     train_run(cfg, spec, str(tmp_path / "wp"))
     assert read_result(spec.directory(tmp_path / "wp"))[rundir.FORMAT_KEY] == rundir.FORMAT_VERSION
     _bump(spec.directory(tmp_path / "wp") / rundir.RUN_RESULT)
-    with pytest.raises(rundir.FormatError, match="result.json"):
+    with pytest.raises(rundir.FormatError, match=r"result\.json"):
         train_run(cfg, spec, str(tmp_path / "wp"))

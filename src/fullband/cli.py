@@ -4,12 +4,14 @@ dataclass (help from its field docs), set by ``--config FILE`` (TOML/YAML) and `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import functools
 import os
 import sys
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -17,7 +19,7 @@ from typing import Any, NoReturn
 from fullband import rundir
 from fullband.bench.config import BenchConfig
 from fullband.config import CheckConfig, ConfigError
-from fullband.configio import add_dataclass_arguments, config_from_args, given_values
+from fullband.configio import add_dataclass_arguments, config_from_args, given_values, short_help
 from fullband.data.config import PrepareConfig
 from fullband.evaluation.config import LmEvalConfig
 from fullband.experiments.core.registry import StudyCommand, study_commands
@@ -238,14 +240,53 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     return args
 
 
+def _help_view(parser: argparse.ArgumentParser, table: dict[str, Command], argv: list[str]) -> str | None:
+    """``fullband CMD --help`` of a command with a short view (its config's COMMON_OPTIONS): those options and a line
+    naming ``--help-all``; None for any other command line."""
+    if not argv or argv[0] not in table or not {"-h", "--help"} & set(argv):
+        return None
+    common = getattr(table[argv[0]].config, "COMMON_OPTIONS", None)
+    if common is None:
+        return None
+    command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[argv[0]]
+    every = sum(1 for a in command._actions if a.help != argparse.SUPPRESS and a.option_strings) - 1  # less -h
+    return short_help(command, common, f"fullband {argv[0]} --help-all lists all {every} options, by section.")
+
+
+@contextlib.contextmanager
+def _one_line_warnings(command: str) -> Iterator[None]:
+    """While a command runs, a warning is one line on stderr, ``fullband CMD: warning: ...``, not Python's
+    ``file:line: Category: ...`` and source line. Only the format changes: library code keeps warnings.warn, and
+    filters and recorders (``warnings.catch_warnings(record=True)``, ``pytest.warns``) see the warnings as before."""
+
+    def one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 line: str | None = None) -> str:
+        return f"fullband {command}: warning: {' '.join(str(message).split()) or category.__name__}\n"
+
+    formatted, warnings.formatwarning = warnings.formatwarning, one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = formatted
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     table = commands()
     parser = build_parser(table)
-    args = _parse(parser, argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if (view := _help_view(parser, table, argv)) is not None and "--help-all" not in argv:
+        print(view, end="")
+        return 0
+    args = _parse(parser, ["--help" if a == "--help-all" else a for a in argv])  # every command takes --help-all
     if args.command is None:
         parser.print_help()
         return 0
-    config_cls, handler = table[args.command].config, table[args.command].run
+    with _one_line_warnings(args.command):
+        return _run_command(args, table[args.command])
+
+
+def _run_command(args: argparse.Namespace, command: Command) -> int:
+    config_cls, handler = command.config, command.run
     try:  # options first: a bad one is answered before torch is even imported
         if config_cls is TrainRunConfig:  # --resume takes the run's own settings (fullband.training.resume)
             cfg = train_config(given_values(config_cls, args))

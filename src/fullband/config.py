@@ -192,6 +192,16 @@ def install_hint(extra: str) -> str:
     return f"pip install 'fullband[{extra}]' (in a clone: pip install -e '.[{extra}]')"
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 layer``, ``4 layers``: what the terminal says about a count."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def duration(seconds: float) -> str:
+    """A wall time as a person reads it: ``42 s`` under a minute, else ``3.5 min``."""
+    return f"{seconds:.0f} s" if seconds < 59.5 else f"{seconds / 60:.1f} min"
+
+
 def device_field(runs: str = "", note: str = "") -> Any:
     """The ``device`` option every command has, in one wording: ``runs`` says what runs on it ("the float64
     model"), ``note`` what the command adds ("mps has no float64")."""

@@ -18,6 +18,7 @@ import re
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
@@ -283,12 +284,34 @@ def _add_arguments(parser: argparse.ArgumentParser, group: Any, cls: type, prefi
             _add_arguments(parser, parser.add_argument_group(prefix + name, desc), tp, f"{prefix}{name}.", sub_base)
             continue
         dotted = prefix + name
-        shown = "required" if default is dataclasses.MISSING else f"default: {show_value(default)}"
-        help_text = f"{f.metadata.get('help', '')} ({shown})".strip().replace("%", "%%")
+        help_text = (f.metadata.get("help", "") + _shown_default(default)).strip().replace("%", "%%")
         common = {"dest": _DEST + dotted, "default": argparse.SUPPRESS, "metavar": _metavar(tp)}
         group.add_argument(f"--{dotted}", help=help_text, **common)
         if "_" in dotted:  # dash spelling works too, hidden so --help lists each key once
             group.add_argument(f"--{dotted.replace('_', '-')}", help=argparse.SUPPRESS, **common)
+
+
+def _shown_default(default: Any) -> str:
+    """What --help adds after an option's help: its default, or nothing for an empty one (a required option, whose
+    help says so, or one that is unset unless given: ``(default: )`` would say neither)."""
+    if default is dataclasses.MISSING:
+        return " (required)"
+    if isinstance(default, (str, tuple, list)) and not default:
+        return ""
+    return f" (default: {show_value(default)})"
+
+
+def short_help(parser: argparse.ArgumentParser, common: Sequence[str], more: str) -> str:
+    """``parser``'s help with only the ``common`` options (their ``--name`` spellings, in the parser's order), then
+    the line ``more`` (how to see every option): the short view litgpt and Hugging Face give a long command."""
+    formatter = parser._get_formatter()
+    formatter.add_usage(f"{parser.prog} [--config FILE] [--OPTION VALUE ...]", None, [])
+    formatter.add_text(parser.description)
+    formatter.start_section("common options")
+    formatter.add_arguments([a for a in parser._actions if set(a.option_strings) & set(common)])
+    formatter.end_section()
+    formatter.add_text(more)
+    return formatter.format_help()
 
 
 def config_from_args(cls: type[T], args: argparse.Namespace, config_path_attr: str = "config") -> T:

@@ -47,12 +47,16 @@ def write_file(path: str | Path, write: Callable[[IO[bytes]], Any]) -> None:
 
 def write_through(path: str | Path, write: Callable[[Path], Any]) -> None:
     """:func:`write_file` for a writer that takes a path rather than a file (safetensors' ``save_file``):
-    ``write(temporary_path)``, then fsync and rename."""
+    ``write(temporary_path)``, then fsync and rename; the file gets the mode :func:`write_file` gives, whatever
+    the writer created it with."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
     try:
+        with open(tmp, "xb"):  # created as open creates files, under the umask: the mode every other file gets
+            mode = os.stat(tmp).st_mode & 0o777
         write(tmp)
+        os.chmod(tmp, mode)  # the writer may replace the file with its own (safetensors makes it 0600)
         fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:

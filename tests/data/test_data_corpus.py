@@ -1,6 +1,6 @@
 import pytest
 
-from fullband.data import DataError, load_corpus, normalize_split, split_names, split_text
+from fullband.data import DataError, load_corpus, normalize_split, split_files, split_names, split_text
 from fullband.data import corpus as corpus_mod
 
 
@@ -37,17 +37,32 @@ def test_split_text_contiguous_at_line_starts():
     assert len(parts["train"]) > 8 * len(parts["validation"])
 
 
-def test_directory_split_deterministic_and_disjoint(tmp_path):
+def test_directory_split_by_bytes_as_prepare_holds_out(tmp_path):
     _make_dir(tmp_path, 40)
-    splits = {s: load_corpus(tmp_path, s) for s in ("train", "validation", "test")}
+    splits = {s: load_corpus(tmp_path, s) for s in ("validation", "test", "train")}
     assert splits == {s: load_corpus(str(tmp_path), s) for s in splits}  # deterministic
-    assert [len(splits[s]) for s in ("train", "validation", "test")] == [36, 2, 2]
-    all_docs = [d for docs in splits.values() for d in docs]
-    assert len(set(all_docs)) == 40  # disjoint, complete, one document per file
-    # split membership follows the relative path, so it survives adding unrelated files
-    expected = split_names([f"{'a' if i % 2 else 'b'}/doc{i:02d}.txt" for i in range(40)])["test"]
-    assert splits["test"] == [(tmp_path / p).read_text() for p in expected]
+    # The files in relative-path order, validation first, then test, then train: together the whole text in order.
+    ordered = sorted(tmp_path.rglob("*.txt"), key=lambda p: p.relative_to(tmp_path).as_posix())
+    text = "".join(p.read_text() for p in ordered)
+    assert "".join(d for s in ("validation", "test", "train") for d in splits[s]) == text
+    # Each held-out split is 5% of the bytes, up to the next line end (a line here is at most 16 bytes).
+    val, test = ("".join(splits[s]) for s in ("validation", "test"))
+    assert 0.05 * len(text) <= len(val) < 0.05 * len(text) + 16
+    assert 0.10 * len(text) <= len(val) + len(test) < 0.10 * len(text) + 16
+    assert all(d.endswith("\n") for d in splits["validation"] + splits["test"])  # cut at line ends
     assert load_corpus(tmp_path, "val") == splits["validation"]
+
+
+def test_split_files_cuts_where_prepare_cuts():
+    files = [b"ab\ncd\n", b"efgh\n", b"ij\nkl\nmn\n"]  # 6 + 5 + 9 = 20 bytes
+    # validation: ceil(0.25 * 20) = 5, inside the first file -> its line end at 6; test: ceil(0.5 * 20) = 10, inside
+    # the second file -> its end (11); a cut on a file boundary stays there.
+    assert split_files(files, (0.25, 0.25)) == {"validation": [b"ab\ncd\n"], "test": [b"efgh\n"],
+                                                "train": [b"ij\nkl\nmn\n"]}
+    assert split_files(files, (0.3, 0.0)) == {"validation": [b"ab\ncd\n"], "test": [], "train": [b"efgh\n",
+                                                                                          b"ij\nkl\nmn\n"]}
+    assert split_files(files, (0.6, 0.2)) == {"validation": [b"ab\ncd\n", b"efgh\n", b"ij\n"],
+                                              "test": [b"kl\n"], "train": [b"mn\n"]}
 
 
 def test_explicit_split_dirs(tmp_path):
@@ -70,7 +85,11 @@ def test_single_file_and_small_dir(tmp_path):
     two.mkdir()
     (two / "a.txt").write_text(text)
     (two / "b.txt").write_text(text.upper())
-    assert len(load_corpus(two, "test")) == 2  # fewer than 3 files: each file is cut 90/5/5
+    # Two files hold out 5% and 5% of their bytes too (the first file's first lines), not one file each.
+    held_out = [load_corpus(two, s) for s in ("validation", "test")]
+    assert all(len(docs) == 1 and 0.05 * 2 * len(text) <= len(docs[0]) < 0.05 * 2 * len(text) + 10
+               for docs in held_out)
+    assert "".join(held_out[0] + held_out[1] + load_corpus(two, "train")) == text + text.upper()
 
 
 def test_errors(tmp_path):

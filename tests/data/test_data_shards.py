@@ -40,8 +40,11 @@ def test_load_tokens_cached(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     first = load_tokens(corpus, "train", ByteTokenizer(), cache=cache)
     assert isinstance(first.tokens, np.memmap) and first.path is not None and first.path.is_file()
-    assert first.n_docs == 3
-    assert first.n_bytes == 3 * len(("doc 0 ünïcode\n" * 50).encode())
+    # Validation and test hold out the first 10% of the bytes (here 25 whole lines of file 0): training keeps the
+    # rest of file 0 and the 4 other files (fullband.data.splits.split_files).
+    size = len(("doc 0 ünïcode\n" * 50).encode())
+    assert first.n_docs == 5
+    assert first.n_bytes == 5 * size - 25 * len("doc 0 ünïcode\n".encode()) == round(0.9 * 5 * size)
     assert first.n_tokens == first.n_bytes + first.n_docs - 1  # bytes + eos between documents
     assert first.bits_per_byte(math.log(2)) == pytest.approx(first.n_tokens / first.n_bytes)
 

@@ -21,7 +21,7 @@ from fullband.training.distributed import wrap_fsdp
 from fullband.training.sharded import is_sharded
 
 GLOBAL_ROWS, T, STEPS = 4, 12, 6
-EXACT_KEYS = ("step", "objective", "ntp_loss", "z_loss", "pass_losses", "lr", "passes", "tokens", "grad_norm")
+EXACT_KEYS = ("step", "loss", "objective", "z_loss", "pass_losses", "lr", "passes", "tokens", "grad_norm")
 
 
 def rank_rows(step: int, rank: int, world_size: int):

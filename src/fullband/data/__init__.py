@@ -15,6 +15,7 @@ _EXPORTS = {
     "TokenBatches": "shards", "TokenSplit": "shards", "bits_per_byte": "shards", "encode_documents": "shards",
     "eval_windows": "shards", "load_tokens": "shards", "rank_slice": "shards",
     "SPLITS": "splits", "normalize_split": "splits", "split_names": "splits", "split_text": "splits",
+    "split_files": "splits",
     "BPETokenizer": "tokenizer", "ByteTokenizer": "tokenizer", "Tokenizer": "tokenizer",
     "TransformersTokenizer": "tokenizer", "load_pretrained_tokenizer": "tokenizer", "load_tokenizer": "tokenizer",
     "named_tokenizer": "tokenizer", "train_bpe": "tokenizer",

@@ -8,8 +8,8 @@ Sources:
   (90/5/5 by default: ``held_out``, fullband train's --data.val_fraction and --data.test_fraction).
 - a directory: every ``*.txt`` below it (recursive, sorted by relative path), one document per file.
   If it has ``train/``, ``validation/`` (or ``valid/``, ``val/``, ``dev/``) or ``test/`` subdirectories,
-  those are the splits. Otherwise files are split by relative path with the fixed-seed rule of
-  ``splits.split_names`` when there are at least 3 files, else every file is cut like a single file.
+  those are the splits. Otherwise the files are held out by bytes with ``splits.split_files`` (``fullband
+  prepare``'s rule: validation is the first share of their bytes, then test, cut at line ends).
 - ``"hf:NAME_OR_PATH[:FIELD]"``: a Hugging Face dataset (hub name, local dataset script/data dir, or a
   ``save_to_disk`` directory), text column ``FIELD`` (default ``text``). Its own splits are used when
   present; a dataset with a single split is divided by row with ``split_names``. Needs ``pip install datasets``.
@@ -26,7 +26,7 @@ from typing import Any
 from fullband.config import HF_PREFIX
 from fullband.data import shakespeare
 from fullband.data.errors import DataError
-from fullband.data.splits import HELD_OUT, normalize_split, split_names, split_text
+from fullband.data.splits import HELD_OUT, normalize_split, split_files, split_names, split_text
 
 BUILTIN = ("shakespeare",)
 _SPLIT_DIRS = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
@@ -68,12 +68,14 @@ def _load_local(path: Path, split: str, held_out: tuple[float, float]) -> list[s
                 f"(expected one of {', '.join(d + '/' for d in _SPLIT_DIRS[split])})"
             )
         return [_read_text(f) for d in explicit[split] for f in _txt_files(d)]
-    files = {f.relative_to(path).as_posix(): f for f in _txt_files(path)}
+    files = _txt_files(path)
     if not files:
         raise DataError(f"corpus {str(path)!r} contains no .txt files")
-    if len(files) >= 3:
-        return [_read_text(files[rel]) for rel in split_names(files, held_out=held_out)[split]]
-    return [split_text(_read_text(f), held_out)[split] for f in files.values()]
+    contents = [_read_bytes(f) for f in files]
+    for f, data in zip(files, contents, strict=True):
+        _decode(data, f)  # a file that is not UTF-8 is named whichever split it falls in
+    # By bytes, as fullband prepare holds out: whole files would hold out at least one per split (2 of 6 files).
+    return [_decode(piece, path) for piece in split_files(contents, held_out)[split]]
 
 
 def _txt_files(root: Path) -> list[Path]:
@@ -85,6 +87,22 @@ def _read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8")  # universal newlines: \r\n becomes \n
     except UnicodeDecodeError as e:
         raise DataError(f"{path} is not valid UTF-8 ({e.reason} at byte {e.start}); convert it first") from e
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise DataError(f"cannot read {path}: {err.strerror}") from None
+
+
+def _decode(data: bytes, path: Path) -> str:
+    """UTF-8 text with universal newlines, as :func:`_read_text` reads a file (pieces are cut at line ends)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not valid UTF-8 ({e.reason} at byte {e.start}); convert it first") from e
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _parse_hf(spec: str) -> tuple[str, str]:

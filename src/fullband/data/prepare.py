@@ -148,8 +148,9 @@ def _start(out: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
         return None
     progress = _read_json(out / PROGRESS_FILE)
     if progress is not None and progress.get("settings") != settings:
-        raise DataError(f"{out} holds an unfinished prepare of other input or options; rerun that command to finish "
-                        "it, or use another --out_dir")
+        raise DataError(f"{out} holds an unfinished prepare of other input or options (its {PROGRESS_FILE}): rerun "
+                        f"that command to finish it, remove the directory to start again (rm -r {out}), or use "
+                        "another --out_dir")
     if progress is None and out.is_dir() and any(p.name != TOKENIZER_DIR for p in out.iterdir()):
         raise DataError(f"out_dir {str(out)!r} is not empty; give a new or empty directory for the shards")
     for stale in out.glob(".*.tmp") if out.is_dir() else []:  # a shard being written when a run was killed
@@ -165,17 +166,45 @@ def _start(out: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
 def prepare_shards(cfg: PrepareConfig) -> dict[str, Any]:
     """Tokenize ``cfg.input`` into shards in ``cfg.out_dir`` (resuming an unfinished run there); returns the index
     plus ``seconds`` and ``input_bytes`` (bytes or rows read in this call)."""
-    from tqdm import tqdm
-
     started_at = time.perf_counter()
     tokenizer = resolve_tokenizer(cfg.tokenizer)
     dtype = shard_dtype(cfg.dtype, tokenizer.vocab_size)
     make_chunks, total, source, unit = _plan(cfg)
     out = Path(cfg.out_dir).expanduser()
     settings = _settings(cfg, tokenizer, dtype, source)
+    created = not out.exists()
     progress = _start(out, settings)
     if progress is None:
         return {**_read_json(out / INDEX_FILE), "seconds": 0.0, "input_bytes": 0, "already_done": True}
+    try:
+        index, read = _prepare(cfg, out, tokenizer, dtype, make_chunks, total, unit, settings, progress)
+    except ValueError:  # DataError is one
+        # The input is at fault (not UTF-8, not JSON, no such field, no text): the same command can never finish
+        # this prepare, so nothing of it is kept to block the rerun once the input is fixed. An interrupt, a kill or
+        # a full disk keep it: the same command continues from the last shard.
+        _remove_unfinished(out, progress["shards"], created)
+        raise
+    return {**index, "seconds": time.perf_counter() - started_at, "input_bytes": read if unit == "B" else 0,
+            "already_done": False}
+
+
+def _remove_unfinished(out: Path, shards: list[dict[str, Any]], created: bool) -> None:
+    """Delete what an unfinished prepare wrote in ``out`` (and ``out`` itself when it made it and it is empty)."""
+    import shutil
+
+    for path in [out / PROGRESS_FILE, *(out / r["file"] for r in shards), *out.glob(".*.tmp")]:
+        path.unlink(missing_ok=True)
+    shutil.rmtree(out / TOKENIZER_DIR, ignore_errors=True)
+    if created and out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+
+
+def _prepare(cfg: PrepareConfig, out: Path, tokenizer: Tokenizer, dtype: np.dtype,
+             make_chunks: Callable[[], Iterator[Chunk]], total: int, unit: str, settings: dict[str, Any],
+             progress: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """Tokenize what ``progress`` has not done yet into shards and write the index; (the index, units read)."""
+    from tqdm import tqdm
+
     tokenizer.save(out / TOKENIZER_DIR)
     # before any shard: a rerun always knows the directory is ours
     write_json(out / PROGRESS_FILE, progress, sort_keys=True)
@@ -227,8 +256,7 @@ def prepare_shards(cfg: PrepareConfig) -> dict[str, Any]:
                         "lower --val_fraction or give more text")
     write_json(out / INDEX_FILE, index, sort_keys=True)  # last: its presence means the shards are complete
     (out / PROGRESS_FILE).unlink(missing_ok=True)
-    return {**index, "seconds": time.perf_counter() - started_at, "input_bytes": read[0] if unit == "B" else 0,
-            "already_done": False}
+    return index, read[0]
 
 
 def _index(shards: list[dict[str, Any]], tokenizer: Tokenizer, dtype: np.dtype, settings: dict) -> dict[str, Any]:

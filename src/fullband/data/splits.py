@@ -8,7 +8,12 @@ versions:
   to validation, the rest to train (a fraction of 0 holds out none). Splitting by document (a play, a
   file) keeps validation text out of training.
 - ``split_text``: split one text into contiguous pieces: train first, then validation, then test, each
-  cut moved forward to the next line start. Used when there are too few documents to split by document.
+  cut moved forward to the next line start (a text file).
+- ``split_files``: split a directory's files, in path order, by bytes: validation is the first ``val_fraction`` of
+  all their bytes, test the next ``test_fraction``, each cut moved forward to the next line end, and training the
+  rest; a file a cut falls in gives a piece to each side. ``fullband prepare`` holds out its validation split by the
+  same rule (fullband.data.prepare_inputs.file_chunks), so a directory's validation text is the same in both, and a
+  few files hold out about the share asked for (whole files would hold out at least one file per split: 2 of 6).
 
 The fractions are ``HELD_OUT`` = (validation, test) = (0.05, 0.05) unless given (``fullband train``'s
 ``--data.val_fraction`` and ``--data.test_fraction``).
@@ -17,6 +22,7 @@ The fractions are ``HELD_OUT`` = (validation, test) = (0.05, 0.05) unless given 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable
 
 from fullband.data.errors import DataError
@@ -72,3 +78,32 @@ def split_text(text: str, held_out: tuple[float, float] = HELD_OUT) -> dict[str,
     val, test = held_out
     a, b = cut(1 - (val + test)), cut(1 - test)
     return {"train": text[:a], "validation": text[a:b], "test": text[b:]}
+
+
+def split_files(contents: list[bytes], held_out: tuple[float, float] = HELD_OUT) -> dict[str, list[bytes]]:
+    """Cut files (their bytes, in path order) into validation, test and train pieces by bytes (see module doc); each
+    split's pieces in file order, empty ones left out."""
+    total = sum(len(c) for c in contents)
+    val, test = held_out
+    cuts = [_line_end_at(contents, math.ceil(val * total)), _line_end_at(contents, math.ceil((val + test) * total))]
+    pieces: dict[str, list[bytes]] = {"validation": [], "test": [], "train": []}
+    offset = 0
+    for data in contents:
+        for split, start, end in (("validation", 0, cuts[0]), ("test", cuts[0], cuts[1]), ("train", cuts[1], total)):
+            piece = data[max(start - offset, 0) : max(min(end - offset, len(data)), 0)]
+            if piece:
+                pieces[split].append(piece)
+        offset += len(data)
+    return pieces
+
+
+def _line_end_at(contents: list[bytes], position: int) -> int:
+    """The smallest position >= ``position`` of the files joined that is a file's start or end or just after a
+    newline (where fullband prepare cuts)."""
+    offset = 0
+    for data in contents:
+        if offset < position < offset + len(data):
+            newline = data.find(b"\n", position - offset - 1)
+            return offset + (len(data) if newline < 0 else newline + 1)
+        offset += len(data)
+    return min(position, offset)

@@ -132,10 +132,12 @@ class FamilySpec:
 
 def _transformers_tokenizer_beside_remote_code(directory: Path) -> bool:
     """Whether ``directory`` holds a transformers tokenizer (saved there by ``save_pretrained``, not fullband's own
-    files) beside a config.json that names remote code."""
+    byte or BPE files) beside a config.json that names remote code. fullband marks a transformers tokenizer it saves
+    ``"type": "hf"`` in tokenizer_config.json; one saved by transformers alone has no ``type``."""
     try:
         config = json.loads((directory / rundir.MODEL_CONFIG).read_text())
         tokenizer = json.loads((directory / "tokenizer_config.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(config, dict) and "auto_map" in config and isinstance(tokenizer, dict) and "type" not in tokenizer
+    return (isinstance(config, dict) and "auto_map" in config and isinstance(tokenizer, dict)
+            and tokenizer.get("type", "hf") == "hf")

@@ -37,6 +37,7 @@ from fullband.training.checkpoint_layout import (
     OPTIMIZER,
     RNG,
     RUN_CONFIG,
+    SET_ASIDE_SUFFIX,
     SHARDED,
     STATE,
     TMP_PREFIX,
@@ -183,6 +184,19 @@ def prune_checkpoints(out_dir: str | Path, keep_last: int) -> None:
     for step, path in checkpoints:
         if step < oldest_kept:  # incomplete ones older than what we keep are of no use either
             shutil.rmtree(path, ignore_errors=True)
+
+
+def set_aside(path: Path) -> Path:
+    """Rename the incomplete checkpoint ``path`` to ``step-N.corrupt`` (``.corrupt-2``, ... when taken), a name that
+    is never read or pruned, so a run can start again in its directory without deleting anything; returns it."""
+    target = path.with_name(path.name + SET_ASIDE_SUFFIX)
+    number = 1
+    while target.exists():
+        number += 1
+        target = path.with_name(f"{path.name}{SET_ASIDE_SUFFIX}-{number}")
+    os.rename(path, target)
+    fsync_dir(path.parent)
+    return target
 
 
 # ---------------------------------------------------------------------------------------------- loading

@@ -40,6 +40,7 @@ SHARDED_METADATA = f"{SHARDED}/.metadata"  # written last by torch.distributed.c
 _PREFIX = "step-"
 TMP_PREFIX = ".tmp-"  # a checkpoint being written; never read
 TRASH_PREFIX = ".trash-"  # a checkpoint being replaced; never read
+SET_ASIDE_SUFFIX = ".corrupt"  # an incomplete checkpoint moved aside by a resume that starts again; never read
 
 
 @dataclass
@@ -134,18 +135,30 @@ def verify_checkpoint(path: str | Path, hashes: bool = True) -> str | None:
     return None
 
 
-def latest_good_checkpoint(out_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint under ``out_dir``; partial/corrupt ones are skipped with a warning."""
+def newest_complete_checkpoint(out_dir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest complete checkpoint under ``out_dir`` (None when there is none) and the newer incomplete ones it
+    skipped, each with what is wrong with it (newest first)."""
+    skipped = []
     for _, path in reversed(list_checkpoints(out_dir)):
         problem = verify_checkpoint(path)
         if problem is None:
-            return path
-        warnings.warn(
-            f"skipping partial or corrupt checkpoint {path}: {problem}; it will not be loaded, trying an older one",
-            CheckpointWarning,
-            stacklevel=2,
-        )
-    return None
+            return path, skipped
+        skipped.append((path, problem))
+    return None, skipped
+
+
+def warn_skipped(skipped: list[tuple[Path, str]], stacklevel: int = 3) -> None:
+    """One CheckpointWarning per incomplete checkpoint passed over for an older complete one."""
+    for path, problem in skipped:
+        warnings.warn(f"skipping partial or corrupt checkpoint {path}: {problem}; it will not be loaded, trying an "
+                      "older one", CheckpointWarning, stacklevel=stacklevel)
+
+
+def latest_good_checkpoint(out_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint under ``out_dir``; partial/corrupt ones are skipped with a warning."""
+    path, skipped = newest_complete_checkpoint(out_dir)
+    warn_skipped(skipped)
+    return path
 
 
 def is_sharded_checkpoint(path: Path) -> bool:

@@ -96,9 +96,11 @@ class DataConfig:
         "linearly to all of it (so the file's order is the difficulty order); 0 = uniform throughout, in [0, 1].")
     val_fraction: float = doc(
         HELD_OUT[0], "Share of a text source held out for validation, in (0, 0.5]: a text file is cut at line starts "
-        "into train, then validation, then test; a directory of 3 or more files, a dataset of one split and the "
-        "embedded corpus hold out that share of their documents (ranked by a fixed hash). Sources with their own "
-        "splits (split directories, dataset splits, prepared shards: fullband prepare --val_fraction) keep them.")
+        "into train, then validation, then test; a directory's files (in path order) give validation the first this "
+        "share of their bytes and test the next test_fraction, cut at line ends, as fullband prepare does; a dataset "
+        "of one split and the embedded corpus hold out that share of their documents (ranked by a fixed hash). "
+        "Sources with their own splits (split directories, dataset splits, prepared shards: fullband prepare "
+        "--val_fraction) keep them.")
     test_fraction: float = doc(
         HELD_OUT[1], "Share of a text source held out for testing (fullband compare scores it), in [0, 0.5], cut "
         "as val_fraction's.")
@@ -144,6 +146,15 @@ class TrainRunConfig(FamilyOptions, TrainSections):
     """``fullband train``: all sections of one run (the families' options sections after [schedule])."""
 
     DEVICE_PER_PROCESS: ClassVar[bool] = True  # "auto" resolved by each torchrun process (its LOCAL_RANK's GPU)
+    # What ``fullband train --help`` shows first (``--help-all``: every option), as litgpt and Hugging Face list the
+    # options most runs set before the rest.
+    COMMON_OPTIONS: ClassVar[tuple[str, ...]] = (
+        "--config", "--out_dir", "--resume", "--preset", "--data.source", "--data.tokenizer", "--init_from",
+        "--model.d_model", "--model.n_layers", "--model.n_heads", "--model.feedback", "--train.max_steps",
+        "--train.batch_size", "--train.seq_len", "--train.eval_every", "--train.checkpoint_every", "--optim.lr",
+        "--device", "--threads",
+    )
+
     out_dir: str = doc("runs/train", "Run directory: checkpoints/, metrics.jsonl, config.toml, model/ at the end.")
     resume: str = doc(
         "false", "Continue from the latest complete checkpoint in out_dir: true = continue, an error when there is "

@@ -79,7 +79,6 @@ def multipass_loss(
     )
     loss = out.loss
     metrics: dict[str, Any] = {
-        "ntp_loss": out.loss.detach(),
         "pass_losses": [p.detach() for p in out.pass_losses],
         "passes": out.passes,  # the baseline runs 1 whatever was asked
         "tokens": inputs.numel(),
@@ -89,5 +88,7 @@ def multipass_loss(
         z = z_loss(out.logits, labels)
         loss = loss + z_loss_weight * z
         metrics["z_loss"] = z.detach()
-    metrics["objective"] = loss.detach()  # what is backpropagated; pass_losses[0] is pass 1's next-token loss
+    # What is backpropagated (the multi-pass objective, plus the z-loss term when on): about passes x the next-token
+    # loss, so it is logged as "objective", never as a loss; pass_losses holds each pass's next-token loss.
+    metrics["objective"] = loss.detach()
     return loss, metrics

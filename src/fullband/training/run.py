@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from fullband import families, rundir
-from fullband.config import ConfigError, install_hint
+from fullband.config import ConfigError, install_hint, plural
 from fullband.configio import config_to_dict, save_resolved_config
 from fullband.data import (
     SFTBatches,
@@ -50,7 +50,12 @@ from fullband.data import (
 from fullband.devices import resolve_device
 from fullband.families.loading import AnyLM, init_from
 from fullband.model import hub
-from fullband.training.checkpoint_layout import latest_good_checkpoint, list_checkpoints
+from fullband.training.checkpoint_layout import (
+    latest_good_checkpoint,
+    list_checkpoints,
+    load_training_state,
+    newest_complete_checkpoint,
+)
 from fullband.training.config import TrainRunConfig
 from fullband.training.distributed import cleanup_distributed, init_distributed, wrap_ddp, wrap_fsdp
 from fullband.training.errors import TrainingError
@@ -95,6 +100,10 @@ def check_run_directory(cfg: TrainRunConfig) -> bool:
     check_writable(out_dir)
     has_checkpoints = bool(list_checkpoints(out_dir))
     if cfg.resume == "false" and has_checkpoints:
+        if newest_complete_checkpoint(out_dir)[0] is None:  # resume=true could not continue it: say what can
+            raise TrainingError(f"{out_dir} holds only incomplete checkpoints: start that run again with "
+                                f"`{resume_command(out_dir, 'auto')}` (they are moved aside, not deleted), or pick a "
+                                "new --out_dir")
         raise TrainingError(f"{out_dir} already holds checkpoints: continue that run with `{resume_command(out_dir)}`, "
                             "or pick a new --out_dir")
     if cfg.resume == "true" and not has_checkpoints:
@@ -103,9 +112,30 @@ def check_run_directory(cfg: TrainRunConfig) -> bool:
     return has_checkpoints and cfg.resume != "false"
 
 
-def resume_command(out_dir: Path) -> str:
-    """The command that continues the run in ``out_dir`` (its settings come from the run: fullband.training.resume)."""
-    return f"fullband train --out_dir {shlex.quote(str(out_dir))} --resume true"
+def check_resume(cfg: TrainRunConfig, trainer: Trainer, world_size: int) -> None:
+    """TrainingError, before anything is written, when a resume cannot go as asked: resume=true and no complete
+    checkpoint (resume=auto starts the run again instead), or a run length that ends before the checkpoint's step
+    (a resumed run cannot go back: running it would only rewrite the run's config.toml and model/)."""
+    out_dir = Path(cfg.out_dir)
+    path, skipped = trainer.checkpoint_to_resume()
+    if path is None:
+        if cfg.resume == "true" and skipped:
+            raise TrainingError(f"{out_dir} holds no complete checkpoint ({skipped[0][0].name}: {skipped[0][1]}): "
+                                f"start the run again with `{resume_command(out_dir, 'auto')}` (the incomplete "
+                                "checkpoints are moved aside, not deleted), or pick a new --out_dir")
+        return
+    done, total = load_training_state(path).step, cfg.train.total_steps(world_size)
+    if total < done:
+        asked = (f"train.max_steps={total}" if cfg.train.token_budget is None else
+                 f"train.token_budget={cfg.train.token_budget} ({total} steps)")
+        raise TrainingError(f"{asked} cannot apply: the run is already at step {done} ({path.name}); give "
+                            f"--train.max_steps {done} or more, or leave it out to train to the run's own length")
+
+
+def resume_command(out_dir: Path, resume: str = "true") -> str:
+    """The command that continues the run in ``out_dir`` (its settings come from the run: fullband.training.resume);
+    ``resume='auto'`` starts it again when it holds no complete checkpoint."""
+    return f"fullband train --out_dir {shlex.quote(str(out_dir))} --resume {resume}"
 
 
 def build_tokenizer(cfg: TrainRunConfig, resume_dir: Path | None, is_main: bool,
@@ -250,6 +280,8 @@ def run_train(cfg: TrainRunConfig, progress: bool = True, announce: bool = False
             rank=env.rank, world_size=env.world_size, progress=progress and env.is_main,
             run_config=_run_config(cfg, tokenizer), write_extra=tokenizer.save,
         )
+        if resuming:
+            check_resume(cfg, trainer, env.world_size)
         if announce and env.is_main:
             print(_summary(cfg, model, tokenizer, data, device, env.world_size), flush=True)
         # The run's checks have passed: from here on it writes into out_dir.
@@ -300,13 +332,14 @@ def _summary(cfg: TrainRunConfig, model: AnyLM, tokenizer: Tokenizer, data: RunD
     """What the run trains, before its first step: the model, where, on what data, for how long."""
     c, t = model.config, cfg.train
     feedback = "full-bandwidth (latent feedback)" if c.feedback else "baseline (no feedback)"
-    size = f", d_model {c.d_model}, {c.n_layers} layers" if hasattr(c, "d_model") and hasattr(c, "n_layers") else ""
+    sized = hasattr(c, "d_model") and hasattr(c, "n_layers")
+    size = f", d_model {c.d_model}, {plural(c.n_layers, 'layer')}" if sized else ""
     processes = f" x {world_size} processes" if world_size > 1 else ""
     held_out = f", {data.validation_tokens:,} validation tokens" if data.eval_fn is not None else ", no validation"
     every = f"every {t.checkpoint_every} steps and " if t.checkpoint_every else ""
     return "\n".join([
         f"model: {model.num_parameters():,} parameters, {feedback}{size}",
-        f"device: {device}, {torch.get_num_threads()} threads{processes}",
+        f"device: {device}, {plural(torch.get_num_threads(), 'thread')}{processes}",
         f"data: {cfg.data.source} ({tokenizer.config()['type']} tokenizer, {tokenizer.vocab_size:,} ids): "
         f"{data.train_tokens:,} training tokens{held_out}",
         f"run: {t.total_steps(world_size):,} steps of {t.tokens_per_step(world_size):,} tokens; checkpoints "

@@ -23,7 +23,7 @@ class PendingStep:
     """What a step's record needs, its scalars possibly still on the device."""
 
     step: int
-    names: list[str]  # the loss names of the first len(names) entries of values (objective, ntp_loss, z_loss)
+    names: list[str]  # the names of the first len(names) entries of values (objective, z_loss)
     values: torch.Tensor  # (len(names) + passes,): those losses, then each pass's
     grad_norm: torch.Tensor | float  # 0-d before the read-back
     lr: float
@@ -35,9 +35,12 @@ class PendingStep:
 
     def record(self, scalars: dict[str, Any], grad_norm: float, seconds: float, flops_per_token: float,
                peak_flops: float | None) -> dict[str, Any]:
-        """The metrics.jsonl record of this step, from its scalars read back (:func:`read_scalars`)."""
+        """The metrics.jsonl record of this step, from its scalars read back (:func:`read_scalars`): ``loss`` is pass
+        1's next-token loss (what the progress bar shows and val_loss_1pass measures), ``pass_losses`` every scored
+        pass's, ``objective`` what was backpropagated (their weighted sum, plus the z-loss term when on)."""
         losses = {k: scalars[k] for k in self.names}
-        record = {"kind": "train", "step": self.step, **losses, "pass_losses": scalars["pass_losses"], "lr": self.lr,
+        record = {"kind": "train", "step": self.step, "loss": scalars["pass_losses"][0], **losses,
+                  "pass_losses": scalars["pass_losses"], "lr": self.lr,
                   "passes": self.passes, "tokens": self.tokens, "token_equiv_compute": self.token_equiv_compute,
                   "tokens_per_s": self.step_tokens / seconds, "grad_norm": grad_norm, "step_time_s": seconds}
         if peak_flops is not None:

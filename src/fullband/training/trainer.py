@@ -33,8 +33,13 @@ from fullband.config import ConfigError
 from fullband.configio import config_to_dict
 from fullband.model import FeedbackLM
 from fullband.model.recurrence import truncation
-from fullband.training.checkpoint import load_checkpoint, save_checkpoint, save_sharded_checkpoint
-from fullband.training.checkpoint_layout import TrainingState, latest_good_checkpoint, list_checkpoints
+from fullband.training.checkpoint import load_checkpoint, save_checkpoint, save_sharded_checkpoint, set_aside
+from fullband.training.checkpoint_layout import (
+    TrainingState,
+    list_checkpoints,
+    newest_complete_checkpoint,
+    warn_skipped,
+)
 from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training.errors import NonFiniteLossError, TrainingError
 from fullband.training.interrupt import Interrupted
@@ -134,6 +139,7 @@ class Trainer:
         self.log: MetricsLog | None = None
         self.write_extra = write_extra
         self.last_record: dict[str, Any] | None = None  # the metrics of the last step this process trained
+        self._resume_choice: tuple[Path | None, list[tuple[Path, str]]] | None = None  # checkpoint_to_resume's
 
     # ------------------------------------------------------------------ one step
 
@@ -207,7 +213,7 @@ class Trainer:
                 (loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
             accumulate(totals, metrics, cfg.grad_accum)
 
-        names = [k for k in ("objective", "ntp_loss", "z_loss") if k in totals]
+        names = [k for k in ("objective", "z_loss") if k in totals]
         values = self._mean_over_ranks(torch.stack([totals[k] for k in names] + totals["pass_losses"]).float())
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
@@ -389,8 +395,8 @@ class Trainer:
 
     def _start_fresh(self) -> int:
         if list_checkpoints(self.out_dir):
-            raise TrainingError(f"{self.out_dir} already holds checkpoints; resume with --resume or pick a new "
-                                "output directory")
+            raise TrainingError(f"{self.out_dir} already holds checkpoints: continue that run with resume='true' "
+                                "(fullband train --resume true) or pick a new output directory")
         seed = self.cfg.seed + self.rank  # each process its own jitter noise
         torch.manual_seed(seed)  # the jitter noise draws from the global generator (CUDA seeded too)
         np.random.seed(seed)
@@ -400,21 +406,42 @@ class Trainer:
         self._open_log(resume_bytes=None, start_step=0)
         return 0
 
+    def checkpoint_to_resume(self) -> tuple[Path | None, list[tuple[Path, str]]]:
+        """The newest complete checkpoint in ``out_dir`` (None when there is none) and the newer incomplete ones passed
+        over, each with what is wrong with it. Verified once (hashing every file) and kept for :meth:`fit`; in a
+        distributed run rank 0 verifies and picks it for every process (under FSDP loading is collective)."""
+        if self._resume_choice is None:
+            choice = [newest_complete_checkpoint(self.out_dir) if self.rank == 0 else None]
+            if self._distributed:
+                torch.distributed.broadcast_object_list(choice, src=0)
+            self._resume_choice = choice[0]
+        return self._resume_choice
+
     def _resume(self, required: bool) -> int:
-        if self._distributed:
-            # Every process must load the same checkpoint (under FSDP loading is collective), so rank 0 verifies
-            # and picks it for all.
-            choice = [latest_good_checkpoint(self.out_dir) if self.rank == 0 else None]
-            torch.distributed.broadcast_object_list(choice, src=0)
-            path = choice[0]
-        else:
-            path = latest_good_checkpoint(self.out_dir)
+        path, skipped = self.checkpoint_to_resume()
         if path is None:
-            if required:
+            if skipped:  # only incomplete checkpoints: set them aside, so nothing is lost and the run can start
+                what = f"{skipped[0][0].name}: {skipped[0][1]}" + (f"; and {len(skipped) - 1} more" if len(skipped) > 1
+                                                                     else "")
+                if required:
+                    raise TrainingError(f"resume=true, but {self.out_dir} holds no complete checkpoint ({what}): "
+                                        "resume='auto' (--resume auto) starts the run again, the incomplete "
+                                        "checkpoints set aside")
+                moved = [set_aside(p) for p, _ in skipped] if self.rank == 0 else []
+                if self._distributed:
+                    torch.distributed.barrier()  # every process sees them gone before it checks the directory
+                if self.rank == 0:
+                    warnings.warn(f"{self.out_dir} holds no complete checkpoint ({what}); starting from scratch, with "
+                                  f"the incomplete checkpoints moved aside to {', '.join(map(str, moved))}",
+                                  stacklevel=3)
+            elif required:
                 raise TrainingError(f"resume=true, but {self.out_dir} holds no complete checkpoint to resume: check "
                                     "out_dir, or use --resume auto to start from scratch when there is none")
-            warnings.warn(f"no complete checkpoint under {self.out_dir}; starting from scratch", stacklevel=3)
+            else:
+                warnings.warn(f"no complete checkpoint under {self.out_dir}; starting from scratch", stacklevel=3)
             return self._start_fresh()
+        if self.rank == 0:
+            warn_skipped(skipped, stacklevel=4)
         self.state = load_checkpoint(path, self.raw_model, self.optimizer, generator=self.generator, rank=self.rank)
         current = self.schedule.state_dict()
         if self.state.schedule != current:

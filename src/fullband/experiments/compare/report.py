@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fullband.config import duration, plural
 from fullband.experiments.compare import plots as plotting
 from fullband.experiments.compare import trend
 from fullband.experiments.compare.records import CompareResults
@@ -74,9 +75,9 @@ def report(results: CompareResults, plots: bool = True) -> Report:
     unit = t["token_budget"]
     rep = Report.of(results, TITLE, results["commands"]["command"],
                     f" (preset `{cfg['preset']}`, {cfg['seeds']} seed{'s' if cfg['seeds'] > 1 else ''}; total wall "
-                    f"time {results['seconds'] / 60:.1f} min)")
+                    f"time {duration(results['seconds'])})")
     rep.section("Verdict").block(*verdict(results)).section("Setup").block(
-        f"- Model: d_model {m['d_model']}, {m['n_layers']} layers, {m['n_heads']} heads, "
+        f"- Model: d_model {m['d_model']}, {plural(m['n_layers'], 'layer')}, {plural(m['n_heads'], 'head')}, "
         f"{_params(results)}; tokenizer `{cfg['data']['tokenizer']}`, corpus `{cfg['data']['source']}`.",
         f"- Training: batch {t['batch_size']} x {t['seq_len']} tokens, {optimizer_text(cfg['optim'])} "
         f"({cfg['optim']['schedule']}, warmup {cfg['optim']['warmup_steps']}), {_seeds(cfg)}; the same data order, "
@@ -349,7 +350,7 @@ def summary(results: CompareResults) -> str:
     names, modes = run_names(results), modes_of(results)
     runs = results["runs"]
     lines = ["", f"fullband compare: test loss (nats/token) on {runs[0]['test_windows']} windows; "
-          f"{results['seconds'] / 60:.1f} min"]
+          f"{duration(results['seconds'])}"]
     head = f"{'run':<16}{'tokens':>12}{'compute':>12}" + "".join(f"{mode_label(m):>18}" for m in modes)
     lines.append(head)
     for name in names:

@@ -106,9 +106,13 @@ def check_resumable(cfg: CompareConfig, out_dir: Path) -> None:
 
 
 def commands(cfg: CompareConfig, out_dir: Path) -> dict[str, str]:
+    """The commands the report prints, each one that runs as printed: a saved config.toml names the directory it was
+    trained in, which already holds that run, so each trains into a new one (--out_dir)."""
+    seed, run = f"seed{cfg.train.seed}", FEEDBACK
     return {"command": CompareStudy(cfg).command_line(),
-            "reproduce": f"fullband compare --config {out_dir / rundir.SETTINGS} --out_dir NEW_DIR",
-            "one_run": f"fullband train --config {out_dir}/seed{cfg.train.seed}/{FEEDBACK}/{rundir.SETTINGS}"}
+            "reproduce": f"fullband compare --config {out_dir / rundir.SETTINGS} --out_dir {out_dir}-rerun",
+            "one_run": f"fullband train --config {out_dir}/{seed}/{run}/{rundir.SETTINGS} "
+                       f"--out_dir {out_dir}-{seed}-{run}"}
 
 
 def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:

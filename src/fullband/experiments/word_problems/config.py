@@ -80,9 +80,8 @@ class ControlsConfig(StudyConfig):
     fusion_lr_mult: float = doc(3.0, "fullband: the fusion's learning rate over the others' (the recipe's).")
     seeds: int = doc(5, "Seeds 0..seeds-1 (training data and initial weights); the first one tunes every arm.")
     validation_problems: int = doc(1000, "Held-out problems of the trained lengths that choose each arm's setting.")
-    extrapolation_length: int = doc(16, "The second selection (a follow-up added after seed 0's grid showed that "
-                                    "validation on the trained lengths cannot tell the settings that extrapolate "
-                                    "from those that do not): each arm's grid point with the highest mean accuracy "
+    # Why the study has a second selection (what seed 0's grid showed) is in docs/evaluation.md, not in --help.
+    extrapolation_length: int = doc(16, "The second selection: each arm's grid point with the highest mean accuracy "
                                     "at the unseen lengths train_length+1..this, on validation_problems selection "
                                     "problems of their own (never the test problems), then trained on seeds "
                                     "1..seeds, none of which took part in the choice. 0 = skip it.")
