@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from fullband.cli import COMMANDS, main
+from fullband.cli import commands, main
 from fullband.config import duration, plural
 
 FULLBAND = Path(sys.executable).parent / "fullband"  # the console script pip installed with the package
@@ -300,7 +300,7 @@ def test_help_shows_the_common_options_first_and_no_empty_defaults():
     for option in ("--out_dir", "--resume", "--data.source", "--model.d_model", "--train.max_steps", "--optim.lr"):
         assert option in short and option in every
     assert "--optim.ns_steps" in every and "--optim.ns_steps" not in short
-    for command in COMMANDS:
+    for command in commands():
         text = help_of(command, "--help")
         assert "(default: )" not in text and "(default: ())" not in text, command
     assert "--checkpoint" in help_of("generate", "--help") == help_of("generate", "--help-all")
@@ -309,8 +309,7 @@ def test_help_shows_the_common_options_first_and_no_empty_defaults():
 
 def test_the_commands_doc_says_which_studies_take_flat_options():
     """Issue 55.9: docs/commands.md said every study takes sections; the word-problem studies take flat grids."""
-    flat = [name for name, (config_cls, _, _) in COMMANDS.items()
-            if "learning_rates" in config_cls.__dataclass_fields__]
+    flat = [name for name, command in commands().items() if "learning_rates" in command.config.__dataclass_fields__]
     assert flat
     doc = " ".join((Path(__file__).parents[1] / "docs" / "commands.md").read_text().split())
     sentence = re.search(r"[^.]*take flat options[^.]*", doc).group(0)

@@ -45,10 +45,15 @@ class LookupProblems:
 
     group: str
     variant: str = "full"
+    tables: int = 32  # training tables have 1..tables bindings
+    largest: int = NAMES  # the largest table of any problem (the models' context)
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
+        if not 1 <= self.tables <= self.largest <= NAMES:
+            raise ValueError(f"need 1 <= tables <= largest <= {NAMES}, got tables={self.tables}, "
+                             f"largest={self.largest}")
 
     @cached_property
     def moves(self) -> WordProblems:
@@ -78,17 +83,32 @@ class LookupProblems:
         """The table's K (no table in the compose-only variant)."""
         return 0 if self.variant == "compose" else K
 
-    def sequence_length(self, K: int, n: int) -> int:
-        """Tokens of a problem with a table of K bindings and n steps."""
-        return 2 * self.table_size(K) + n + 3
+    def prefix(self, K: int) -> int:
+        """Tokens before the start cup: the table and the separator."""
+        return 2 * self.table_size(K) + 1
+
+    @property
+    def mean_prefix(self) -> float:
+        """The mean prefix of a training problem (K uniform in 1..tables)."""
+        return sum(self.prefix(K) for K in range(1, self.tables + 1)) / self.tables
+
+    def max_tokens(self, n: int) -> int:
+        """Tokens of the longest problem of ``n`` steps (the largest table)."""
+        return self.prefix(self.largest) + n + 2
+
+    def training_batch(self, rows: int, n: int, generator: torch.Generator) -> WordBatch:
+        """A training batch: one table size K ~ Uniform{1..tables} for the whole batch (drawn first from
+        ``generator``, so no row is padded), then :meth:`batch`."""
+        K = int(torch.randint(1, self.tables + 1, (1,), generator=generator))
+        return self.batch(rows, K, n, generator)
 
     def batch(self, rows: int, K: int, n: int, generator: torch.Generator) -> WordBatch:
         """``rows`` random problems with tables of ``K`` bindings (names and moves uniform, names distinct within a
         problem) and ``n`` steps, each a name drawn uniformly from the table; drawn from ``generator``."""
         if n < 1:
             raise ValueError(f"a problem needs at least one step, got n={n}")
-        if not 1 <= K <= NAMES:
-            raise ValueError(f"a table holds 1..{NAMES} bindings, got K={K}")
+        if not 1 <= K <= self.largest:
+            raise ValueError(f"a table holds 1..{self.largest} bindings here, got K={K}")
         G = len(self.moves.generators)
         starts = torch.randint(0, CUPS, (rows,), generator=generator)
         if self.variant == "compose":
@@ -110,6 +130,6 @@ class LookupProblems:
         column = torch.full((rows, 1), 0)
         tokens = torch.cat((table.reshape(rows, 2 * k), column + self.sep_token, starts[:, None], query,
                             column + self.end_token), dim=1)
-        prefix = 2 * k + 1  # the table and SEP: before the start cup
+        prefix = self.prefix(K)
         labels = torch.cat((torch.full((rows, prefix + 2), IGNORE_INDEX), cups), dim=1)
         return WordBatch(tokens, labels, starts, steps, cups, prefix)

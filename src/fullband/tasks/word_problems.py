@@ -51,15 +51,21 @@ def apply_cycle(cycle: tuple[int, ...], cup: int) -> int:
 
 @dataclass(frozen=True)
 class WordBatch:
-    tokens: torch.Tensor  # (B, n + 2) int64: start cup, the n steps, END
-    labels: torch.Tensor  # (B, n + 2) int64: IGNORE_INDEX, IGNORE_INDEX, then the cup after each step
+    tokens: torch.Tensor  # (B, prefix + n + 2) int64: [prefix,] start cup, the n steps, END
+    labels: torch.Tensor  # (B, prefix + n + 2) int64: IGNORE_INDEX up to the start cup, then the cup after each step
     starts: torch.Tensor  # (B,) the start cups
     steps: torch.Tensor  # (B, n) generator index of each step
     cups: torch.Tensor  # (B, n) the ball's cup after each step
+    prefix: int = 0  # tokens before the start cup (a lookup problem's table and separator: tasks.lookup_problems)
 
     @property
     def length(self) -> int:
         return self.steps.shape[1]
+
+    def to(self, device: torch.device) -> WordBatch:
+        """The batch with its tensors on ``device``."""
+        return WordBatch(*(t.to(device) for t in (self.tokens, self.labels, self.starts, self.steps, self.cups)),
+                         self.prefix)
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,16 @@ class WordProblems:
     def vocab_size(self) -> int:
         return self.end_token + 1
 
+    mean_prefix = 0.0  # tokens before the start cup (a lookup problem's table: tasks.lookup_problems)
+
+    def max_tokens(self, n: int) -> int:
+        """Tokens of the longest problem of ``n`` steps."""
+        return n + 2
+
+    def training_batch(self, rows: int, length: int, generator: torch.Generator) -> WordBatch:
+        """A batch of training problems (:meth:`batch`; a lookup problem draws its table size here too)."""
+        return self.batch(rows, length, generator)
+
     def batch(self, rows: int, length: int, generator: torch.Generator) -> WordBatch:
         """``rows`` random problems of ``length`` steps: start cups and steps uniform, drawn from ``generator``."""
         if length < 1:
@@ -113,14 +129,14 @@ class WordProblems:
         return torch.stack(out, dim=1)
 
 
-def answer_logits(logits: torch.Tensor) -> torch.Tensor:
-    """(B, n + 2, V) logits over a batch's tokens -> (B, n, V): the prediction of the cup after each step."""
-    return logits[:, 1:-1]
+def answer_logits(logits: torch.Tensor, prefix: int = 0) -> torch.Tensor:
+    """(B, prefix + n + 2, V) logits over a batch's tokens -> (B, n, V): the prediction of the cup after each step."""
+    return logits[:, prefix + 1 : -1]
 
 
 def accuracy_by_length(logits: torch.Tensor, batch: WordBatch) -> torch.Tensor:
     """(n,) float64: the share of rows answering the problem of each length 1..n right (argmax over the cups)."""
-    answers = answer_logits(logits)[..., :CUPS].argmax(-1)
+    answers = answer_logits(logits, batch.prefix)[..., :CUPS].argmax(-1)
     return (answers == batch.cups).double().mean(0)
 
 

@@ -237,3 +237,73 @@ def test_bad_settings_name_the_field():
     with pytest.raises(ConfigError, match="positions"):
         DecisiveConfig(positions=("alibi",))
     assert DecisiveConfig().max_test_length == 256
+
+
+@pytest.mark.parametrize("arm_name", ["hybrid", "wide_lstm", "fullband_paper", "fullband", "looped"])
+def test_the_recall_arms_are_causal_and_read_steps_after_the_table(arm_name):
+    """Logits at a position depend on tokens up to it only (a later token changed changes nothing before it), for
+    the arms eval-recall adds and for those whose reading depends on the table's length."""
+    from fullband.experiments.word_problems.recall.config import RecallConfig
+
+    torch.manual_seed(0)
+    cfg = RecallConfig(preset="smoke")
+    problems = cfg.problems("s5/full")
+    variant = {"looped": "position=rope,injection=normed", "wide_lstm": ""}.get(arm_name, "position=rope")
+    arm = make_arm(arm_name, cfg, problems, variant)
+    knob = arm.knobs()[-1]
+    model = arm.build(knob).double().eval()
+    batch = problems.batch(3, 3, 5, torch.Generator().manual_seed(4))
+    t = batch.prefix + 3  # a step's position, past the table and the start cup
+    changed = batch.tokens.clone()
+    changed[:, t] = problems.first_name_token + (changed[:, t] - problems.first_name_token + 1) % 64
+    with torch.no_grad():
+        before = arm.logits(model, batch.tokens, knob, batch.prefix)
+        after = arm.logits(model, changed, knob, batch.prefix)
+    torch.testing.assert_close(after[:, :t], before[:, :t], rtol=0, atol=0)
+    assert not torch.allclose(after[:, t], before[:, t])
+    with torch.no_grad():  # what it trains on is what it answers with (the paper arm: its own pass count)
+        loss = arm.loss(model, batch, knob, step=5)
+    if arm_name not in ("fullband", "fullband_paper"):
+        torch.testing.assert_close(loss, ntp_loss(before, batch.labels))
+
+
+def test_the_paper_arm_draws_a_few_passes_per_step_and_the_hybrid_is_parameter_matched():
+    from fullband.experiments.word_problems.arms import PAPER_PASS_MIX, full_bandwidth_parameters
+    from fullband.experiments.word_problems.recall.config import RecallConfig
+
+    cfg = RecallConfig()
+    problems = cfg.problems("a5/full")
+    paper = make_arm("fullband_paper", cfg, problems, "position=rope")
+    counts = [paper.passes_at(step) for step in range(4000)]
+    assert set(counts) == set(PAPER_PASS_MIX) and counts == [paper.passes_at(s) for s in range(4000)]
+    for passes, share in PAPER_PASS_MIX.items():
+        assert abs(counts.count(passes) / len(counts) - share) < 0.03
+    target = full_bandwidth_parameters(paper)
+    for blocks in (1, 2):
+        hybrid = make_arm("hybrid", cfg, problems, "position=rope")
+        built = sum(p.numel() for p in hybrid.build(blocks).parameters())
+        assert abs(built - target) / target < 0.02
+    wide = make_arm("wide_lstm", cfg, problems)
+    full_bandwidth = make_arm("fullband", cfg, problems, "position=rope").train_flops(1.0)
+    assert abs(wide.train_flops("lstm") / full_bandwidth - 1) < 0.02
+
+
+def test_recall_study_end_to_end(tmp_path):
+    from fullband.cli import main
+
+    out = tmp_path / "recall"
+    assert main(["eval-recall", "--preset", "smoke", "--out_dir", str(out), "--workers", "1", "--progress",
+                 "false"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    group = results["groups"]["s5"]
+    arms = {"baseline", "looped", "rnn", "wide_lstm", "hybrid", "fullband", "fullband_paper"}
+    assert set(group["cells"]) == {"2", "6"}  # groups.<g>.cells.<K>.<arm>.<seed>.test
+    assert set(group["cells"]["6"]) == arms and set(group["hindsight_cells"]["6"]) == arms - {"fullband",
+                                                                                              "fullband_paper"}
+    assert all(len(c["test"]) == 6 for c in group["cells"]["6"]["fullband"].values())
+    assert set(group["variants"]) == {"compose", "lookup"} and set(group["variants"]["lookup"]["cells"]["2"]) == arms
+    assert "## Predictions, written before the runs" in (out / "report.md").read_text()
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("**/" + RESULT)}
+    assert main(["eval-recall", "--preset", "smoke", "--out_dir", str(out), "--workers", "1", "--progress", "false",
+                 "--resume", "true"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in out.glob("**/" + RESULT)} == stamps

@@ -17,4 +17,9 @@ COMMANDS = (StudyCommand(
     "eval-decisive", "Study: vs the controls that decide length generalisation, by a rule fixed before the runs.",
     config="fullband.experiments.word_problems.decisive.config:DecisiveConfig",
     study="fullband.experiments.word_problems.decisive.study:DecisiveStudy",
-    reports={"decisive": "fullband.experiments.word_problems.decisive.report:report"}),)
+    reports={"decisive": "fullband.experiments.word_problems.decisive.report:report"}),
+    StudyCommand(
+    "eval-recall", "Study: lookup-then-compose problems that need attention and recurrence at once.",
+    config="fullband.experiments.word_problems.recall.config:RecallConfig",
+    study="fullband.experiments.word_problems.recall.study:RecallStudy",
+    reports={"recall": "fullband.experiments.word_problems.recall.report:report"}),)

@@ -32,6 +32,7 @@ is each axis's first value, the arms as ``fullband eval-controls`` trains them.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -43,8 +44,10 @@ from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.experiments.word_problems.models import (
     INJECTIONS,
     RNNLM,
+    AttentionThenLSTM,
     LoopedTransformer,
     growing_depth_logits,
+    matched_hybrid_hidden,
     matched_rnn_hidden,
     rnn_parameters,
 )
@@ -87,7 +90,9 @@ class Arm:
     def __init__(self, cfg: ControlsConfig, problems: WordProblems, variant: str = "") -> None:
         self.cfg = cfg
         self.problems = problems
-        self.train_T = cfg.train_length + 2  # tokens of a training problem
+        # Tokens of a training problem: a lookup problem's table and separator (its mean, when K varies) first.
+        self.train_prefix = problems.mean_prefix
+        self.train_T = cfg.train_length + 2 + round(self.train_prefix)
         values = parse_variant(variant)
         if unknown := set(values) - set(self.variant_axes):
             raise ValueError(f"arm {self.name} has no variant axis {sorted(unknown)} (its axes: {self.variant_axes})")
@@ -105,14 +110,16 @@ class Arm:
         """AdamW's parameter groups (weight decay on the matrices, as ``fullband train``)."""
         return param_groups(model.named_parameters(), 0.0)
 
-    def loss(self, model: nn.Module, batch: WordBatch, knob: Any) -> torch.Tensor:
-        return ntp_loss(self.logits(model, batch.tokens, knob), batch.labels)
+    def loss(self, model: nn.Module, batch: WordBatch, knob: Any, step: int = 0) -> torch.Tensor:
+        """The training loss of one batch (``step``: the training step, for an arm whose objective draws from it)."""
+        return ntp_loss(self.logits(model, batch.tokens, knob, batch.prefix), batch.labels)
 
-    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
-        """(B, T, V): each position's prediction as the arm answers (its decoding)."""
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any, prefix: int = 0) -> torch.Tensor:
+        """(B, T, V): each position's prediction as the arm answers (its decoding); ``prefix``: tokens before the
+        start cup (a lookup problem's table and separator)."""
         raise NotImplementedError
 
-    def mode_logits(self, mode: str, model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    def mode_logits(self, mode: str, model: nn.Module, tokens: torch.Tensor, prefix: int = 0) -> torch.Tensor:
         """(B, T, V): the prediction of one of :attr:`other_modes`."""
         raise NotImplementedError
 
@@ -123,15 +130,16 @@ class Arm:
         """FLOPs of one training step (``batch_size`` problems of ``train_length`` steps)."""
         raise NotImplementedError
 
-    def inference_flops(self, knob: Any, n: int) -> float:
-        """FLOPs of answering one problem of ``n`` steps (the start cup and n steps read, no END)."""
+    def inference_flops(self, knob: Any, n: int, prefix: int = 0) -> float:
+        """FLOPs of answering one problem of ``n`` steps (``prefix`` tokens, the start cup and n steps read, no
+        END)."""
         raise NotImplementedError
 
     def model_config(self, **changes: Any) -> ModelConfig:
         """The transformers' shared shape (plain unless ``changes`` say otherwise), long enough for every test."""
         cfg = self.cfg
         shared = dict(vocab_size=self.problems.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                      n_heads=cfg.n_heads, max_seq_len=cfg.max_test_length + 2, feedback=False,
+                      n_heads=cfg.n_heads, max_seq_len=self.problems.max_tokens(cfg.max_test_length), feedback=False,
                       position_encoding=self.position)
         return ModelConfig(**(shared | changes))
 
@@ -156,10 +164,10 @@ class Transformer(Arm):
     def build(self, knob: Any) -> nn.Module:
         return FullBandwidthLM(self.plain_config(knob))
 
-    def loss(self, model: nn.Module, batch: WordBatch, knob: Any) -> torch.Tensor:
+    def loss(self, model: nn.Module, batch: WordBatch, knob: Any, step: int = 0) -> torch.Tensor:
         return model(batch.tokens, labels=batch.labels).loss
 
-    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any, prefix: int = 0) -> torch.Tensor:
         return model(tokens).logits
 
     def shape(self, knob: Any) -> Shape:
@@ -168,8 +176,8 @@ class Transformer(Arm):
     def train_flops(self, knob: Any) -> float:
         return step_flops(self.shape(knob), self.cfg.batch_size, self.train_T, 1, feedback=False)
 
-    def inference_flops(self, knob: Any, n: int) -> float:
-        return forward_flops(self.shape(knob), n + 1, False)
+    def inference_flops(self, knob: Any, n: int, prefix: int = 0) -> float:
+        return forward_flops(self.shape(knob), prefix + n + 1, False)
 
     def describe(self, knob: Any) -> str:
         s = self.shape(knob)
@@ -208,17 +216,18 @@ class FullBandwidth(Arm):
     def optimizer_groups(self, model: nn.Module, knob: Any) -> list[dict]:
         return param_groups(model.named_parameters(), 0.0, self.cfg.fusion_lr_mult, fusion_names(model))
 
-    def loss(self, model: nn.Module, batch: WordBatch, knob: Any) -> torch.Tensor:
-        T = batch.tokens.shape[1]  # passes beyond the exact count (T with plain prefix 1) change nothing
-        return model(batch.tokens, passes=T, plain_prefix=1, labels=batch.labels, grad_passes=self.cfg.grad_passes,
-                     feedback_weight=knob).loss
+    def loss(self, model: nn.Module, batch: WordBatch, knob: Any, step: int = 0) -> torch.Tensor:
+        # The start cup and what comes before it are plain; passes beyond the exact count change nothing.
+        exact = batch.tokens.shape[1] - batch.prefix
+        return model(batch.tokens, passes=exact, plain_prefix=batch.prefix + 1, labels=batch.labels,
+                     grad_passes=self.cfg.grad_passes, feedback_weight=knob).loss
 
-    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
-        return model.forward_exact(tokens, plain_prefix=1, method="sequential").logits
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any, prefix: int = 0) -> torch.Tensor:
+        return model.forward_exact(tokens, plain_prefix=prefix + 1, method="sequential").logits
 
     other_modes = ("standard",)  # the same model without feedback (one plain pass): what its recurrence adds
 
-    def mode_logits(self, mode: str, model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    def mode_logits(self, mode: str, model: nn.Module, tokens: torch.Tensor, prefix: int = 0) -> torch.Tensor:
         return model(tokens).logits  # standard
 
     def shape(self, knob: Any) -> Shape:
@@ -226,12 +235,13 @@ class FullBandwidth(Arm):
 
     def train_flops(self, knob: Any) -> float:
         T = self.train_T
-        return step_flops(self.shape(knob), self.cfg.batch_size, T, T, feedback=True,
-                          grad_passes=self.cfg.grad_passes)
+        exact = T - round(self.train_prefix)
+        return step_flops(self.shape(knob), self.cfg.batch_size, T, exact, feedback=True,
+                          grad_passes=self.cfg.grad_passes, exact_passes=exact)
 
-    def inference_flops(self, knob: Any, n: int) -> float:
-        s = self.shape(knob)
-        return positions_flops(s, 1, 1, False) + positions_flops(s, 2, n + 1, True)
+    def inference_flops(self, knob: Any, n: int, prefix: int = 0) -> float:
+        s = self.shape(knob)  # the plain prefix and the start cup once, then each step fused
+        return positions_flops(s, 1, prefix + 1, False) + positions_flops(s, prefix + 2, prefix + n + 1, True)
 
     def describe(self, knob: Any) -> str:
         return self.with_variant(f"lambda {knob:g}")
@@ -247,17 +257,17 @@ class Shift0(FullBandwidth):
     def config(self) -> ModelConfig:
         return self.model_config(feedback=True, feedback_shift=0)
 
-    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
-        return model(tokens, passes=self.train_T, plain_prefix=1).logits
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any, prefix: int = 0) -> torch.Tensor:
+        return model(tokens, passes=self.train_T, plain_prefix=prefix + 1).logits
 
     def train_flops(self, knob: Any) -> float:
         T = self.train_T
         return step_flops(self.shape(knob), self.cfg.batch_size, T, T, feedback=True,
                           grad_passes=self.cfg.grad_passes, shift=0)
 
-    def inference_flops(self, knob: Any, n: int) -> float:
+    def inference_flops(self, knob: Any, n: int, prefix: int = 0) -> float:
         s = self.shape(knob)
-        return forward_flops(s, n + 1, False) + (self.train_T - 1) * forward_flops(s, n + 1, True)
+        return forward_flops(s, prefix + n + 1, False) + (self.train_T - 1) * forward_flops(s, prefix + n + 1, True)
 
 
 class EqualFlops(Transformer):
@@ -295,9 +305,9 @@ class Looped(Arm):
     def build(self, knob: Any) -> nn.Module:
         return LoopedTransformer(self.model_config(), knob, self.injection)
 
-    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any, prefix: int = 0) -> torch.Tensor:
         # END carries no answer: leave it out, so the last step's loop count is the longest run.
-        out = model(tokens[:, :-1])
+        out = model(tokens[:, :-1], prefix)
         return torch.cat((out, out.new_zeros(out.shape[0], 1, out.shape[2])), dim=1)
 
     def shape(self, knob: Any) -> Shape:
@@ -307,8 +317,8 @@ class Looped(Arm):
         loops = knob * self.cfg.train_length
         return self.cfg.batch_size * 3 * loops * forward_flops(self.shape(knob), self.train_T - 1, False)
 
-    def inference_flops(self, knob: Any, n: int) -> float:
-        return knob * n * forward_flops(self.shape(knob), n + 1, False)
+    def inference_flops(self, knob: Any, n: int, prefix: int = 0) -> float:
+        return knob * n * forward_flops(self.shape(knob), prefix + n + 1, False)
 
     def describe(self, knob: Any) -> str:
         return self.with_variant(f"k = {knob} x n")
@@ -334,9 +344,9 @@ class GrowingDepth(Arm):
     def optimizer_groups(self, model: nn.Module, knob: Any) -> list[dict]:
         return param_groups(model.named_parameters(), 0.0, self.cfg.fusion_lr_mult, fusion_names(model))
 
-    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any, prefix: int = 0) -> torch.Tensor:
         # END carries no answer: leave it out, so the last step's pass count is the longest run (as looped).
-        out = growing_depth_logits(model, tokens[:, :-1], knob)
+        out = growing_depth_logits(model, tokens[:, :-1], knob, prefix)
         return torch.cat((out, out.new_zeros(out.shape[0], 1, out.shape[2])), dim=1)
 
     def shape(self, knob: Any) -> Shape:
@@ -346,9 +356,9 @@ class GrowingDepth(Arm):
         s, T, passes = self.shape(knob), self.train_T - 1, knob * self.cfg.train_length
         return self.cfg.batch_size * 3 * (forward_flops(s, T, False) + (passes - 1) * forward_flops(s, T, True))
 
-    def inference_flops(self, knob: Any, n: int) -> float:
-        s = self.shape(knob)
-        return forward_flops(s, n + 1, False) + (knob * n - 1) * forward_flops(s, n + 1, True)
+    def inference_flops(self, knob: Any, n: int, prefix: int = 0) -> float:
+        s, T = self.shape(knob), prefix + n + 1
+        return forward_flops(s, T, False) + (knob * n - 1) * forward_flops(s, T, True)
 
     def describe(self, knob: Any) -> str:
         return self.with_variant(f"c = {knob} (passes = c x n)")
@@ -362,13 +372,12 @@ class RNN(Arm):
         return self.cfg.rnn_cells
 
     def hidden(self, cell: str) -> int:
-        target = sum(p.numel() for p in FullBandwidthLM(FullBandwidth(self.cfg, self.problems).config()).parameters())
-        return matched_rnn_hidden(self.problems.vocab_size, cell, target)
+        return matched_rnn_hidden(self.problems.vocab_size, cell, full_bandwidth_parameters(self))
 
     def build(self, knob: Any) -> nn.Module:
         return RNNLM(self.problems.vocab_size, self.hidden(knob), knob)
 
-    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any) -> torch.Tensor:
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any, prefix: int = 0) -> torch.Tensor:
         return model(tokens)
 
     def token_flops(self, knob: Any) -> float:
@@ -379,16 +388,116 @@ class RNN(Arm):
     def train_flops(self, knob: Any) -> float:
         return self.cfg.batch_size * self.train_T * 3 * self.token_flops(knob)
 
-    def inference_flops(self, knob: Any, n: int) -> float:
-        return (n + 1) * self.token_flops(knob)
+    def inference_flops(self, knob: Any, n: int, prefix: int = 0) -> float:
+        return (prefix + n + 1) * self.token_flops(knob)
 
     def describe(self, knob: Any) -> str:
         H = self.hidden(knob)
         return f"{knob.upper()}, hidden {H} ({rnn_parameters(self.problems.vocab_size, H, knob):,} parameters)"
 
 
+class WideLSTM(RNN):
+    """An LSTM as wide as the full-bandwidth model's training FLOPs allow (eval-recall): the most an RNN can be
+    given for the same training compute, whatever its parameter count."""
+
+    name, title, knob_name = "wide_lstm", "LSTM, equal training FLOPs", "cell"
+
+    def knobs(self) -> tuple[Any, ...]:
+        return ("lstm",)
+
+    def hidden(self, cell: str) -> int:
+        target = FullBandwidth(self.cfg, self.problems).train_flops(None)
+        per_token = self.cfg.batch_size * self.train_T * 3 * 2.0  # train_flops = this x (8 H^2 + H V)
+        a, b = 8 * per_token, self.problems.vocab_size * per_token
+        return max(1, round((-b + math.sqrt(b * b + 4 * a * target)) / (2 * a)))
+
+
+class Hybrid(Arm):
+    """Attention then recurrence (eval-recall): the transformer's embedding and blocks, whose outputs feed a
+    one-layer LSTM as wide as the full-bandwidth model's parameter count allows (models.AttentionThenLSTM). The knob
+    is the number of blocks before the LSTM: more attention, or a wider LSTM."""
+
+    name, title, knob_name = "hybrid", "attention then LSTM", "blocks"
+
+    def knobs(self) -> tuple[Any, ...]:
+        return tuple(range(1, self.cfg.n_layers + 1))
+
+    def blocks_config(self, knob: Any) -> ModelConfig:
+        return self.model_config(n_layers=knob)
+
+    def hidden(self, knob: Any) -> int:
+        return matched_hybrid_hidden(self.blocks_config(knob), full_bandwidth_parameters(self))
+
+    def build(self, knob: Any) -> nn.Module:
+        return AttentionThenLSTM(self.blocks_config(knob), self.hidden(knob))
+
+    def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any, prefix: int = 0) -> torch.Tensor:
+        return model(tokens)
+
+    def shape(self, knob: Any) -> Shape:
+        return Shape.of(self.blocks_config(knob))
+
+    def token_flops(self, knob: Any) -> float:
+        """Forward FLOPs of one token in the LSTM and its head (the blocks are counted as a transformer's)."""
+        H = self.hidden(knob)
+        return 2.0 * (4 * (self.cfg.d_model * H + H * H) + H * self.problems.vocab_size)
+
+    def train_flops(self, knob: Any) -> float:
+        blocks = dataclasses.replace(self.shape(knob), vocab_size=0)  # the blocks' head is the LSTM's
+        return (step_flops(blocks, self.cfg.batch_size, self.train_T, 1, feedback=False)
+                + self.cfg.batch_size * self.train_T * 3 * self.token_flops(knob))
+
+    def inference_flops(self, knob: Any, n: int, prefix: int = 0) -> float:
+        T = prefix + n + 1
+        return forward_flops(dataclasses.replace(self.shape(knob), vocab_size=0), T, False) + T * self.token_flops(knob)
+
+    def describe(self, knob: Any) -> str:
+        return self.with_variant(f"{knob} block{'s' * (knob > 1)} x d_model {self.cfg.d_model}, then an LSTM of "
+                                 f"{self.hidden(knob)}")
+
+
+PAPER_PASS_MIX = {2: 0.45, 3: 0.35, 4: 0.15, 8: 0.05}  # the paper's few passes, a small share of deeper ones
+PAPER_JITTER = 0.02  # the paper's (DESIGN.md §3)
+
+
+class FullBandwidthPaper(FullBandwidth):
+    """The full-bandwidth model trained with the paper's schedule (eval-recall): each step a few Jacobi passes
+    (:data:`PAPER_PASS_MIX`, drawn per step from the seed and the step), every pass scored and with gradients,
+    jitter on the carried states, not the exact count; answering as :class:`FullBandwidth` does, with exact
+    (fully recurrent) prefill. Training stays parallel: its passes do not grow with n."""
+
+    name, title, knob_name = "fullband_paper", "full-bandwidth (paper schedule)", "lambda"
+
+    def passes_at(self, step: int) -> int:
+        """The pass count of training step ``step`` (the same for every seed: the schedule is not a seed's)."""
+        draw = torch.rand((), generator=torch.Generator().manual_seed(7_919 * step + 13)).item()
+        total = 0.0
+        for passes, share in PAPER_PASS_MIX.items():
+            total += share
+            if draw < total:
+                return passes
+        return max(PAPER_PASS_MIX)
+
+    def loss(self, model: nn.Module, batch: WordBatch, knob: Any, step: int = 0) -> torch.Tensor:
+        return model(batch.tokens, passes=self.passes_at(step), plain_prefix=batch.prefix + 1, labels=batch.labels,
+                     feedback_weight=knob, jitter=PAPER_JITTER).loss
+
+    def train_flops(self, knob: Any) -> float:
+        mean = sum(passes * share for passes, share in PAPER_PASS_MIX.items())  # step_flops is linear in the passes
+        T = self.train_T
+        return step_flops(self.shape(knob), self.cfg.batch_size, T, 1, feedback=True) + (mean - 1) * (
+            step_flops(self.shape(knob), self.cfg.batch_size, T, 2, feedback=True)
+            - step_flops(self.shape(knob), self.cfg.batch_size, T, 1, feedback=True))
+
+
+def full_bandwidth_parameters(arm: Arm) -> int:
+    """The full-bandwidth model's parameter count in ``arm``'s study (built on the meta device)."""
+    with torch.device("meta"):
+        return parameters(FullBandwidthLM(FullBandwidth(arm.cfg, arm.problems).config()))
+
+
 ARM_TYPES: dict[str, type[Arm]] = {a.name: a for a in (Baseline, EqualFlops, Looped, RNN, FullBandwidth, Shift0,
-                                                       GrowingDepth)}
+                                                       GrowingDepth, WideLSTM, Hybrid, FullBandwidthPaper)}
 
 
 def make_arm(name: str, cfg: ControlsConfig, problems: WordProblems, variant: str = "") -> Arm:

@@ -95,6 +95,12 @@ class ControlsConfig(StudyConfig):
     resume: str = resume_field("finished runs are read back, an unfinished one starts again: the numbers of an "
                                "uninterrupted study")
 
+    def problems(self, group: str) -> Any:
+        """The problems of ``group`` (fullband.tasks.word_problems.WordProblems)."""
+        from fullband.tasks.word_problems import WordProblems
+
+        return WordProblems(group)
+
     @property
     def max_test_length(self) -> int:
         """The longest length any run is scored at (the models' context is this + 2)."""

@@ -19,11 +19,12 @@ from fullband.config import ModelConfig
 from fullband.model import FullBandwidthLM
 
 
-def loops_per_position(T: int, loops_per_step: int, device: torch.device | None = None) -> torch.Tensor:
-    """(T,) the depth rule of the looped control and the growing-depth ablation (DESIGN.md §7): position t (the t-th
-    step; 0 is the start cup) is read after ``loops_per_step`` x t loops (or passes), at least 1. One rule in training
-    and answering."""
-    return (torch.arange(T, device=device) * loops_per_step).clamp(min=1)
+def loops_per_position(T: int, loops_per_step: int, device: torch.device | None = None,
+                       prefix: int = 0) -> torch.Tensor:
+    """(T,) the depth rule of the looped control and the growing-depth ablation (DESIGN.md §7): the position of the
+    t-th step (the start cup is step 0, at index ``prefix``, after a lookup problem's table) is read after
+    ``loops_per_step`` x t loops (or passes), at least 1. One rule in training and answering."""
+    return ((torch.arange(T, device=device) - prefix) * loops_per_step).clamp(min=1)
 
 
 def read_at_own_depth(per_loop: Iterator[torch.Tensor], loops: torch.Tensor) -> torch.Tensor:
@@ -73,9 +74,9 @@ class LoopedTransformer(nn.Module):
     def config(self) -> ModelConfig:
         return self.net.config
 
-    def loops_for(self, T: int, device: torch.device) -> torch.Tensor:
+    def loops_for(self, T: int, device: torch.device, prefix: int = 0) -> torch.Tensor:
         """(T,) loops of each position (:func:`loops_per_position`)."""
-        return loops_per_position(T, self.loops_per_step, device)
+        return loops_per_position(T, self.loops_per_step, device, prefix)
 
     def loop_logits(self, tokens: torch.Tensor, loops: int) -> Iterator[torch.Tensor]:
         """Logits (B, T, V) after each of ``loops`` loops over the whole sequence."""
@@ -87,21 +88,22 @@ class LoopedTransformer(nn.Module):
             yield self.net.lm_head(normed)
             x = (normed if self.injection == "normed" else state) + emb
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, T) -> logits (B, T, V), each position's after its own loop count."""
-        loops = self.loops_for(tokens.shape[1], tokens.device)
+    def forward(self, tokens: torch.Tensor, prefix: int = 0) -> torch.Tensor:
+        """(B, T) -> logits (B, T, V), each position's after its own loop count (steps counted after ``prefix``)."""
+        loops = self.loops_for(tokens.shape[1], tokens.device, prefix)
         return read_at_own_depth(self.loop_logits(tokens, int(loops.max())), loops)
 
 
-def growing_depth_logits(model: FullBandwidthLM, tokens: torch.Tensor, loops_per_step: int) -> torch.Tensor:
+def growing_depth_logits(model: FullBandwidthLM, tokens: torch.Tensor, loops_per_step: int,
+                         prefix: int = 0) -> torch.Tensor:
     """(B, T) -> logits (B, T, V) of a shift-0 full-bandwidth model (``feedback_shift`` 0: pass k fuses a position's
     own state from pass k-1, nothing moves along the sequence but attention) with each position read after its own
     pass count, the looped rule (:func:`loops_per_position`): DESIGN.md §7's growing-depth ablation, the same
     parameters and fusion as the full-bandwidth model and depth that grows with n, without the shift."""
     if model.feedback_shift != 0:
         raise ValueError("growing_depth_logits needs a model with feedback_shift=0")
-    loops = loops_per_position(tokens.shape[1], loops_per_step, tokens.device)
-    passes = model.iterate_passes(tokens, int(loops.max()), plain_prefix=1)
+    loops = loops_per_position(tokens.shape[1], loops_per_step, tokens.device, prefix)
+    passes = model.iterate_passes(tokens, int(loops.max()), plain_prefix=prefix + 1)
     return read_at_own_depth((model.lm_head(p.head_input) for p in passes), loops)
 
 
@@ -123,6 +125,46 @@ class RNNLM(nn.Module):
 
 
 RNN_CELLS: dict[str, type[nn.RNNBase]] = {"gru": nn.GRU, "lstm": nn.LSTM}
+
+
+class AttentionThenLSTM(nn.Module):
+    """The strongest control that has both halves: a transformer's embedding and causal blocks (attention can read a
+    problem's table back) whose outputs feed a one-layer LSTM (a state carried along the sequence), then a head:
+    logits (B, T, V) per position, causally. It carries a small state along the sequence, where the full-bandwidth
+    model carries its whole top-layer state through the whole depth again."""
+
+    def __init__(self, config: ModelConfig, hidden: int) -> None:
+        super().__init__()
+        self.net = FullBandwidthLM(dataclasses.replace(config, feedback=False, tie_embeddings=False))
+        del self.net.lm_head  # the LSTM's head answers
+        self.rnn = nn.LSTM(config.d_model, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, config.vocab_size)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.net.config
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        _, normed = self.net.run_stack(self.net.embed(tokens), positions)  # (B, T, D) after the final norm
+        states, _ = self.rnn(normed)
+        return self.head(states)
+
+
+def hybrid_parameters(config: ModelConfig, hidden: int) -> int:
+    """Parameters of :class:`AttentionThenLSTM` (built on the meta device: nothing allocated)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in AttentionThenLSTM(config, hidden).parameters())
+
+
+def matched_hybrid_hidden(config: ModelConfig, parameters: int) -> int:
+    """The LSTM width whose :class:`AttentionThenLSTM` has the parameter count nearest to ``parameters`` (at least 1:
+    when the blocks alone have more, the smallest LSTM)."""
+    low, high = 1, 4 * config.d_model
+    while low < high:  # the count grows with the width
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if hybrid_parameters(config, mid) < parameters else (low, mid)
+    return min((max(1, low - 1), low), key=lambda h: abs(hybrid_parameters(config, h) - parameters))
 
 
 def rnn_parameters(vocab_size: int, hidden: int, cell: str) -> int:

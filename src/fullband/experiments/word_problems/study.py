@@ -113,9 +113,8 @@ class ControlsStudy(Study):
 
     def arm(self, group: str, name: str) -> Arm:
         from fullband.experiments.word_problems.arms import make_arm
-        from fullband.tasks.word_problems import WordProblems
 
-        return make_arm(name, self.cfg, WordProblems(group))
+        return make_arm(name, self.cfg, self.cfg.problems(group))
 
     def run_all(self, specs: list[RunSpec], phase: str) -> list[dict[str, Any]]:
         """Every run of ``specs`` (finished ones read back), ``workers`` at a time, the costliest first."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from fullband.experiments.word_problems.arms import Arm, make_arm, parameters
 from fullband.experiments.word_problems.config import ControlsConfig
 from fullband.files import write_json
 from fullband.model.recurrence import ntp_loss
+from fullband.tasks.lookup_problems import LookupProblems
 from fullband.tasks.word_problems import WordBatch, WordProblems, accuracy_by_length
 from fullband.training.optim import lr_at, set_lr
 from fullband.training.sections import OptimConfig
@@ -64,6 +66,31 @@ class RunSpec:
         return root / "runs" / self.group / arm / f"{knob}-lr{self.lr:g}" / f"seed{self.seed}-{self.stops[-1]}"
 
 
+VALIDATION = "validation"  # the sets whose names start with it choose the settings (the others are tested)
+
+
+def evaluation_sets(cfg: ControlsConfig, problems: WordProblems | LookupProblems,
+                    long_test: bool = False) -> dict[str, WordBatch]:
+    """The named problem sets every checkpoint is scored on. Word problems: ``validation`` (the trained lengths),
+    ``test`` and, with ``long_test``, ``long_test``. Lookup problems: ``validation_K<K>`` and ``test_K<K>`` for each
+    of the config's validation and test table sizes (problems of one table size per set: no row is padded)."""
+    if isinstance(problems, LookupProblems):
+        sets = {f"{VALIDATION}_K{K}": problems.batch(cfg.validation_problems, K, cfg.train_length,
+                                                     torch.Generator().manual_seed(VALIDATION_SEED + K))
+                for K in cfg.validation_tables}
+        return sets | {f"test_K{K}": problems.batch(cfg.test_problems, K, max(cfg.test_lengths),
+                                                    torch.Generator().manual_seed(TEST_SEED + K))
+                       for K in cfg.test_tables}
+    sets = {VALIDATION: validation_set(cfg, problems), "test": test_set(cfg, problems)}
+    return sets | ({"long_test": long_test_set(cfg, problems)} if long_test else {})
+
+
+def mean_of(accuracies: Iterable[list[float]]) -> float:
+    """The mean accuracy over every length of every set (equal weight to each length)."""
+    values = [value for accuracy in accuracies for value in accuracy]
+    return sum(values) / len(values)
+
+
 def validation_set(cfg: ControlsConfig, problems: WordProblems) -> WordBatch:
     return problems.batch(cfg.validation_problems, cfg.train_length, torch.Generator().manual_seed(VALIDATION_SEED))
 
@@ -82,10 +109,10 @@ def extrapolation_set(cfg: ControlsConfig, problems: WordProblems) -> WordBatch:
                           torch.Generator().manual_seed(EXTRAPOLATION_SEED))
 
 
-def training_batch(cfg: ControlsConfig, problems: WordProblems, seed: int, step: int) -> WordBatch:
+def training_batch(cfg: ControlsConfig, problems: WordProblems | LookupProblems, seed: int, step: int) -> WordBatch:
     """The batch of ``step`` for ``seed``: every arm of a seed trains on the same batches."""
     generator = torch.Generator().manual_seed(seed * 1_000_033 + step)
-    return problems.batch(cfg.batch_size, cfg.train_length, generator)
+    return problems.training_batch(cfg.batch_size, cfg.train_length, generator)
 
 
 @torch.no_grad()
@@ -94,11 +121,12 @@ def score(arm: Arm, model: torch.nn.Module, knob: Any, batch: WordBatch, rows: i
     """Accuracy at every length of ``batch`` and the loss over its labels, in chunks of ``rows`` problems (and, with
     ``other_modes``, the accuracy of the arm's other ways of answering)."""
     model.eval()
-    logits = torch.cat([arm.logits(model, batch.tokens[i : i + rows], knob) for i in range(0, len(batch.tokens), rows)])
+    logits = torch.cat([arm.logits(model, batch.tokens[i : i + rows], knob, batch.prefix)
+                        for i in range(0, len(batch.tokens), rows)])
     out = {"accuracy": accuracy_by_length(logits, batch).tolist(), "loss": ntp_loss(logits, batch.labels).item()}
     # the same model answering another way (fullband: without its feedback)
     for mode in arm.other_modes if other_modes else ():
-        other = torch.cat([arm.mode_logits(mode, model, batch.tokens[i : i + rows])
+        other = torch.cat([arm.mode_logits(mode, model, batch.tokens[i : i + rows], batch.prefix)
                            for i in range(0, len(batch.tokens), rows)])
         out[f"{mode}_accuracy"] = accuracy_by_length(other, batch).tolist()
     model.train()
@@ -113,7 +141,7 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
     directory.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     device = resolve_device(cfg.device)
-    problems = WordProblems(spec.group)
+    problems = cfg.problems(spec.group)
     arm = make_arm(spec.arm, cfg, problems, spec.variant)
     torch.manual_seed(10_007 * spec.seed + 1)  # the initial weights: one per seed, the same for every lr
     model = arm.build(spec.knob).to(device)
@@ -121,9 +149,8 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
                             schedule="wsd", decay_fraction=cfg.cooldown_fraction, min_lr_ratio=0.0)
     optimizer = torch.optim.AdamW(arm.optimizer_groups(model, spec.knob), lr=spec.lr, betas=optim_cfg.betas,
                                   eps=optim_cfg.eps)
-    validation = _to(validation_set(cfg, problems), device)
-    test = _to(test_set(cfg, problems), device)
-    long_test = _to(long_test_set(cfg, problems), device) if spec.long_test else None
+    sets = {name: _to(batch, device) for name, batch in evaluation_sets(cfg, problems, spec.long_test).items()}
+    validations = [batch for name, batch in sets.items() if name.startswith(VALIDATION)]
     curve: dict[str, list[float]] = {"step": [], "train_loss": [], "validation_accuracy": [], "validation_loss": []}
     checkpoints: dict[str, Any] = {}
     last = spec.stops[-1]
@@ -133,7 +160,8 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
     def steps_to(begin: int, end: int, total: int, record: bool) -> None:
         for step in range(begin, end):
             set_lr(optimizer, lr_at(step, optim_cfg, total))
-            loss = arm.loss(model, _to(training_batch(cfg, problems, spec.seed, step), device), spec.knob)
+            torch.manual_seed(spec.seed * 1_000_033 + step + 17)  # an arm's random draws (jitter) are the step's
+            loss = arm.loss(model, _to(training_batch(cfg, problems, spec.seed, step), device), spec.knob, step)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
@@ -141,11 +169,11 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
             if record:
                 losses.append(loss.item())
                 if (step + 1) % cfg.eval_every == 0:
-                    val = score(arm, model, spec.knob, validation)
+                    scored = [score(arm, model, spec.knob, batch) for batch in validations]
                     curve["step"].append(step + 1)
                     curve["train_loss"].append(sum(losses) / len(losses))
-                    curve["validation_accuracy"].append(sum(val["accuracy"]) / len(val["accuracy"]))
-                    curve["validation_loss"].append(val["loss"])
+                    curve["validation_accuracy"].append(mean_of(s["accuracy"] for s in scored))
+                    curve["validation_loss"].append(sum(s["loss"] for s in scored) / len(scored))
                     losses.clear()
                     _progress(cfg, spec, step + 1, curve)
 
@@ -153,10 +181,7 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
 
     def checkpoint(steps: int) -> None:
         began = time.perf_counter()
-        checkpoints[str(steps)] = {"validation": score(arm, model, spec.knob, validation),
-                                   "test": score(arm, model, spec.knob, test)}
-        if long_test is not None:
-            checkpoints[str(steps)]["long_test"] = score(arm, model, spec.knob, long_test)
+        checkpoints[str(steps)] = {name: score(arm, model, spec.knob, batch) for name, batch in sets.items()}
         scoring[0] += time.perf_counter() - began
         save_model(model, str(directory / f"model-{steps}.safetensors"))
 
@@ -175,12 +200,21 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
     result = {"group": spec.group, "arm": spec.arm, **variant, "knob": spec.knob, "lr": spec.lr, "seed": spec.seed,
               "stops": list(spec.stops), "checkpoints": checkpoints, "curve": curve, "parameters": parameters(model),
               "describe": arm.describe(spec.knob), "train_flops_per_step": arm.train_flops(spec.knob),
-              "inference_flops": {str(n): arm.inference_flops(spec.knob, n) for n in cfg.reported_lengths},
+              "inference_flops": inference_costs(cfg, arm, spec.knob),
               "seconds": time.perf_counter() - start, "scoring_seconds": scoring[0],
               "threads": torch.get_num_threads(), "processor": cpu_name(),
               "avx512_bf16": "avx512_bf16" in cpu_flags()}
     write_json(directory / RESULT, rundir.stamped(result))
     return read_result(directory)
+
+
+def inference_costs(cfg: ControlsConfig, arm: Arm, knob: Any) -> dict[str, float]:
+    """FLOPs of answering one problem at each reported length (and each test table size of lookup problems:
+    ``"K16 n64"``)."""
+    if isinstance(arm.problems, LookupProblems):
+        return {f"K{K} n{n}": arm.inference_flops(knob, n, arm.problems.prefix(K))
+                for K in cfg.test_tables for n in cfg.reported_lengths}
+    return {str(n): arm.inference_flops(knob, n) for n in cfg.reported_lengths}
 
 
 def read_result(directory: Path) -> dict[str, Any]:
@@ -201,7 +235,7 @@ def run_specs(cfg: ControlsConfig, specs: list[RunSpec], root: str | Path, phase
         print(f"{phase}: {len(specs)} runs, {len(specs) - len(todo)} already done", flush=True)
 
     def cost(spec: RunSpec) -> float:
-        return make_arm(spec.arm, cfg, WordProblems(spec.group), spec.variant).train_flops(spec.knob) * spec.stops[-1]
+        return make_arm(spec.arm, cfg, cfg.problems(spec.group), spec.variant).train_flops(spec.knob) * spec.stops[-1]
 
     order = sorted(todo, key=lambda s: -cost(s))
     for done, result in enumerate(map_jobs(train_run, [(cfg, s, str(root)) for s in order], cfg.workers), start=1):
@@ -223,7 +257,7 @@ def extrapolation_scores(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[
     if kept_file.is_file() and (kept := json.loads(kept_file.read_text()))["set"] == stamp:
         return kept["accuracy"]
     device = resolve_device(cfg.device)
-    problems = WordProblems(spec.group)
+    problems = cfg.problems(spec.group)
     arm = make_arm(spec.arm, cfg, problems, spec.variant)
     batch = _to(extrapolation_set(cfg, problems), device)
     accuracy = {}
@@ -236,9 +270,7 @@ def extrapolation_scores(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[
 
 
 def _to(batch: WordBatch, device: torch.device) -> WordBatch:
-    if device.type == "cpu":
-        return batch
-    return WordBatch(*(getattr(batch, f).to(device) for f in ("tokens", "labels", "starts", "steps", "cups")))
+    return batch if device.type == "cpu" else batch.to(device)
 
 
 def _progress(cfg: ControlsConfig, spec: RunSpec, step: int, curve: dict[str, list[float]]) -> None:

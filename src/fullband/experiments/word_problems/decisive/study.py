@@ -86,9 +86,8 @@ class DecisiveStudy(Study):
 
     def arm(self, cfg: DecisiveConfig, group: str, name: str, variant: str = "") -> Arm:
         from fullband.experiments.word_problems.arms import make_arm
-        from fullband.tasks.word_problems import WordProblems
 
-        return make_arm(name, cfg, WordProblems(group), variant)
+        return make_arm(name, cfg, cfg.problems(group), variant)
 
     def fresh_specs(self, groups: dict[str, dict[str, Any]]) -> list[RunSpec]:
         """Phase 3's runs: each arm's fair setting, each control's hindsight one, the RNN at every cell and rate."""
