@@ -2,8 +2,8 @@
 
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or server-sent events ending with
 ``data: [DONE]``), ``GET /v1/models``, ``GET /health`` and Prometheus ``GET /metrics``. Extra request fields:
-``mode`` (standard | soft | fused | exact), ``prefill_passes`` and ``top_k``. Bad input gets HTTP 400 with
-OpenAI's error body naming the field; a full queue gets 429.
+``mode`` (a registered mode's spelling: standard | soft | fused:K | exact) and ``top_k``. Bad input gets HTTP 400
+with OpenAI's error body naming the field; a full queue gets 429.
 
 :func:`create_app` only wires the parts together: the state they share (:class:`~fullband.serve.state.ServerState`),
 the route groups (:mod:`fullband.serve.routes`: completions, chat, info, errors and guards) and the OpenAPI schema

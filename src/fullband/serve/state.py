@@ -70,7 +70,7 @@ class ServerState:
     @property
     def max_tokens_allowed(self) -> int:
         """The most tokens a request may ask for: the server's cap, else what the context leaves after a one-token
-        prompt."""
+        prompt (fullband.context)."""
         return self.limits.max_tokens or self.engine.context - 1
 
     def error_response(self, request: Request, err: APIError) -> JSONResponse:

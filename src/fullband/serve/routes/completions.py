@@ -7,7 +7,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from fullband.serve.responses import Builder
-from fullband.serve.routes.generation import check_model, generation_responses, respond, start, stop_strings
+from fullband.serve.routes.generation import (
+    Prompt,
+    check_model,
+    generation_responses,
+    max_tokens_of,
+    respond,
+    start,
+    stop_strings,
+)
 from fullband.serve.schema import APIError, CompletionBody
 from fullband.serve.state import ServerState
 
@@ -19,20 +27,20 @@ def add_completions(app: FastAPI, state: ServerState) -> None:
     async def completions(body: CompletionBody, request: Request) -> Any:
         check_model(state, body)
         if body.echo:
-            raise APIError(400, "echo: echoing the prompt is not supported", "echo")
+            raise APIError(400, "echo: echoing the prompt is not supported", "echo", code="invalid_value")
         raw = body.prompt
         prompts = [raw] if isinstance(raw, str) or not raw or isinstance(raw[0], int) else list(raw)
-        prompt_ids = [_encode(state, p) for p in prompts]  # type: ignore[arg-type]
-        run = start(state, body, prompt_ids, stop_strings(body.stop), body.logprobs)
-        builder = Builder("text_completion", state.model_name, state.tokenizer, len(run.handles),
-                          sum(len(p) for p in prompt_ids), body.logprobs is not None, body)
+        run, prompt_tokens = start(state, body, [_encode(state, p) for p in prompts], stop_strings(body.stop),
+                                   body.logprobs, max_tokens_of(state, {"max_tokens": body.max_tokens}))
+        builder = Builder("text_completion", state.model_name, state.tokenizer, len(run.handles), prompt_tokens,
+                          body.logprobs is not None, body)
         return await respond(state, PATH, request, run, body.stream, builder)
 
 
-def _encode(state: ServerState, prompt: str | list[int]) -> list[int]:
+def _encode(state: ServerState, prompt: str | list[int]) -> Prompt:
     if isinstance(prompt, str):
         if state.tokenizer is None:
             raise APIError(400, "prompt: this checkpoint has no tokenizer, so the prompt must be a list of token ids",
-                           "prompt")
-        return state.tokenizer.encode(prompt)
-    return list(prompt)
+                           "prompt", code="invalid_value")
+        return Prompt(state.tokenizer.encode(prompt), text=True)
+    return Prompt(list(prompt), text=False)
