@@ -50,8 +50,9 @@ CASES = [
     Case("negative-temperature", ["generate", "--checkpoint", "x", "--decode.temperature", "-1"], "temperature=-1"),
     Case("top-p-zero", ["generate", "--checkpoint", "x", "--decode.top_p", "0"], "top_p=0"),
     Case("negative-top-k", ["generate", "--checkpoint", "x", "--decode.top_k", "-3"], "top_k=-3"),
-    Case("negative-prefill-passes", ["generate", "--checkpoint", "x", "--decode.prefill_passes", "-1"],
-         "prefill_passes=-1"),
+    Case("retired-prefill-passes", ["generate", "--checkpoint", "x", "--decode.prefill_passes", "2"],
+         "use --decode.mode fused:K"),
+    Case("bare-fused", ["generate", "--checkpoint", "x", "--decode.mode", "fused"], "write fused:K"),
     Case("zero-exact-chunk", ["generate", "--checkpoint", "x", "--decode.exact_chunk_size", "0"], "exact_chunk_size=0"),
     Case("not-a-bool", ["generate", "--checkpoint", "x", "--stop_at_eos", "maybe"], "--stop_at_eos"),
     Case("misspelt-device", [*GEN, "--device", "gpu"], "device='gpu'"),
@@ -126,7 +127,8 @@ CASES = [
          setup="no_tokenizer"),
     Case("empty-prompt", ["generate", "--checkpoint", "{c}/ckpt", "--prompt", ""], "--prompt is empty",
          setup="native"),
-    Case("too-many-new-tokens", [*GEN, "--max_new_tokens", "500"], "--max_new_tokens 500", setup="native"),
+    Case("too-many-new-tokens", [*GEN, "--max_new_tokens", "500"], "max_new_tokens=500 is more than the model's "
+         "context", setup="native"),
     # --- speculative decoding: a draft length below 1, a drafter with another vocabulary, too deep an early exit
     Case("speculative-gamma-0", ["generate", "--checkpoint", "x", "--drafter", "standard", "--gamma", "0"], "gamma=0"),
     Case("drafter-other-vocab", [*GEN, "--drafter", "{c}/drafter"], "drafter's vocab_size=100",
@@ -447,8 +449,7 @@ def test_a_bad_option_is_answered_before_torch_is_imported():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.strip() == ("fullband generate: error: decode.mode='fast' is invalid: must be one of "
-                                   "standard, soft, fused (with prefill_passes), fused:K (K >= 0 extra fused prompt "
-                                   "passes), exact")
+                                   "standard, soft, fused:K, exact")
 
 
 def test_the_console_script_answers_an_unavailable_gpu_in_one_line(world, tmp_path):

@@ -28,7 +28,8 @@ def test_help_lists_commands_and_documented_options(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     out = capsys.readouterr().out
-    assert "--decode.prefill_passes" in out and "extra fused (Jacobi) passes over the prompt" in out
+    assert "fused:K = the prompt gets K >= 0 extra fused (Jacobi) passes" in " ".join(out.split())  # the registry's
+    assert "prefill_passes" not in out  # retired: hidden, refused with a line naming fused:K
 
 
 def test_generate_prints_token_ids_without_tokenizer(checkpoint, capsys):
@@ -43,9 +44,9 @@ def test_generate_reads_a_config_file_and_flags_override_it(checkpoint, tmp_path
     model, path = checkpoint
     config = f'checkpoint = "{path}"\nprompt = "1,2"\nmax_new_tokens = 3\n[decode]\nmode = "standard"\n'
     (tmp_path / "gen.toml").write_text(config)
-    assert main(["generate", "--config", str(tmp_path / "gen.toml"), "--decode.mode", "fused"]) == 0
+    assert main(["generate", "--config", str(tmp_path / "gen.toml"), "--decode.mode", "fused:1"]) == 0
     printed = [int(t) for t in capsys.readouterr().out.split()]
-    assert printed == generate(model, [1, 2], max_new_tokens=3, mode="fused")
+    assert printed == generate(model, [1, 2], max_new_tokens=3, mode="fused:1")
 
 
 def test_generate_with_a_drafter_prints_the_same_tokens(checkpoint, tmp_path, capsys):
@@ -77,7 +78,7 @@ def test_generate_errors_are_one_clear_line(checkpoint, capsys, argv, message):
 
 
 @pytest.mark.parametrize(("command", "flat"), [("generate", "--mode"), ("generate", "--temperature"),
-                                               ("serve", "--prefill_passes"), ("eval", "--exact_chunk_size")])
+                                               ("serve", "--temperature"), ("eval", "--exact_chunk_size")])
 def test_the_flat_decoding_flags_are_refused_naming_the_decode_section(command, flat, capsys):
     # generate, serve and eval share [decode]; the flags they took before answer with the one that replaced each
     with pytest.raises(SystemExit) as exit_info:
@@ -87,3 +88,32 @@ def test_the_flat_decoding_flags_are_refused_naming_the_decode_section(command, 
     assert len(err.splitlines()) == 1 and f"{flat} is now --decode.{flat[2:]}" in err, err
     with pytest.raises(ConfigError, match=rf"{flat[2:]} is now decode.{flat[2:]} \(\[decode\] {flat[2:]} in a config"):
         build_config(COMMANDS[command].config, {flat[2:]: 1}, {})
+
+
+@pytest.mark.parametrize(("command", "argv", "says"), [
+    ("generate", ["--decode.prefill_passes", "2"], "--decode.prefill_passes is retired: use --decode.mode fused:K"),
+    ("serve", ["--decode.prefill-passes", "2"], "--decode.prefill-passes is retired: use --decode.mode fused:K"),
+    ("eval", ["--prefill_passes", "2"], "--prefill_passes is retired: use --decode.mode fused:K"),
+    ("generate", ["--decode.mode", "fused"], "decode.mode='fused' needs its pass count: write fused:K"),
+    ("serve", ["--decode.mode", "fused2"], "write fused:2"),
+    ("eval", ["--decode.mode", "fused(3)"], "write fused:3"),
+])
+def test_the_other_mode_spellings_are_refused_in_one_line_naming_fused_k(command, argv, says, capsys):
+    """One spelling per mode as input (fused:K); the two-option spelling and the report spellings name it."""
+    try:
+        code = main([command, "--checkpoint", "x", *argv])
+    except SystemExit as exit_info:  # argparse's error for a retired option
+        code = exit_info.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+
+
+def test_a_config_file_with_the_retired_prefill_passes_is_refused_naming_fused_k():
+    from fullband.generation.config import GenerateConfig
+
+    with pytest.raises(ConfigError, match=r'^decode.prefill_passes is retired: use mode = "fused:K" in \[decode\]'):
+        build_config(GenerateConfig, {"checkpoint": "x", "decode": {"mode": "fused", "prefill_passes": 2}}, {})
+    with pytest.raises(ConfigError, match=r'^prefill_passes is retired: use mode = "fused:K" in \[decode\]'):
+        build_config(GenerateConfig, {"checkpoint": "x", "prefill_passes": 2}, {})
+    assert build_config(GenerateConfig, {"checkpoint": "x", "decode": {"mode": "fused:2"}}, {}).decode.mode == "fused:2"

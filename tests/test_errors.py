@@ -61,12 +61,11 @@ def test_sequence_longer_than_context(model):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"mode": "turbo"}, r"mode='turbo' is invalid: must be one of standard, soft, fused \(with prefill_passes\), "
-                            r"fused:K \(K >= 0 extra fused prompt passes\), exact"),
+        ({"mode": "turbo"}, r"mode='turbo' is invalid: must be one of standard, soft, fused:K, exact"),
+        ({"mode": "fused"}, r"mode='fused' needs its pass count: write fused:K \(K >= 0, e.g. fused:1\)"),
         ({"temperature": -1.0}, r"temperature=-1.0 is invalid: must be >= 0"),
         ({"top_p": 0.0}, r"top_p=0.0 is invalid: must be in \(0, 1\]"),
         ({"top_k": -2}, r"top_k=-2 is invalid: must be an integer >= 0"),
-        ({"prefill_passes": -1}, r"prefill_passes=-1 is invalid: must be an integer >= 0"),
         ({"max_new_tokens": -1}, r"max_new_tokens=-1 is invalid: must be an integer >= 0"),
     ],
 )

@@ -24,9 +24,10 @@ WRITTEN_NOT_IMPORTED = "RemoteCode"  # its string arguments name modules for gen
 # Lowest first; a module imports only from its own layer or below. The longest matching package decides (the
 # top-level package ``fullband``, the public API's lazy facade, matches only itself).
 LAYERS = (
-    # torch-free: options, the decoding modes, the CPU facts a kernel choice reads, how a file is written
+    # torch-free: options, the decoding modes, the context rule, the CPU facts a kernel choice reads, how a file is
+    # written
     ("fullband.version", "fullband.config", "fullband.configio", "fullband.devices", "fullband.modes",
-     "fullband.files", "fullband.rundir"),
+     "fullband.context", "fullband.files", "fullband.rundir"),
     ("fullband.model",),  # the network: stands alone
     ("fullband.generation", "fullband.tasks", "fullband.data"),  # decoding; synthetic tasks; tokenizers, corpora
     ("fullband.integrations",),  # transformers (Auto classes, retrofit) and llama conversion

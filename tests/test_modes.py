@@ -1,5 +1,6 @@
-"""The decoding mode as one value: every accepted spelling parses to it, bad ones get one line naming the valid
-values, one function maps a mode to its prefill, and the names the studies write stay the committed strings."""
+"""The decoding mode as one value from one registry: each mode has one spelling that parses to it, other spellings
+and bad ones get one line naming what to write, the registry maps a mode to its prefill and makes the names, the
+help and the server's pattern, and the names the studies write stay the committed strings."""
 
 import pytest
 
@@ -8,64 +9,86 @@ from fullband.generation import generate
 from fullband.modes import (
     DECODING_MODES,
     EXACT,
-    MODE_PATTERN,
+    REGISTRY,
     SOFT,
     STANDARD,
     DecodeOptions,
     DecodingMode,
+    ModeSpec,
     Prefill,
     fused,
-    mode_of_prefill,
+    mode_pattern,
     prefill_of,
+    register_mode,
+    spellings,
+    unregister_mode,
 )
 
 
-@pytest.mark.parametrize(("text", "passes", "expected", "canonical"), [
-    ("standard", 1, STANDARD, "standard"),
-    ("soft", 1, SOFT, "soft"),
-    ("exact", 1, EXACT, "exact"),
-    ("fused", 1, fused(1), "fused:1"),
-    ("fused", 3, fused(3), "fused:3"),  # the older spelling: mode=fused with a separate pass count
-    ("fused:2", 1, fused(2), "fused:2"),  # fused:K carries its own count; prefill_passes is for a bare fused
-    ("fused:0", 5, fused(0), "fused:0"),
-    ("fused:12", 1, fused(12), "fused:12"),
-    ("standard", 7, STANDARD, "standard"),  # a pass count means nothing outside fused
+@pytest.mark.parametrize(("text", "expected"), [
+    ("standard", STANDARD), ("soft", SOFT), ("exact", EXACT), ("fused:0", fused(0)), ("fused:2", fused(2)),
+    ("fused:12", fused(12)),
 ])
-def test_every_spelling_parses_to_one_value_with_a_canonical_name(text, passes, expected, canonical):
-    mode = DecodingMode.parse(text, passes)
-    assert mode == expected and str(mode) == canonical
-    assert DecodingMode.parse(str(mode)) == mode  # the canonical name parses back to the same value
+def test_each_mode_has_one_spelling_that_parses_to_its_value_and_back(text, expected):
+    mode = DecodingMode.parse(text)
+    assert mode == expected and str(mode) == text  # str() is the canonical spelling
     assert DecodingMode.parse(mode) is mode  # a parsed value passes through
 
 
-@pytest.mark.parametrize("bad", ["turbo", "Soft", "fused:", "fused:-1", "fused:x", "fused:1.5", "fused:²", "", None, 3])
+@pytest.mark.parametrize(("text", "use"), [
+    ("fused", "fused:K"),  # the older two-option spelling (fused + prefill_passes): the count goes in the mode
+    ("fused2", "fused:2"),  # a results.json key
+    ("fused(2)", "fused:2"),  # a report label
+    ("fused(12)", "fused:12"),
+])
+def test_other_spellings_are_refused_in_one_line_naming_the_canonical_one(text, use):
+    with pytest.raises(ConfigError) as err:
+        DecodingMode.parse(text)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"mode={text!r}") and f"write {use}" in message
+    assert err.value.field == "mode"
+    with pytest.raises(ConfigError, match=f"write {use}"):
+        DecodeOptions(mode=text)  # what the command line, config files and the server build
+
+
+@pytest.mark.parametrize("bad", ["turbo", "Soft", "fused:", "fused:-1", "fused:x", "fused:1.5", "fused:²", "soft:2",
+                                 "", None, 3])
 def test_a_bad_spelling_gets_one_line_naming_the_valid_ones(bad):
     with pytest.raises(ConfigError) as err:
         DecodingMode.parse(bad)
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"mode={bad!r} is invalid")
-    assert all(name in message for name in (*DECODING_MODES, "fused:K"))
+    if bad != "soft:2":
+        assert spellings() in message and spellings() == "standard, soft, fused:K, exact"
 
 
 def test_the_error_names_the_option_it_came_from():
     with pytest.raises(ConfigError, match=r"^score_mode='nope' is invalid"):
         DecodingMode.parse("nope", name="score_mode")
-    with pytest.raises(ConfigError, match=r"^prefill_passes=-1 is invalid"):
+    with pytest.raises(ConfigError, match="K must be an integer >= 0"):
         DecodingMode.parse("fused", -1)
-    with pytest.raises(ConfigError, match=r"^prefill_passes=-1 is invalid"):  # checked in every mode, as before
-        DecodeOptions("soft", -1)
-    with pytest.raises(ConfigError, match="only fused"):
+    with pytest.raises(ConfigError, match="takes no pass count"):
         DecodingMode("soft", 2)
+
+
+def test_a_name_and_a_count_held_apart_build_the_value_a_study_needs():
+    """The reasoning study holds --modes and --fused_passes apart: parse(name, count) is its form, never typed."""
+    assert DecodingMode.parse("fused", 3) == fused(3) and DecodingMode.parse("standard", 0) == STANDARD
+    with pytest.raises(ConfigError, match="takes no pass count"):
+        DecodingMode.parse("soft", 2)
+    with pytest.raises(ConfigError, match="carries its pass count"):
+        DecodingMode.parse("fused:2", 3)
 
 
 def test_the_pattern_in_the_servers_schema_takes_exactly_what_parse_takes():
     import re
 
-    for text in ("standard", "soft", "fused", "fused:0", "fused:17", "exact"):
-        assert re.fullmatch(MODE_PATTERN.strip("^$"), text)
+    pattern = mode_pattern()
+    for text in ("standard", "soft", "fused:0", "fused:17", "exact"):
+        assert re.fullmatch(pattern.strip("^$"), text)
         DecodingMode.parse(text)
-    for text in ("turbo", "fused:", "fused:-1", "fused:a", "exact:2"):
-        assert not re.fullmatch(MODE_PATTERN.strip("^$"), text)
+    for text in ("turbo", "fused", "fused2", "fused(2)", "fused:", "fused:-1", "fused:a", "exact:2"):
+        assert not re.fullmatch(pattern.strip("^$"), text)
         with pytest.raises(ConfigError):
             DecodingMode.parse(text)
 
@@ -94,7 +117,7 @@ def test_the_names_written_into_results_stay_the_committed_strings():
         assert DecodingMode.from_result_key(key).result_key == key
     # reasoning: the variant names of every mode and pass count
     for mode in DECODING_MODES:
-        for k in (0, 1, 2, 8):
+        for k in (0, 1, 2, 8) if mode == "fused" else (0,):  # the study's loop: fused once per pass count
             assert variant_name("fullband", mode, k) == f"fullband {mode}" + (f"({k})" if mode == "fused" else "")
             assert variant_name("baseline", mode, k) == "baseline"
             label = variant_name("fullband", mode, k).split()[-1]
@@ -103,8 +126,8 @@ def test_the_names_written_into_results_stay_the_committed_strings():
     assert PREFILLS == {"standard": 1, "one-step": 2, "exact": None}
 
 
-def test_every_consumer_takes_fused_k_as_fused_with_k_passes():
-    """generate, lm-eval scoring and transformers' generate read ``fused:2`` as ``fused`` with prefill_passes=2."""
+def test_every_consumer_takes_fused_k_with_its_k_passes():
+    """generate, lm-eval scoring and transformers' generate read ``fused:2`` as two extra prompt passes."""
     import torch
 
     from fullband import FullBandwidthLM, ModelConfig
@@ -117,20 +140,21 @@ def test_every_consumer_takes_fused_k_as_fused_with_k_passes():
     with torch.no_grad():
         model.fusion.state_proj.weight.mul_(30)  # so that the pass count shows in the tokens
     prompt = [5, 17, 3, 44, 8, 21]
-    two = generate(model, prompt, 8, mode="fused", prefill_passes=2)
-    assert generate(model, prompt, 8, mode="fused:2") == two
-    assert generate(model, prompt, 8, mode=fused(2), prefill_passes=7) == two  # a parsed value carries its count
+    two = generate(model, prompt, 8, mode="fused:2")
+    assert generate(model, prompt, 8, mode=fused(2)) == two
+    assert generate(model, prompt, 8, mode="fused", prefill_passes=2) == two  # the reasoning study's held-apart form
     assert generate(model, prompt, 8, mode="fused:0") != two or generate(model, prompt, 8, mode="fused:1") != two
     pairs = [(prompt, [9, 2, 30]), (prompt[:2], [4])]
-    assert score_continuations(model, pairs, "fused:2") == score_continuations(model, pairs, "fused", prefill_passes=2)
+    assert score_continuations(model, pairs, "fused:2") == score_continuations(model, pairs, fused(2))
+    assert score_continuations(model, pairs, "fused:2") != score_continuations(model, pairs, "fused:0")
     hf = FullBandwidthForCausalLM.from_native(model, decoding_mode="fused:2").eval()
     assert hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0].tolist() == two
 
 
 @pytest.mark.parametrize(("options", "field"), [
-    (dict(mode="turbo"), "mode"), (dict(mode="fused:x"), "mode"), (dict(prefill_passes=-1), "prefill_passes"),
+    (dict(mode="turbo"), "mode"), (dict(mode="fused:x"), "mode"), (dict(mode="fused"), "mode"),
     (dict(exact_chunk_size=0), "exact_chunk_size"), (dict(temperature=-0.5), "temperature"),
-    (dict(top_k=-1), "top_k"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(seed=2**64), "seed"),
+    (dict(top_k=-1), "top_k"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(seed="7"), "seed"),
     (dict(seed=1.5), "seed"), (dict(stop_token_ids=(3, -1)), "stop_token_ids"), (dict(pad_token_id=-2), "pad_token_id"),
 ])
 def test_decode_options_refuse_a_bad_value_naming_the_field(options, field):
@@ -139,15 +163,34 @@ def test_decode_options_refuse_a_bad_value_naming_the_field(options, field):
     assert err.value.field == field and str(err.value).startswith(f"{field}=")  # what the server's 400 names
 
 
+def test_prefill_passes_is_no_option_of_decode_options():
+    with pytest.raises(TypeError):
+        DecodeOptions(prefill_passes=2)
+
+
 def test_decode_options_hold_the_parsed_mode_and_the_sampling_settings():
-    assert DecodeOptions().decoding_mode == SOFT and DecodeOptions().greedy  # DESIGN.md §5's default
-    assert DecodeOptions("fused", 3).decoding_mode == fused(3) == DecodeOptions("fused:3").decoding_mode
+    assert DecodeOptions().decoding_mode == SOFT and DecodeOptions().temperature == 0  # DESIGN.md §5's default
+    assert DecodeOptions("fused:3").decoding_mode == fused(3)
     assert DecodeOptions(fused(2)).mode == "fused:2"  # a parsed mode is held by its canonical spelling
     assert DecodeOptions(stop_token_ids=[2, 5]).stop_token_ids == (2, 5)
-    assert not DecodeOptions(temperature=0.7).greedy
 
 
-@pytest.mark.parametrize("mode", [STANDARD, SOFT, EXACT, fused(0), fused(1), fused(4)])
-def test_the_mode_of_a_prefill_runs_that_prefill(mode):
-    plan = prefill_of(mode)
-    assert prefill_of(mode_of_prefill(plan)) == plan
+def test_the_registry_makes_the_names_the_spellings_the_help_and_the_pattern():
+    assert tuple(REGISTRY) == DECODING_MODES == ("standard", "soft", "fused", "exact")
+    toy = register_mode(ModeSpec("toy_deep", lambda _: Prefill(3, carries=True), help="three prompt passes"))
+    try:
+        assert DecodingMode.parse("toy_deep") == DecodingMode("toy_deep") and prefill_of(DecodingMode("toy_deep")) == \
+            Prefill(3, carries=True)
+        assert spellings().endswith(", toy_deep") and "toy_deep" in mode_pattern()
+        assert DecodeOptions(mode="toy_deep").decoding_mode.spec is toy
+        with pytest.raises(ValueError, match="already registered"):
+            register_mode(toy)
+    finally:
+        unregister_mode("toy_deep")
+    assert "toy_deep" not in spellings() and "toy_deep" not in mode_pattern()
+    with pytest.raises(ConfigError):
+        DecodingMode.parse("toy_deep")
+    with pytest.raises(ValueError, match="built in"):
+        unregister_mode("soft")
+    with pytest.raises(ValueError, match="no digits"):
+        register_mode(ModeSpec("fused3", lambda _: Prefill(1, carries=True)))  # a results key of fused

@@ -44,6 +44,7 @@ def _parse_ids(text: str) -> list[int]:
 def run_generate(cfg: GenerateConfig) -> None:
     import torch
 
+    from fullband.context import fit_context
     from fullband.families import load_any, load_tokenizer_of
     from fullband.generation.decoding import decode
 
@@ -55,20 +56,28 @@ def run_generate(cfg: GenerateConfig) -> None:
     vocab, context = model.config.vocab_size, model.config.max_seq_len
     if bad := [t for t in prompt if not 0 <= t < vocab]:
         raise ConfigError(f"--prompt token id {bad[0]} is out of range: this model's ids are 0..{vocab - 1}")
-    if len(prompt) + cfg.max_new_tokens > context:
-        raise ConfigError(f"--max_new_tokens {cfg.max_new_tokens} is too many: the prompt has {len(prompt)} tokens "
-                          f"and the model's context is {context}; use at most {max(context - len(prompt), 0)}")
+    # The server's context rule and wording (fullband.context): a text's start is dropped to fit, ids are exact.
+    fit = fit_context(len(prompt), cfg.max_new_tokens, context, text=tokenizer is not None, minimum=0,
+                      name="max_new_tokens")
+    if fit.dropped:
+        print(f"fullband generate: warning: the prompt's first {fit.dropped} of {len(prompt)} tokens were dropped "
+              f"so that it and --max_new_tokens {cfg.max_new_tokens} fit the model's context of {context}",
+              file=sys.stderr)
+    elif fit.new_tokens < cfg.max_new_tokens:
+        print(f"fullband generate: note: {fit.new_tokens} tokens fit after the {len(prompt)}-token prompt in the "
+              f"model's context of {context}; generating those", file=sys.stderr)
+    prompt = prompt[fit.dropped :]
     eos = [tokenizer.eos_id] if tokenizer is not None and cfg.stop_at_eos and tokenizer.eos_id is not None else []
     stops = [*eos, *cfg.decode.stop_token_ids]
     options = dataclasses.replace(cfg.decode, stop_token_ids=tuple(stops))
-    steps = decode(model, prompt, cfg.max_new_tokens, options, speculative=_speculative(cfg, model))
+    steps = decode(model, prompt, fit.new_tokens, options, speculative=_speculative(cfg, model))
     generated: list[int] = []
     shown = ""
     with torch.no_grad():
         if tokenizer is None:
             print(" ".join(map(str, prompt)), end="", flush=True)
         else:
-            print(cfg.prompt, end="", flush=True)
+            print(tokenizer.decode(prompt) if fit.dropped else cfg.prompt, end="", flush=True)
         for step in steps:
             token = int(step[0])
             if token in stops:

@@ -121,10 +121,13 @@ def _typed(value: Any, tp: Any, label: str) -> Any:
 
 
 def _lookup(cls: type, key: str, prefix: str, dash: str) -> Any:
-    """Type of field ``key`` of ``cls``, or a ConfigError naming the key and the close match."""
+    """Type of field ``key`` of ``cls``, or a ConfigError naming the key and the close match (or, for a key the
+    section retired, what replaced it)."""
     fields = _fields(cls)
     if key in fields:
         return fields[key][1]
+    if prefix and key in _retired_keys(cls):
+        raise _replaced(f"{prefix}{key}", _retired_keys(cls)[key], prefix, dash)
     close = difflib.get_close_matches(key, fields, n=1)
     hint = f"; did you mean {dash}{prefix}{close[0]}?" if close else ""
     where = f"[{prefix[:-1]}]" if prefix else "the top level"
@@ -137,10 +140,26 @@ def _retired(cls: type) -> dict[str, str]:
     return getattr(cls, "ALIASES", {})
 
 
+def _retired_keys(cls: type) -> dict[str, str]:
+    """A section class's retired keys -> what replaced each, ``"KEY VALUE"`` (``RETIRED``, if any): given, they
+    are refused with a line naming the replacement (``[decode] prefill_passes`` -> ``mode fused:K``)."""
+    return getattr(cls, "RETIRED", {})
+
+
 def _renamed(flat: str, dotted: str, dash: str) -> ConfigError:
     section, name = dotted.split(".")
+    if " " in name:  # a key retired from the section too: its replacement with the value to give it
+        return _replaced(flat, name, f"{section}.", dash)
     where = f"--{dotted}" if dash else f"{dotted} ([{section}] {name} in a config file)"
     return ConfigError(f"{dash}{flat} is now {where}")
+
+
+def _replaced(given: str, replacement: str, prefix: str, dash: str) -> ConfigError:
+    """``given`` (an option or key) is retired: the line naming ``replacement`` (``"KEY VALUE"``) in ``prefix``."""
+    key, _, value = replacement.partition(" ")
+    if dash:
+        return ConfigError(f"{dash}{given} is retired: use {dash}{prefix}{key} {value}")
+    return ConfigError(f'{given} is retired: use {key} = "{value}" in [{prefix[:-1]}] of the config file')
 
 
 def _file_tree(cls: type, data: Any, prefix: str) -> dict[str, Any]:
@@ -274,6 +293,10 @@ class _Retired(argparse.Action):
 
 
 def _add_arguments(parser: argparse.ArgumentParser, group: Any, cls: type, prefix: str, base: Any) -> None:
+    for key, replacement in _retired_keys(cls).items() if prefix else ():  # hidden: given, a line naming the new one
+        for spelling in {key, key.replace("_", "-")}:
+            parser.add_argument(f"--{prefix}{spelling}", action=_Retired, nargs="?", dotted=f"{prefix}{replacement}",
+                                help=argparse.SUPPRESS)
     for name, (f, tp) in _fields(cls).items():
         default = getattr(base, name) if base is not None else _default(f)
         if _is_section(tp):

@@ -15,7 +15,7 @@ import torch
 from fullband.config import ConfigError, ModelConfig
 from fullband.generation.decoding import generate
 from fullband.model import FullBandwidthLM, LMOutput
-from fullband.modes import DECODING_MODES
+from fullband.modes import REGISTRY
 
 
 def _timed(fn: Callable[[], LMOutput]) -> tuple[LMOutput, float]:
@@ -63,8 +63,9 @@ def run_check(seq_len: int = 48, plain_prefix: int = 8, seed: int = 0, device: s
 
     print("\ngreedy continuations of the same prompt (12 new tokens):")
     prompt = tokens[0, :10].tolist()
-    for mode in DECODING_MODES:
-        out = generate(model, prompt, max_new_tokens=12, mode=mode, prefill_passes=2)
+    for spec in REGISTRY.values():  # every registered mode; one that takes a pass count with 2
+        mode = f"{spec.name}:2" if spec.takes_passes else spec.name
+        out = generate(model, prompt, max_new_tokens=12, mode=mode)
         print(f"  {mode:<9} {out[len(prompt):]}")
     print("\nall modes agree" if ok else "\nMISMATCH: the execution modes disagree on this machine")
     return ok

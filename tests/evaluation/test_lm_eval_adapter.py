@@ -21,7 +21,7 @@ from fullband.evaluation.continuation import score_continuations
 from fullband.generation import generate
 from fullband.generation.decoding import decode_step, left_pad, prefill
 
-MODES = ("standard", "soft", "fused", "exact")
+MODES = ("standard", "soft", "fused:2", "exact")
 PAIRS = [("2+3=", "5"), ("The cat", " sat on"), ("", "hello"), ("ab ", "cd"), ("x" * 20, "yz")]
 
 
@@ -40,7 +40,7 @@ def checkpoint(tmp_path_factory):
 
 
 def adapter(checkpoint, mode, **kwargs) -> FullbandLM:
-    return FullbandLM(str(checkpoint), mode=mode, prefill_passes=2, dtype="float64", progress=False, **kwargs)
+    return FullbandLM(str(checkpoint), mode=mode, dtype="float64", progress=False, **kwargs)
 
 
 def requests(kind, args):
@@ -59,9 +59,9 @@ def direct(model, mode, context, continuation):
         logits = model.forward_exact(inputs, plain_prefix=n).logits
     elif mode == "exact":
         logits = model.forward_exact(inputs, plain_prefix=1).logits
-    else:  # fused: teacher-forced fused decoding, one token at a time
+    else:  # fused:2: teacher-forced fused decoding, one token at a time
         ids, mask = left_pad([context])
-        state = prefill(model, ids, mask, "fused", inputs.shape[1], prefill_passes=2)
+        state = prefill(model, ids, mask, "fused:2", inputs.shape[1])
         total = 0.0
         for i, token in enumerate(continuation):
             total += torch.log_softmax(state.next_logits[0], -1)[token].item()
@@ -87,10 +87,10 @@ def test_loglikelihood_equals_a_direct_computation(checkpoint, mode):
 def test_modes_differ_and_fused_with_enough_passes_is_exact(checkpoint):
     context, continuation = [5, 9, 77, 3, 120], [40, 41, 42]
     model = adapter(checkpoint, "standard").model
-    scores = {m: score_continuations(model, [(context, continuation)], m, prefill_passes=2)[0][0] for m in MODES}
+    scores = {m: score_continuations(model, [(context, continuation)], m)[0][0] for m in MODES}
     assert len({round(v, 6) for v in scores.values()}) == 4
     # len(context) - 1 extra passes make every context position exact (DESIGN.md §2).
-    converged = score_continuations(model, [(context, continuation)], "fused", prefill_passes=len(context) - 1)
+    converged = score_continuations(model, [(context, continuation)], f"fused:{len(context) - 1}")
     assert converged[0][0] == pytest.approx(scores["exact"], abs=1e-9)
 
 
@@ -98,11 +98,11 @@ def test_modes_differ_and_fused_with_enough_passes_is_exact(checkpoint):
 def test_greedy_flag_matches_greedy_decoding(checkpoint, mode):
     model = adapter(checkpoint, mode).model
     prompts = [[7, 8, 9], [100, 3, 4, 5, 6, 7], [42]]
-    generated = generate(model, prompts, max_new_tokens=5, mode=mode, prefill_passes=2)
+    generated = generate(model, prompts, max_new_tokens=5, mode=mode)
     pairs = [(p, g[len(p) :]) for p, g in zip(prompts, generated, strict=True)]
-    assert all(greedy for _, greedy in score_continuations(model, pairs, mode, prefill_passes=2))
+    assert all(greedy for _, greedy in score_continuations(model, pairs, mode))
     changed = [(p, [*x[:-1], (x[-1] + 1) % 320]) for p, x in pairs]
-    assert not any(greedy for _, greedy in score_continuations(model, changed, mode, prefill_passes=2))
+    assert not any(greedy for _, greedy in score_continuations(model, changed, mode))
 
 
 def test_batched_scores_equal_one_by_one_and_keep_the_request_order(checkpoint):
@@ -136,7 +136,7 @@ def test_generate_until_decodes_in_the_mode_and_cuts_at_the_stop_string(checkpoi
     model, tok = lm.model, ByteTokenizer()
     full = []
     for p in prompts:
-        ids = generate(model, tok.encode(p), max_new_tokens=10, mode=mode, prefill_passes=2,
+        ids = generate(model, tok.encode(p), max_new_tokens=10, mode=mode,
                        stop_token_ids=[tok.eos_id])
         full.append(tok.decode(ids[len(p) :]))
     # Stop at the first character of the first output that is a real character (random bytes decode partly to
@@ -215,7 +215,7 @@ def test_simple_evaluate_finds_the_registered_model_by_name(checkpoint, task_dir
     from lm_eval.tasks import TaskManager
 
     results = lm_eval.simple_evaluate(
-        model="fullband", model_args=f"pretrained={checkpoint},mode=fused,prefill_passes=2,progress=False",
+        model="fullband", model_args=f"pretrained={checkpoint},mode=fused:2,progress=False",
         tasks=["fb_add_mc"], num_fewshot=5, batch_size=4,
         task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
     )
@@ -234,3 +234,12 @@ def test_eval_lm_errors_are_one_clear_line(checkpoint, capsys, argv, message):
     assert main(["eval", "--checkpoint", str(checkpoint), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_bare_fused_and_the_retired_prefill_passes_are_refused_naming_fused_k(checkpoint):
+    from fullband.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^prefill_passes=2 is retired: .*mode=fused:K"):
+        FullbandLM(str(checkpoint), mode="fused", prefill_passes=2)  # model_args=...,mode=fused,prefill_passes=2
+    with pytest.raises(ConfigError, match="write fused:K"):
+        FullbandLM(str(checkpoint), mode="fused")

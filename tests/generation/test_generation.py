@@ -42,7 +42,7 @@ def fused_prefill_definition(model: FullBandwidthLM, prompt: list[int], k: int):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("mode", ["standard", "soft", "fused", "exact"])
+@pytest.mark.parametrize("mode", ["standard", "soft", "fused:2", "exact"])
 def test_greedy_generate_equals_definition(model, mode):
     if mode == "standard":
         logits_of = lambda seq: model(seq).logits  # noqa: E731
@@ -53,7 +53,7 @@ def test_greedy_generate_equals_definition(model, mode):
     else:
         logits_of = fused_prefill_definition(model, PROMPT, k=2)
     expected = greedy_from_definition(model, PROMPT, logits_of)
-    got = generate(model, PROMPT, max_new_tokens=NEW, mode=mode, prefill_passes=2)
+    got = generate(model, PROMPT, max_new_tokens=NEW, mode=mode)
     assert got == expected
 
 
@@ -77,11 +77,11 @@ def test_baseline_soft_equals_standard():
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("mode", ["standard", "soft", "fused", "exact"])
+@pytest.mark.parametrize("mode", ["standard", "soft", "fused:2", "exact"])
 def test_batched_left_padding_equals_one_by_one(model, mode):
     prompts = [PROMPT, [9, 1], [33, 2, 60, 7, 12, 13, 14, 15, 40], [4]]
-    batched = generate(model, prompts, NEW, mode=mode, prefill_passes=2)
-    single = [generate(model, p, NEW, mode=mode, prefill_passes=2) for p in prompts]
+    batched = generate(model, prompts, NEW, mode=mode)
+    single = [generate(model, p, NEW, mode=mode) for p in prompts]
     assert batched == single
 
 
@@ -126,8 +126,8 @@ def test_stop_tokens_end_each_row(model):
 
 @torch.no_grad()
 def test_stream_yields_the_generated_tokens(model):
-    steps = [int(t[0]) for t in stream(model, PROMPT, NEW, mode="fused", prefill_passes=1)]
-    assert PROMPT + steps == generate(model, PROMPT, NEW, mode="fused", prefill_passes=1)
+    steps = [int(t[0]) for t in stream(model, PROMPT, NEW, mode="fused:1")]
+    assert PROMPT + steps == generate(model, PROMPT, NEW, mode="fused:1")
 
 
 def test_mode_names_and_defaults_have_one_definition():

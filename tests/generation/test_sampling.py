@@ -73,3 +73,35 @@ def test_a_top_p_below_float32_range_keeps_the_top_token():
     probs = token_probs(logits, 1.0, 0, 1e-93)
     assert not probs.isnan().any()
     assert torch.equal(probs.argmax(-1), logits.argmax(-1)) and torch.allclose(probs.max(-1).values, torch.ones(3))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-320, 5e-324, 1e-40, 1.1e-38])
+def test_a_temperature_below_float32s_smallest_normal_is_greedy_in_the_sampler(temperature):
+    """One rule, in the sampler: such a temperature is the argmax, with no draw (no generator state used)."""
+    from fullband.generation.sampling import GREEDY_BELOW, is_greedy
+
+    assert is_greedy(temperature) and GREEDY_BELOW == 2.0**-126
+    logits = torch.tensor([[0.1, 2.0, -1.0, 1.9], [3.0, -2.0, 0.5, 0.0]])
+    generator = torch.Generator().manual_seed(0)
+    assert sample_next(logits, temperature, generator=generator).tolist() == [1, 0]
+    assert torch.equal(generator.get_state(), torch.Generator().manual_seed(0).get_state())
+
+
+@pytest.mark.parametrize("temperature", [2.0**-126, 1e-30, 1e-5])
+def test_the_smallest_temperatures_that_sample_give_the_argmax_distribution_not_nan(temperature):
+    """Above the threshold the logits are shifted before the division, so nothing overflows: at a tiny
+    temperature the distribution is the argmax's (ties shared), never NaN."""
+    from fullband.generation.sampling import is_greedy
+
+    assert not is_greedy(temperature)
+    logits = torch.tensor([[0.1, 2.0, -1.0, 1.9], [40.0, -2.0, 40.0, 0.0]])
+    probs = token_probs(logits, temperature)
+    assert torch.equal(probs, torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.5, 0.0, 0.5, 0.0]]))
+    assert sample_next(logits, temperature, generator=torch.Generator().manual_seed(0))[0] == 1
+
+
+@torch.no_grad()
+def test_a_tiny_temperature_decodes_like_temperature_0_through_generate():
+    model = make_model(seed=1)
+    prompt = [5, 17, 3, 44]
+    assert generate(model, prompt, 12, "soft", temperature=1e-320) == generate(model, prompt, 12, "soft")

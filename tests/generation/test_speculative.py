@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 PROMPT = [5, 17, 3, 44, 8, 21]
 NEW = 24
-MODES = ["standard", "soft", "fused", "exact"]
+MODES = ["standard", "soft", "fused:2", "exact"]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def drafters(target):
 
 def reference_tokens(model, ids, mask, mode, new, **kwargs):
     """Plain decoding's tokens (B, new), padded with 0 after every row stopped."""
-    steps = torch.stack(list(stream(model, ids, new, mode, attention_mask=mask, prefill_passes=2, **kwargs)), 1)
+    steps = torch.stack(list(stream(model, ids, new, mode, attention_mask=mask, **kwargs)), 1)
     return torch.nn.functional.pad(steps, (0, new - steps.shape[1]))
 
 
@@ -76,7 +76,7 @@ def decoder_for(model, ids, mask, mode, new, drafter, gamma, **kwargs):
 
 def plain_state(model, ids, mask, mode, new):
     """Plain greedy decoding of ``new`` tokens as ``stream`` runs it: (tokens (B, new), the state at the end)."""
-    state = prefill(model, ids, mask, mode, ids.shape[1] + new, prefill_passes=2)
+    state = prefill(model, ids, mask, mode, ids.shape[1] + new)
     tokens = []
     for step in range(new):
         tokens.append(state.next_logits.argmax(-1))
@@ -86,7 +86,7 @@ def plain_state(model, ids, mask, mode, new):
 
 
 def speculative_state(model, ids, mask, mode, new, drafter, gamma):
-    state = prefill(model, ids, mask, mode, ids.shape[1] + new, prefill_passes=2)
+    state = prefill(model, ids, mask, mode, ids.shape[1] + new)
     decoder = decoder_for(model, ids, mask, mode, new, drafter, gamma)
     tokens = torch.stack(list(decoder.stream(state, ids, mask, new)), 1)
     return tokens, state, decoder.stats
@@ -105,7 +105,7 @@ def test_greedy_equals_plain_decoding(target, drafters, mode, drafter, gamma):
         assert 0 < stats.accepted < stats.drafted
     if drafter != "scripted" and gamma == 3:  # the generate() entry point runs the same
         config = SpeculativeConfig(drafter=drafters[drafter], gamma=gamma)
-        assert generate(target, PROMPT, NEW, mode=mode, prefill_passes=2, speculative=config) == \
+        assert generate(target, PROMPT, NEW, mode=mode, speculative=config) == \
             PROMPT + expected[0].tolist()
 
 
@@ -156,20 +156,20 @@ def test_feedback_verification_needs_one_pass_per_kept_token(target, mode):
 def test_batched_with_left_padding_and_stops(target, drafters, mode):
     prompts = [PROMPT, [9, 1], [33, 2, 60, 7, 12, 13, 14, 15, 40], [4]]
     ids, mask = left_pad(prompts)
-    plain = generate(target, prompts, NEW, mode=mode, prefill_passes=2)
+    plain = generate(target, prompts, NEW, mode=mode)
     stop = plain[0][len(PROMPT) + 5]  # stops a row early, the others later or never
-    expected = generate(target, prompts, NEW, mode=mode, prefill_passes=2, stop_token_ids=[stop])
+    expected = generate(target, prompts, NEW, mode=mode, stop_token_ids=[stop])
     assert any(len(row) < len(p) + NEW for row, p in zip(expected, prompts, strict=True))
     for drafter, gamma in (("baseline", 4), ("standard", 2), ("early_exit", 6), ("scripted", 5)):
-        state = prefill(target, ids, mask, mode, ids.shape[1] + NEW, prefill_passes=2)
+        state = prefill(target, ids, mask, mode, ids.shape[1] + NEW)
         decoder = decoder_for(target, ids, mask, mode, NEW, drafters[drafter], gamma, stop_token_ids=[stop])
         steps = torch.stack(list(decoder.stream(state, ids, mask, NEW, stop_token_ids=[stop])), 1)
-        plain_steps = list(stream(target, ids, NEW, mode, attention_mask=mask, prefill_passes=2, stop_token_ids=[stop]))
+        plain_steps = list(stream(target, ids, NEW, mode, attention_mask=mask, stop_token_ids=[stop]))
         assert torch.equal(steps, torch.stack(plain_steps, 1)), drafter  # the same steps, pads included
-        got = generate(target, prompts, NEW, mode=mode, prefill_passes=2, stop_token_ids=[stop],
+        got = generate(target, prompts, NEW, mode=mode, stop_token_ids=[stop],
                               speculative=SpeculativeConfig(drafters[drafter] or "standard", gamma))
         assert got == expected, drafter
-    single = [generate(target, p, NEW, mode=mode, prefill_passes=2, stop_token_ids=[stop],
+    single = [generate(target, p, NEW, mode=mode, stop_token_ids=[stop],
                               speculative=SpeculativeConfig(drafters["baseline"], 4)) for p in prompts]
     assert single == expected
 

@@ -22,7 +22,7 @@ from fullband.integrations.hf import FullBandwidthConfig, FullBandwidthForCausal
 
 PROMPT = [5, 17, 3, 44, 8, 21]
 NEW = 7
-MODES = ["standard", "soft", "fused", "exact"]
+MODES = ["standard", "soft", "fused:2", "exact"]
 
 
 @pytest.fixture
@@ -109,10 +109,35 @@ def test_nope_model_round_trips_through_the_auto_classes_with_remote_code(tokens
 @pytest.mark.parametrize("mode", MODES)
 def test_greedy_generate_equals_native_generate(native, mode):
     model = FullBandwidthForCausalLM.from_native(native).eval()
-    expected = generate(native, PROMPT, NEW, mode=mode, prefill_passes=2)
-    got = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False, decoding_mode=mode,
-                         prefill_passes=2)
+    expected = generate(native, PROMPT, NEW, mode=mode)
+    got = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False, decoding_mode=mode)
     assert got[0].tolist() == expected
+
+
+@torch.no_grad()
+def test_a_config_json_saved_before_fused_k_reads_as_fused_k_and_saves_the_canonical_form(native, tmp_path):
+    FullBandwidthForCausalLM.from_native(native).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["decoding_mode"] == "soft" and "prefill_passes" not in config  # a new save: the count is in the mode
+    config.update(decoding_mode="fused", prefill_passes=3)  # what every save wrote before
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = FullBandwidthForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.decoding_mode == "fused:3" and "prefill_passes" not in loaded.config.to_dict()
+    got = loaded.generate(torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False)[0].tolist()
+    assert got == generate(native, PROMPT, NEW, mode="fused:3") != generate(native, PROMPT, NEW, mode="fused:0")
+    loaded.save_pretrained(tmp_path / "again")
+    again = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert again["decoding_mode"] == "fused:3" and "prefill_passes" not in again
+    assert FullBandwidthLM.from_pretrained(tmp_path).config == native.config  # the native loader reads it too
+
+
+def test_generate_refuses_the_retired_prefill_passes_and_a_bare_fused_naming_fused_k(native):
+    model = FullBandwidthForCausalLM.from_native(native).eval()
+    with pytest.raises(ConfigError, match=r'prefill_passes=2 is retired: .*decoding_mode="fused:K"'):
+        model.generate(torch.tensor([PROMPT]), max_new_tokens=2, do_sample=False, decoding_mode="fused",
+                       prefill_passes=2)
+    with pytest.raises(ConfigError, match="write fused:K"):
+        model.generate(torch.tensor([PROMPT]), max_new_tokens=2, do_sample=False, decoding_mode="fused")
 
 
 @torch.no_grad()

@@ -73,8 +73,7 @@ def test_trust_remote_code_load_without_importing_fullband(checkpoint, tmp_path)
             result.setdefault("module", type(model).__module__)  # of the first load, before fullband was imported
         result["soft"] = [result["soft"], model.generate(ids, max_new_tokens=6, do_sample=False,
                                                          decoding_mode="soft").tolist()]
-        result["fused"] = model.generate(ids, max_new_tokens=6, do_sample=False, decoding_mode="fused",
-                                         prefill_passes=2).tolist()
+        result["fused"] = model.generate(ids, max_new_tokens=6, do_sample=False, decoding_mode="fused:2").tolist()
         tok = AutoTokenizer.from_pretrained({str(path)!r})
         result["tok"] = [tok("héllo <|endoftext|>", add_special_tokens=False).input_ids, tok.eos_token_id]
         print(json.dumps(result))
@@ -89,7 +88,7 @@ def test_trust_remote_code_load_without_importing_fullband(checkpoint, tmp_path)
         exact = model.forward_exact(ids, plain_prefix=1).logits
         torch.testing.assert_close(torch.tensor(got["soft"][0]), exact, atol=1e-5, rtol=1e-5)
     assert got["soft"][1] == generate(model, ids, max_new_tokens=6, mode="soft").tolist()
-    assert got["fused"] == generate(model, ids, max_new_tokens=6, mode="fused", prefill_passes=2).tolist()
+    assert got["fused"] == generate(model, ids, max_new_tokens=6, mode="fused:2").tolist()
     assert got["tok"] == [ByteTokenizer().encode("héllo <|endoftext|>"), ByteTokenizer.eos_id]
 
 

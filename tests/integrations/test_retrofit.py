@@ -164,17 +164,17 @@ def test_greedy_exact_and_fused_decoding_equal_their_definitions(arch):
     prev = model(ids, passes=k, plain_prefix=1).hidden  # the states pass k + 1 fuses
     prompt_inputs = [emb[:, 0]] + [model.fusion(emb[:, t], prev[:, t - 1]) for t in range(1, len(PROMPT))]
     fused = greedy(lambda seq: recurrent_logits(model, seq, prompt_inputs), PROMPT)
-    assert generate(model, PROMPT, NEW, mode="fused", prefill_passes=k) == fused
+    assert generate(model, PROMPT, NEW, mode=f"fused:{k}") == fused
     assert fused != exact  # k + 1 passes do not make this 6-token prompt exact
 
 
 @torch.no_grad()
-@pytest.mark.parametrize(("arch", "mode"), [("llama", "soft"), ("gpt2", "fused"), ("qwen2", "exact")])
+@pytest.mark.parametrize(("arch", "mode"), [("llama", "soft"), ("gpt2", "fused:2"), ("qwen2", "exact")])
 def test_batched_left_padding_equals_one_by_one(arch, mode):
     _, model = make(arch)
     prompts = [PROMPT, [9, 1], [33, 2, 60, 7, 12, 13, 40]]
-    single = [generate(model, p, NEW, mode=mode, prefill_passes=2, exact_chunk_size=3) for p in prompts]
-    assert generate(model, prompts, NEW, mode=mode, prefill_passes=2, exact_chunk_size=3) == single
+    single = [generate(model, p, NEW, mode=mode, exact_chunk_size=3) for p in prompts]
+    assert generate(model, prompts, NEW, mode=mode, exact_chunk_size=3) == single
 
 
 @torch.no_grad()

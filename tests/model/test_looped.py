@@ -59,8 +59,8 @@ def test_looped_refuses_what_needs_the_recurrence(tokens):
 def test_looped_decoding_reruns_the_k_pass_forward_over_the_whole_sequence(tokens):
     looped = make_model(feedback_shift=0)
     prompt = tokens[0, :6].tolist()
-    for mode, passes in (("fused", 4), ("exact", None)):
-        out = generate(looped, prompt, max_new_tokens=3, mode=mode, prefill_passes=3)
+    for mode, passes in (("fused:3", 4), ("exact", None)):
+        out = generate(looped, prompt, max_new_tokens=3, mode=mode)
         ids = list(prompt)
         for _ in range(3):  # greedy, by hand: the whole sequence, K passes, the last position's argmax
             k = passes or len(ids)
@@ -68,7 +68,7 @@ def test_looped_decoding_reruns_the_k_pass_forward_over_the_whole_sequence(token
         assert out == ids, mode
     # Left-padded rows decode as they do one by one; standard mode is the ordinary cached transformer.
     prompts = [tokens[0, :6].tolist(), tokens[1, :4].tolist()]
-    batched = generate(looped, prompts, max_new_tokens=3, mode="fused", prefill_passes=2)
-    assert batched == [generate(looped, p, max_new_tokens=3, mode="fused", prefill_passes=2) for p in prompts]
+    batched = generate(looped, prompts, max_new_tokens=3, mode="fused:2")
+    assert batched == [generate(looped, p, max_new_tokens=3, mode="fused:2") for p in prompts]
     assert generate(looped, prompt, max_new_tokens=3, mode="standard") == generate(make_model(),
         prompt, max_new_tokens=3, mode="standard")

@@ -182,5 +182,5 @@ def run_engine(engine: Engine, requests: list[GenerationRequest]) -> list[Collec
     return collectors
 
 
-def request(prompt: list[int], mode: str, max_tokens: int = 6, passes: int = 1, logprobs: int | None = None):
-    return GenerationRequest(tuple(prompt), DecodeOptions(mode, passes), max_tokens, logprobs)
+def request(prompt: list[int], mode: str, max_tokens: int = 6, logprobs: int | None = None):
+    return GenerationRequest(tuple(prompt), DecodeOptions(mode), max_tokens, logprobs)

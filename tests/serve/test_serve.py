@@ -17,7 +17,7 @@ from fullband.data.sft import encode_chat
 from fullband.generation import generate
 from fullband.serve.text import CHAT_STOP
 
-MODES = [("standard", 1), ("soft", 1), ("fused", 1), ("fused", 3), ("fused:3", 1), ("exact", 1)]
+MODES = ["standard", "soft", "fused:0", "fused:1", "fused:3", "exact"]
 
 
 def complete(client: httpx.Client, **body) -> dict:
@@ -26,17 +26,17 @@ def complete(client: httpx.Client, **body) -> dict:
     return response.json()
 
 
-def reference(server, prompt: list[int], max_tokens: int, mode: str, passes: int = 1, **kwargs) -> list[int]:
+def reference(server, prompt: list[int], max_tokens: int, mode: str, **kwargs) -> list[int]:
     """The same request decoded alone by the generation module."""
-    return generate(server.model, prompt, max_tokens, mode, prefill_passes=passes, **kwargs)[len(prompt) :]
+    return generate(server.model, prompt, max_tokens, mode, **kwargs)[len(prompt) :]
 
 
-@pytest.mark.parametrize(("mode", "passes"), MODES)
-def test_completion_equals_generate_in_every_mode(server, mode, passes):
+@pytest.mark.parametrize("mode", MODES)
+def test_completion_equals_generate_in_every_mode(server, mode):
     prompt = [5, 17, 42, 8, 99, 3, 250]
     with server.client() as client:
-        out = complete(client, prompt=prompt, max_tokens=12, mode=mode, prefill_passes=passes)
-    assert ids_of(out["choices"][0]["text"]) == reference(server, prompt, 12, mode, passes)
+        out = complete(client, prompt=prompt, max_tokens=12, mode=mode)
+    assert ids_of(out["choices"][0]["text"]) == reference(server, prompt, 12, mode)
     assert out["choices"][0]["finish_reason"] == "length"
     assert out["usage"] == {"prompt_tokens": 7, "completion_tokens": 12, "total_tokens": 19}
 
@@ -45,15 +45,13 @@ def test_modes_differ_on_this_model(server):
     """The mode really reaches the model: standard and soft decode differently here (a precondition of the rest)."""
     prompt = [5, 17, 42, 8, 99, 3, 250]
     assert reference(server, prompt, 12, "standard") != reference(server, prompt, 12, "soft")
-    # fused:3 is fused with prefill_passes=3
-    assert reference(server, prompt, 12, "fused:3") == reference(server, prompt, 12, "fused", 3)
 
 
 def test_streaming_sse_matches_non_streaming_and_ends_with_done(server):
     prompt = [7, 7, 1, 200]
     with server.client() as client:
-        whole = complete(client, prompt=prompt, max_tokens=10, mode="fused", prefill_passes=2)
-        body = {"prompt": prompt, "max_tokens": 10, "temperature": 0, "mode": "fused", "prefill_passes": 2}
+        whole = complete(client, prompt=prompt, max_tokens=10, mode="fused:2")
+        body = {"prompt": prompt, "max_tokens": 10, "temperature": 0, "mode": "fused:2"}
         with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
             lines = [line for line in r.iter_lines() if line]
@@ -82,21 +80,20 @@ def test_concurrent_mixed_modes_and_lengths_equal_each_request_alone(server):
     g = torch.Generator().manual_seed(3)
     jobs = []
     for i in range(16):
-        mode, passes = MODES[i % len(MODES)]
+        mode = MODES[i % len(MODES)]
         prompt = torch.randint(0, 257, (1 + (7 * i) % 23,), generator=g).tolist()
-        jobs.append((prompt, 4 + (5 * i) % 17, mode, passes))
+        jobs.append((prompt, 4 + (5 * i) % 17, mode))
     before = httpx.get(server.url + "/metrics").text
 
     def run(job):
-        prompt, max_tokens, mode, passes = job
+        prompt, max_tokens, mode = job
         with server.client() as client:
-            return ids_of(complete(client, prompt=prompt, max_tokens=max_tokens, mode=mode,
-                                   prefill_passes=passes)["choices"][0]["text"])
+            return ids_of(complete(client, prompt=prompt, max_tokens=max_tokens, mode=mode)["choices"][0]["text"])
 
     with ThreadPoolExecutor(len(jobs)) as pool:
         got = list(pool.map(run, jobs))
-    for (prompt, max_tokens, mode, passes), tokens in zip(jobs, got, strict=True):
-        assert tokens == reference(server, prompt, max_tokens, mode, passes), (mode, len(prompt), max_tokens)
+    for (prompt, max_tokens, mode), tokens in zip(jobs, got, strict=True):
+        assert tokens == reference(server, prompt, max_tokens, mode), (mode, len(prompt), max_tokens)
     after = httpx.get(server.url + "/metrics").text
     steps = metric(after, "fullband_engine_steps_total") - metric(before, "fullband_engine_steps_total")
     rows = metric(after, "fullband_engine_rows_total") - metric(before, "fullband_engine_rows_total")
@@ -152,16 +149,16 @@ def test_chat_uses_the_plain_template_and_openai_client(text_server):
     client = openai.OpenAI(base_url=text_server.url + "/v1", api_key="unused", max_retries=0)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello?"}]
     out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0,
-                                         extra_body={"mode": "fused", "prefill_passes": 2})
+                                         extra_body={"mode": "fused:2"})
     tokenizer = ByteTokenizer()
     prompt = encode_chat(tokenizer, messages, add_generation_prompt=True).input_ids
-    expected = tokenizer.decode(reference(text_server, prompt, 20, "fused", 2, stop_token_ids=[tokenizer.eos_id]))
+    expected = tokenizer.decode(reference(text_server, prompt, 20, "fused:2", stop_token_ids=[tokenizer.eos_id]))
     expected = expected.removesuffix(tokenizer.decode([tokenizer.eos_id])).split(CHAT_STOP)[0]
     assert out.choices[0].message.role == "assistant"
     assert out.choices[0].message.content == expected
     assert out.usage.prompt_tokens == len(prompt)
     stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0,
-                                            stream=True, extra_body={"mode": "fused", "prefill_passes": 2})
+                                            stream=True, extra_body={"mode": "fused:2"})
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
@@ -199,14 +196,13 @@ def test_concurrent_seeded_sampling_equals_each_request_alone(server):
     jobs = [([3 + i, 50, 7 * i], MODES[i % len(MODES)], 100 + i) for i in range(10)]
 
     def run(job):
-        prompt, (mode, passes), seed = job
+        prompt, mode, seed = job
         with server.client() as client:
             out = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 9, "temperature": 1.3,
-                                                       "top_p": 0.95, "seed": seed, "mode": mode,
-                                                       "prefill_passes": passes})
+                                                       "top_p": 0.95, "seed": seed, "mode": mode})
         return ids_of(out.json()["choices"][0]["text"])
 
     with ThreadPoolExecutor(len(jobs)) as pool:
         got = list(pool.map(run, jobs))
-    for (prompt, (mode, passes), seed), tokens in zip(jobs, got, strict=True):
-        assert tokens == reference(server, prompt, 9, mode, passes, temperature=1.3, top_p=0.95, seed=seed), mode
+    for (prompt, mode, seed), tokens in zip(jobs, got, strict=True):
+        assert tokens == reference(server, prompt, 9, mode, temperature=1.3, top_p=0.95, seed=seed), mode

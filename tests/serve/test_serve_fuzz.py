@@ -44,19 +44,30 @@ def test_fuzz_run_of_500_requests_gets_no_5xx_and_no_undocumented_answer():
     assert time.monotonic() - began < 90
 
 
-def test_a_tiny_temperature_is_greedy_not_a_500(server):
+def test_a_tiny_temperature_is_greedy_not_a_500_the_same_tokens_as_generate(server):
+    """One greedy rule, the sampler's (generation.sampling.is_greedy): the server and generate() agree on it."""
     with server.client() as client:
         tiny = client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 6, "temperature": 1e-320})
         zero = client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 6, "temperature": 0})
     assert tiny.status_code == 200, tiny.text
     assert tiny.json()["choices"][0]["text"] == zero.json()["choices"][0]["text"]
+    expected = generate(server.model, [1, 2, 3], 6, "soft", temperature=1e-320)[3:]
+    assert ids_of(tiny.json()["choices"][0]["text"]) == expected == generate(server.model, [1, 2, 3], 6, "soft")[3:]
 
 
-@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1])
-def test_a_seed_beyond_64_bits_gets_400_naming_it(server, seed):
+@pytest.mark.parametrize("seed", [2**64 - 1, -(2**63), 2**64, -(2**63) - 192, 10**30])
+def test_every_integer_seed_the_schema_allows_serves_every_n_read_modulo_2_64_as_torch_reads_it(server, seed):
+    """The schema sets no bounds on seed (one near 2**63 reads differently as a decimal and as a float: schemathesis
+    sent -9223372036854776000, valid to a float reader), and the server reads every integer as torch reads a seed:
+    modulo 2**64. Choice i of n draws with seed + i, past 2**64 - 1 too."""
     with server.client() as client:
-        response = client.post("/v1/completions", json={"prompt": [1], "max_tokens": 2, "seed": seed})
-    assert response.status_code == 400 and response.json()["error"]["param"] == "seed", response.text
+        schema = client.get("/openapi.json").json()["components"]["schemas"]["CompletionBody"]["properties"]["seed"]
+        response = client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 4, "seed": seed, "n": 16,
+                                                        "temperature": 1.5})
+    assert not {"minimum", "maximum"} & set(schema) and response.status_code == 200, response.text
+    for choice, got in enumerate(response.json()["choices"]):
+        expected = generate(server.model, [1, 2], 4, "soft", temperature=1.5, seed=(seed + choice) % 2**64)[2:]
+        assert ids_of(got["text"]) == expected, choice
 
 
 def test_whole_floats_count_as_integers_as_json_schema_says(server):
@@ -71,11 +82,11 @@ def test_whole_floats_count_as_integers_as_json_schema_says(server):
 
 def test_huge_prefill_passes_are_capped_where_they_stop_changing_anything(server):
     """A 4-token prompt is exact after 1 + 3 passes: a trillion asked for answers at once, with those tokens."""
-    body = {"prompt": [3, 1, 4, 1], "max_tokens": 6, "temperature": 0, "mode": "fused"}
+    body = {"prompt": [3, 1, 4, 1], "max_tokens": 6, "temperature": 0}
     began = time.monotonic()
     with server.client() as client:
-        huge = client.post("/v1/completions", json={**body, "prefill_passes": 10**12})
+        huge = client.post("/v1/completions", json={**body, "mode": f"fused:{10**12}"})
     assert huge.status_code == 200 and time.monotonic() - began < 10
-    expected = generate(server.model, body["prompt"], 6, "fused", prefill_passes=3)[4:]
+    expected = generate(server.model, body["prompt"], 6, "fused:3")[4:]
     assert ids_of(huge.json()["choices"][0]["text"]) == expected
-    assert generate(server.model, body["prompt"], 6, "fused", prefill_passes=9)[4:] == expected  # more change nothing
+    assert generate(server.model, body["prompt"], 6, "fused:9")[4:] == expected  # more change nothing

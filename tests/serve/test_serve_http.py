@@ -145,3 +145,40 @@ def test_serve_takes_access_log_and_model_name_options():
     with pytest.raises(ConfigError, match="access_log="):
         ServeConfig(checkpoint="x", access_log="sometimes")  # type: ignore[arg-type]
 
+
+
+def test_serve_on_port_0_prints_the_address_it_listens_on_once_ready(tmp_path):
+    """`fullband serve --port 0` (any free port, as the help and the port-in-use error say) through the CLI: one line
+    `listening on http://HOST:PORT` with the port the OS gave, once the server answers; a request to it is served."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    checkpoint = save_checkpoint(tmp_path, with_tokenizer=False)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "fullband.cli", "serve", "--checkpoint", str(checkpoint),
+                                "--port", "0", "--log_level", "warning"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 90
+        while not lines:
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+            time.sleep(0.05)
+        prefix = "fullband serve: listening on http://127.0.0.1:"
+        assert lines[0].startswith(prefix), lines
+        port = int(lines[0].strip().removeprefix(prefix))
+        assert port != 0
+        url = f"http://127.0.0.1:{port}"
+        answer = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 3}, timeout=30)
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+        reader.join(10)
+    assert process.returncode == 0
+    assert sum("listening on" in line for line in lines) == 1, lines

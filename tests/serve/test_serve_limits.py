@@ -26,6 +26,8 @@ from fullband.generation import generate
 BAD = [
     ({"prompt": [1, 2], "mode": "turbo"}, "mode"),
     ({"prompt": [1, 2], "mode": "fused:-1"}, "mode"),
+    ({"prompt": [1, 2], "mode": "fused"}, "mode"),  # the count is part of the mode: fused:K
+    ({"prompt": [1, 2], "mode": "fused(2)"}, "mode"),  # a report's spelling
     ({"prompt": [1, 2], "max_tokens": -3}, "max_tokens"),
     ({"prompt": [1, 2], "max_tokens": "5"}, "max_tokens"),
     ({"prompt": [1, 2], "temperature": "hot"}, "temperature"),
@@ -37,7 +39,7 @@ BAD = [
     ({"prompt": []}, "prompt"),
     ({"prompt": "text"}, "prompt"),  # this checkpoint has no tokenizer
     ({"max_tokens": 2}, "prompt"),
-    ({"prompt": [1], "prefill_passes": -1}, "prefill_passes"),
+    ({"prompt": [1], "prefill_passes": 2}, "prefill_passes"),  # retired: "mode": "fused:2"
     ({"prompt": [1], "top_p": 0}, "top_p"),
     ({"prompt": [1], "n": 0}, "n"),
     ({"prompt": [1], "stream": "yes"}, "stream"),
@@ -141,8 +143,7 @@ def test_serve_bad_option_is_answered_before_torch_or_fastapi_is_imported():
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.strip() == ("fullband serve: error: decode.mode='fast' is invalid: must be one of "
-                                   "standard, soft, fused (with prefill_passes), fused:K (K >= 0 extra fused prompt "
-                                   "passes), exact")
+                                   "standard, soft, fused:K, exact")
 
 
 def test_serve_missing_checkpoint_is_one_line(tmp_path):
@@ -155,7 +156,8 @@ def test_chat_errors_name_the_chat_fields(text_server):
     with text_server.client() as client:
         top = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}],
                                                         "logprobs": True, "top_logprobs": 50})
-        long = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a" * 300}]})
-    assert top.status_code == long.status_code == 400
+        many = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}],
+                                                         "max_completion_tokens": 256})
+    assert top.status_code == many.status_code == 400
     assert top.json()["error"]["param"] == "top_logprobs" and "top_logprobs" in top.json()["error"]["message"]
-    assert long.json()["error"]["param"] == "messages"
+    assert many.json()["error"]["param"] == "max_completion_tokens"

@@ -37,14 +37,14 @@ def test_interleaved_exact_prefill_is_bit_identical_to_the_whole_one(chunk):
 
 def test_arrivals_prefill_together_and_each_gets_its_tokens_alone():
     model = make_model(dtype=torch.float64, max_seq_len=128)
-    jobs = [([5, 17, 3], "standard", 1), ([8, 1, 2, 9, 4, 4], "soft", 1), ([2] * 11, "soft", 1),
-            ([3, 1, 4, 1, 5, 9], "exact", 1), ([6, 6, 1], "exact", 1), ([9, 8, 7, 6], "fused", 2),
-            ([1, 2, 3, 4, 5, 6, 7], "fused", 2)]
+    jobs = [([5, 17, 3], "standard"), ([8, 1, 2, 9, 4, 4], "soft"), ([2] * 11, "soft"),
+            ([3, 1, 4, 1, 5, 9], "exact"), ([6, 6, 1], "exact"), ([9, 8, 7, 6], "fused:2"),
+            ([1, 2, 3, 4, 5, 6, 7], "fused:2")]
     engine = Engine(model, max_batch=len(jobs))
-    collectors = run_engine(engine, [request(p, m, 7, k) for p, m, k in jobs])
-    for (prompt, mode, passes), c in zip(jobs, collectors, strict=True):
+    collectors = run_engine(engine, [request(p, m, 7) for p, m in jobs])
+    for (prompt, mode), c in zip(jobs, collectors, strict=True):
         assert c.finish == "length"
-        assert c.tokens == generate(model, prompt, 7, mode, prefill_passes=passes)[len(prompt):], (prompt, mode)
+        assert c.tokens == generate(model, prompt, 7, mode)[len(prompt):], (prompt, mode)
     # standard + soft + the exact prompts' first tokens in one plain forward, the fused pair in another
     assert engine.prefills == 2 and engine.batched_prefills == 2
     assert engine.interleaved_prompt_tokens == 5 + 2

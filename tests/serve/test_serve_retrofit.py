@@ -33,7 +33,7 @@ def retrofit_server(tmp_path_factory):
 
 
 def test_retrofitted_checkpoint_serves_every_mode_concurrently(retrofit_server):
-    jobs = [("ROMEO:", mode, 8) for mode in ("standard", "soft", "fused", "exact")] + [("To be", "soft", 5)]
+    jobs = [("ROMEO:", mode, 8) for mode in ("standard", "soft", "fused:1", "exact")] + [("To be", "soft", 5)]
 
     def run(job):
         prompt, mode, max_tokens = job
@@ -60,13 +60,13 @@ def test_retrofitted_requests_are_batched_and_each_equals_itself_alone(tmp_path)
     """float64, every request queued before the engine starts: one batched prefill per kind, batched steps."""
     _, retrofitted, _ = save_strong_retrofit(tmp_path)
     model = load_any(retrofitted, dtype=torch.float64)
-    jobs = [([5, 17, 3], "standard", 1), ([8, 1, 2, 9, 4, 4], "soft", 1), ([3, 1, 4, 1, 5, 9], "exact", 1),
-            ([6, 2], "exact", 1), ([9, 8, 7, 6], "fused", 2), ([1, 2, 3, 4, 5, 6, 7], "fused", 2)]
+    jobs = [([5, 17, 3], "standard"), ([8, 1, 2, 9, 4, 4], "soft"), ([3, 1, 4, 1, 5, 9], "exact"),
+            ([6, 2], "exact"), ([9, 8, 7, 6], "fused:2"), ([1, 2, 3, 4, 5, 6, 7], "fused:2")]
     engine = Engine(model, max_batch=len(jobs))
     assert engine.regroups
-    collectors = run_engine(engine, [request(p, m, 7, k) for p, m, k in jobs])
-    for (prompt, mode, passes), c in zip(jobs, collectors, strict=True):
-        assert c.tokens == generate(model, prompt, 7, mode, prefill_passes=passes)[len(prompt):], mode
+    collectors = run_engine(engine, [request(p, m, 7) for p, m in jobs])
+    for (prompt, mode), c in zip(jobs, collectors, strict=True):
+        assert c.tokens == generate(model, prompt, 7, mode)[len(prompt):], mode
     assert (engine.prefills, engine.batched_prefills) == (2, 2)  # plain (with the exact prompts' first tokens), fused
     # decoded together, not one sequence per step (the exact prompts still feeding step in a lane of their own)
     assert engine.rows_stepped >= 2 * engine.steps

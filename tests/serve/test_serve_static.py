@@ -18,12 +18,12 @@ def test_server_engine_with_the_static_step_gives_each_request_its_tokens_alone(
     """Continuous batching (rows join and leave, so batches are repacked and decoders reused), modes mixed in one
     batch, an exact prompt fed inside the steps: each request's greedy tokens are its eager generate's."""
     model = make_model(dtype=torch.float64, max_seq_len=128)
-    jobs = [([5, 17, 3], "standard", 1, 4), ([8, 1, 2, 9, 4, 4], "soft", 1, 9), ([2] * 11, "soft", 1, 6),
-            ([3, 1, 4, 1, 5, 9], "exact", 1, 7), ([9, 8, 7, 6], "fused", 2, 8)]
+    jobs = [([5, 17, 3], "standard", 4), ([8, 1, 2, 9, 4, 4], "soft", 9), ([2] * 11, "soft", 6),
+            ([3, 1, 4, 1, 5, 9], "exact", 7), ([9, 8, 7, 6], "fused:2", 8)]
     engine = Engine(model, max_batch=3, decode_step="static")
-    collectors = run_engine(engine, [request(p, m, n, k) for p, m, k, n in jobs])
-    for (prompt, mode, passes, n), c in zip(jobs, collectors, strict=True):
-        assert c.tokens == generate(model, prompt, n, mode, prefill_passes=passes)[len(prompt):], (prompt, mode)
+    collectors = run_engine(engine, [request(p, m, n) for p, m, n in jobs])
+    for (prompt, mode, n), c in zip(jobs, collectors, strict=True):
+        assert c.tokens == generate(model, prompt, n, mode)[len(prompt):], (prompt, mode)
     assert engine._static is not None and engine._static._decoders  # the static path really ran
 
 

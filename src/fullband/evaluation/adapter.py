@@ -5,7 +5,7 @@ Importing this module registers the model name ``fullband`` with lm-eval. Model 
 - ``pretrained`` (required): a directory written by ``save_pretrained`` / ``fullband train`` (``.../model``),
   native or retrofitted, or ``hf:PATH`` (a transformers model, retrofitted on load); text is tokenized with the
   tokenizer saved there (``tokenizer_config.json``).
-- ``mode``: ``standard | soft | fused | fused:K | exact`` (default ``standard``); ``fused`` takes ``prefill_passes=K``.
+- ``mode``: a registered mode's spelling, ``standard | soft | fused:K | exact`` (default ``standard``).
 - ``temperature``, ``top_k``, ``top_p``, ``seed``: how ``generate_until`` samples where a task does not say (a task's
   ``do_sample`` / ``temperature`` win; default greedy), as ``fullband eval``'s [decode] section.
 - ``exact_chunk_size`` (1 = sequential) and ``exact_tol``: how the exact parts are computed (see below).
@@ -21,7 +21,7 @@ mode        context c_1..c_n                                     continuation in
 ==========  ===================================================  ==========================================
 standard    all plain, one pass                                  all plain
 soft        all plain, one pass                                  all fused, exact recurrence from h(c_n)
-fused(k)    c_1 plain, c_2..c_n fused, ``1 + k`` Jacobi passes    all fused, exact recurrence from that h(c_n)
+fused:k     c_1 plain, c_2..c_n fused, ``1 + k`` Jacobi passes    all fused, exact recurrence from that h(c_n)
 exact       c_1 plain, c_2..c_n fused, exact                     all fused, exact recurrence
 ==========  ===================================================  ==========================================
 
@@ -67,7 +67,7 @@ class FullbandLM(LM):
         self,
         pretrained: str,
         mode: str = DEFAULT_SCORE_MODE,
-        prefill_passes: int = 1,
+        prefill_passes: int | None = None,  # retired: refused naming mode=fused:K
         exact_chunk_size: int = 1,
         exact_tol: float | None = None,
         temperature: float = 0.0,
@@ -85,9 +85,12 @@ class FullbandLM(LM):
         super().__init__()
         if dtype not in DTYPES:
             raise ConfigError(f"dtype={dtype!r} is invalid: must be one of {tuple(DTYPES)}")
-        # fused:K, or fused with prefill_passes=K; the sampling settings of generate_until
-        self.decode = DecodeOptions(mode, prefill_passes, exact_chunk_size, temperature, top_k, top_p, seed,
-                                    tuple(stop_token_ids))
+        if prefill_passes is not None:
+            raise ConfigError(f"prefill_passes={prefill_passes!r} is retired: the pass count is part of the mode, "
+                              "mode=fused:K (e.g. fused:2)", "prefill_passes")
+        # the mode and the sampling settings of generate_until
+        self.decode = DecodeOptions(mode=mode, exact_chunk_size=exact_chunk_size, temperature=temperature, top_k=top_k,
+                                    top_p=top_p, seed=seed, stop_token_ids=tuple(stop_token_ids))
         tokenizer = load_tokenizer_of(pretrained)
         if tokenizer is None:
             raise ConfigError(f"pretrained={pretrained!r} has no saved tokenizer (tokenizer_config.json); "

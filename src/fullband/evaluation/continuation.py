@@ -42,7 +42,6 @@ def score_continuations(
     pairs: Sequence[TokenPair],
     mode: str | DecodingMode = DEFAULT_SCORE_MODE,
     *,
-    prefill_passes: int = 1,
     exact_chunk_size: int = 1,
     exact_tol: float | None = None,
 ) -> list[tuple[float, bool]]:
@@ -51,7 +50,7 @@ def score_continuations(
     Contexts are left-padded and continuations right-padded, so every row's real tokens sit next to each
     other and its numbers equal those of the row scored alone.
     """
-    mode = DecodingMode.parse(mode, prefill_passes)  # the prefill below is the decoder's own
+    mode = DecodingMode.parse(mode)  # the prefill below is the decoder's own
     if not pairs:
         return []
     if any(len(context) == 0 or len(continuation) == 0 for context, continuation in pairs):

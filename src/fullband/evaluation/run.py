@@ -37,7 +37,7 @@ def run_lm_eval(cfg: LmEvalConfig) -> tuple[dict[str, Any], str]:
                           + ("" if cfg.include_path else "; local task YAMLs need --include_path DIR"))
     d = cfg.decode
     model = adapter.FullbandLM(
-        cfg.checkpoint, mode=d.mode, prefill_passes=d.prefill_passes, exact_chunk_size=d.exact_chunk_size,
+        cfg.checkpoint, mode=d.mode, exact_chunk_size=d.exact_chunk_size,
         temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, seed=d.seed, stop_token_ids=d.stop_token_ids,
         batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype, max_gen_toks=cfg.max_gen_toks,
     )

@@ -6,12 +6,13 @@ carried state is fed back:
 
 - ``standard``: plain prefill, plain decoding (an ordinary transformer);
 - ``soft``: plain prefill, fused decoding from the first generated token on;
-- ``fused:k`` (or ``fused`` with ``prefill_passes=k``): the prompt gets ``k`` extra fused passes (Jacobi, p = 1),
-  then fused decoding;
+- ``fused:k``: the prompt gets ``k`` extra fused passes (Jacobi, p = 1), then fused decoding;
 - ``exact``: the prompt is fully recurrent (sequential, or exact Jacobi per chunk), then fused decoding.
 
-A mode is parsed once into a :class:`~fullband.modes.DecodingMode`; :func:`~fullband.modes.prefill_of` says what it
-does with the prompt.
+A mode is parsed once into a :class:`~fullband.modes.DecodingMode`; nothing here names one: its registered prefill
+(:func:`~fullband.modes.prefill_of`, a :class:`~fullband.modes.Prefill`) says what it does with the prompt and
+whether decoding feeds the carried state back, so a mode added to the registry decodes here unchanged. Greedy or
+sampled is the sampler's decision (:func:`~fullband.generation.sampling.is_greedy`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from fullband.generation.state import DecodeState
 from fullband.generation.static import static_decoder, supports_static
 from fullband.model import FeedbackLM, FullBandwidthLM
 from fullband.model.kv_cache import CacheSlots
-from fullband.modes import DECODING_MODES, DEFAULT_MODE, DecodeOptions, DecodingMode, prefill_of
+from fullband.modes import DECODING_MODES, DEFAULT_MODE, DecodeOptions, DecodingMode, Prefill, prefill_of, torch_seed
 
-MODES = DECODING_MODES
+MODES = DECODING_MODES  # the built-in modes (fullband.modes.mode_names() lists the registered ones)
 
 PromptInput = torch.Tensor | Sequence[int] | Sequence[Sequence[int]]
 
@@ -70,17 +71,16 @@ def prefill(
     model: FullBandwidthLM,
     ids: torch.Tensor,  # (B, T) left-padded prompt
     mask: torch.Tensor,  # (B, T)
-    mode: str | DecodingMode,
+    mode: str | DecodingMode | Prefill,
     max_len: int,
-    prefill_passes: int = 1,
     exact_chunk_size: int = 1,
     exact_tol: float | None = None,
     cache: CacheSlots | None = None,
 ) -> DecodeState:
-    """Run the prompt through the model in ``mode`` and return the state to decode from. ``prefill_passes`` is the
-    pass count of a bare ``"fused"``; ``cache``: an empty cache of at least ``max_len`` slots to fill (a static
-    decoder's), else a new one."""
-    plan = prefill_of(DecodingMode.parse(mode, prefill_passes))
+    """Run the prompt through the model in ``mode`` (or as a :class:`~fullband.modes.Prefill` says: the server runs
+    the prefill that arrivals of several modes share) and return the state to decode from. ``cache``: an empty cache
+    of at least ``max_len`` slots to fill (a static decoder's), else a new one."""
+    plan = mode if isinstance(mode, Prefill) else prefill_of(DecodingMode.parse(mode))
     B, T = ids.shape
     if max_len > model.config.max_seq_len:
         raise ValueError(f"prompt ({T} tokens, padded) + max_new_tokens = {max_len} exceeds the model context "
@@ -140,7 +140,8 @@ def decode(
     ids, mask = ids.to(device), mask.to(device)
     if max_new_tokens == 0:
         return
-    generator = torch.Generator(device=device).manual_seed(options.seed) if options.seed is not None else None
+    generator = torch.Generator(device=device).manual_seed(torch_seed(options.seed)) \
+        if options.seed is not None else None
     if is_looped(model):  # no recurrence along the sequence: whole-sequence passes per token (generation.looped)
         check_looped_options(mode, speculative)
         if mode.feeds_back:
@@ -186,7 +187,7 @@ def stream(
     max_new_tokens: int = 64,
     mode: str | DecodingMode = DEFAULT_MODE,
     *,
-    prefill_passes: int = 1,
+    prefill_passes: int | None = None,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -199,9 +200,15 @@ def stream(
     speculative: SpeculativeConfig | dict | None = None,
     step: str = "eager",
 ) -> Iterator[torch.Tensor]:
-    """:func:`decode` with the :class:`~fullband.modes.DecodeOptions` given one by one."""
-    options = DecodeOptions(mode, prefill_passes, exact_chunk_size, temperature, top_k, top_p, seed,
-                            tuple(stop_token_ids), pad_token_id, step)
+    """:func:`decode` with the :class:`~fullband.modes.DecodeOptions` given one by one. ``mode`` is spelled as a
+    user types it (``fused:2``) or a parsed :class:`~fullband.modes.DecodingMode`; ``prefill_passes`` is only for code
+    that holds a mode's name and its count apart (the reasoning study's ``--modes`` and ``--fused_passes``): the count
+    of a bare ``fused`` (:meth:`~fullband.modes.DecodingMode.parse`)."""
+    if prefill_passes is not None:
+        mode = DecodingMode.parse(mode, prefill_passes)
+    options = DecodeOptions(mode=mode, exact_chunk_size=exact_chunk_size, temperature=temperature, top_k=top_k,
+                            top_p=top_p, seed=seed, stop_token_ids=tuple(stop_token_ids), pad_token_id=pad_token_id,
+                            step=step)
     return decode(model, prompt_ids, max_new_tokens, options, attention_mask=attention_mask, exact_tol=exact_tol,
                   speculative=speculative)
 

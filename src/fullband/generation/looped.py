@@ -11,6 +11,11 @@ reasoning: 2-3 tokens).
 - ``exact``: as many passes as the full-bandwidth model's Jacobi iteration needs for the sequence (T - p + 1), the
   count a looped model trained with ``passes >= T`` ran;
 - ``soft`` and speculative decoding need the carried state, so they are refused.
+
+Which modes a looped model takes follows from their prefill (:func:`looped_takes`), not from their names: it runs the
+same passes at every position, so a mode whose prompt and generated tokens get the same passes has a looped form
+(no state carried: one plain pass; ``k`` passes; exact), and one with a plain prompt but fused generated tokens
+(soft) has none.
 """
 
 from __future__ import annotations
@@ -21,10 +26,14 @@ import torch
 
 from fullband.generation.sampling import sample_next
 from fullband.model import FeedbackLM, exact_pass_count
-from fullband.modes import DECODING_MODES, SOFT, DecodeOptions, DecodingMode, prefill_of
+from fullband.modes import REGISTRY, DecodeOptions, DecodingMode, prefill_of
 
-# every mode but soft, whose fused decoding carries the state along the sequence
-LOOPED_MODES = tuple(name for name in DECODING_MODES if name != SOFT.name)
+
+def looped_takes(mode: DecodingMode) -> bool:
+    """Whether a looped model can decode ``mode``: its prefill runs as many passes over the generated tokens as over
+    the prompt (a plain prompt whose state is carried into fused decoding does not)."""
+    plan = prefill_of(mode)
+    return plan.exact or not plan.carries or plan.passes > 1 or mode.spec.takes_passes
 
 
 def is_looped(model: FeedbackLM) -> bool:
@@ -33,10 +42,11 @@ def is_looped(model: FeedbackLM) -> bool:
 
 
 def check_looped_options(mode: DecodingMode, speculative: object | None) -> None:
-    if mode.name not in LOOPED_MODES:
+    if not looped_takes(mode):
+        takes = [s.spelling for s in REGISTRY.values() if looped_takes(DecodingMode(s.name))]
         raise ValueError(f"mode={mode.name!r} is not available for a looped model (feedback_shift=0): it needs the "
                          f"state carried along the sequence, which a looped model does not have; use one of "
-                         f"{LOOPED_MODES}")
+                         f"{', '.join(takes)}")
     if speculative is not None:
         raise ValueError("speculative decoding is not available for a looped model (feedback_shift=0): its "
                          "verification needs the recurrence along the sequence")

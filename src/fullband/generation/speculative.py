@@ -31,7 +31,7 @@ import torch
 
 from fullband.config import validate_speculative_options
 from fullband.generation.drafters import Drafter, Sampler, make_drafter
-from fullband.generation.sampling import token_probs
+from fullband.generation.sampling import is_greedy, token_probs
 from fullband.generation.state import DecodeState
 from fullband.model import FeedbackLM
 from fullband.modes import DecodeOptions
@@ -92,6 +92,7 @@ class SpeculativeDecoder:
         self.model, self.config = model, config
         self.drafter = drafter if drafter is not None else make_drafter(config.drafter, model)
         self.temperature, self.top_k, self.top_p = options.temperature, options.top_k, options.top_p
+        self.greedy = is_greedy(options.temperature)  # the sampler's rule, as plain decoding's
         self.generator = generator
         self.gamma = config.gamma
         self.stats = SpeculativeStats()
@@ -108,7 +109,7 @@ class SpeculativeDecoder:
         return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
 
     def _sampler(self) -> Sampler:
-        if self.temperature == 0.0:
+        if self.greedy:
             return lambda logits: (logits.argmax(-1), None)
 
         def sample(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,7 +119,7 @@ class SpeculativeDecoder:
         return sample
 
     def first_token(self, state: DecodeState) -> torch.Tensor:
-        if self.temperature == 0.0:
+        if self.greedy:
             return state.next_logits.argmax(-1)
         return self._draw(self._probs(state.next_logits))
 
@@ -150,7 +151,7 @@ class SpeculativeDecoder:
         logits = None  # (B, n_exact, V) the exact logits so far
         accept = torch.zeros(B, 0, dtype=torch.bool, device=block.device)  # (B, verified drafts)
         uniform = torch.rand(B, gamma, generator=self.generator, device=block.device, dtype=torch.float64) \
-            if self.temperature > 0 and gamma > 0 else None
+            if not self.greedy and gamma > 0 else None
         feedback = state.carried is not None
         step, pass_tokens = None, []
         for step in self.model.iterate_passes(block, T if feedback else 1, state.prompt_len, cache=state.cache,
@@ -193,7 +194,7 @@ class SpeculativeDecoder:
         """Whether each draft d_{i+1}, i in ``judged``, passes, from the exact logits at block position i."""
         target = logits[:, judged]  # (B, n, V)
         chosen = drafts[:, judged]  # (B, n)
-        if self.temperature == 0.0:
+        if self.greedy:
             return target.argmax(-1) == chosen
         p = self._probs(target.flatten(0, 1)).view_as(target).gather(-1, chosen[..., None]).squeeze(-1)
         q = draft_probs[:, judged].gather(-1, chosen[..., None]).squeeze(-1)
@@ -203,7 +204,7 @@ class SpeculativeDecoder:
                     per_row: torch.Tensor, a: int, gamma: int) -> torch.Tensor:
         """The token after the kept prefix (B,): the draft where the row accepted it, else a correction (or the
         bonus token after a fully accepted block)."""
-        if self.temperature == 0.0:
+        if self.greedy:
             return logits.argmax(-1)
         p = self._probs(logits)
         if a == gamma:

@@ -44,9 +44,10 @@ _MODEL_FIELDS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 class FullBandwidthConfig(PretrainedConfig):
     """Every :class:`~fullband.ModelConfig` field under its own name, plus the default decoding of ``generate``:
-    ``decoding_mode`` (standard | soft | fused | fused:K | exact), ``prefill_passes`` (a bare fused) and
-    ``exact_chunk_size`` (exact), and ``score_mode``, the mode of a forward without a decoding state (see
-    ``fullband.model.hub.DECODING_DEFAULTS``).
+    ``decoding_mode`` (a registered mode's spelling: standard | soft | fused:K | exact) and ``exact_chunk_size``
+    (exact), and ``score_mode``, the mode of a forward without a decoding state (see
+    ``fullband.model.hub.DECODING_DEFAULTS``). A config.json saved before fused:K carried its count
+    (``decoding_mode="fused"`` beside ``prefill_passes=k``) reads as ``fused:k`` (``hub.read_decoding``).
     """
 
     model_type = MODEL_TYPE
@@ -59,6 +60,7 @@ class FullBandwidthConfig(PretrainedConfig):
     }
 
     def __init__(self, **kwargs: Any) -> None:
+        hub.read_decoding(kwargs)
         for name, default in {**_MODEL_FIELDS, **DECODING_DEFAULTS}.items():
             setattr(self, name, kwargs.pop(name, default))
         kwargs["tie_word_embeddings"] = self.tie_embeddings  # transformers ties lm_head to the embedding by this
@@ -66,7 +68,7 @@ class FullBandwidthConfig(PretrainedConfig):
         kwargs.pop("fullband_version", None)
         super().__init__(**kwargs)
         self.to_model_config()  # reject bad values now, with ModelConfig's messages
-        _check_decoding(self.decoding_mode, self.prefill_passes, self.exact_chunk_size, self.score_mode)
+        _check_decoding(self.decoding_mode, self.exact_chunk_size, self.score_mode)
 
     def to_model_config(self) -> ModelConfig:
         return ModelConfig(**{name: getattr(self, name) for name in _MODEL_FIELDS})
@@ -100,7 +102,7 @@ class FeedbackForwardMixin:
         passes: int | None = None,
         plain_prefix: int | torch.Tensor = 1,
         decoding_mode: str | None = None,
-        prefill_passes: int | None = None,
+        prefill_passes: int | None = None,  # retired: refused naming decoding_mode="fused:K" (else kwargs hid it)
         exact_chunk_size: int | None = None,
         return_dict: bool | None = None,
         **kwargs: Any,  # generate's extras (position_ids, output_attentions, ...): positions come from the mask
@@ -132,10 +134,10 @@ class FeedbackForwardMixin:
             decode_step(lm, state, input_ids[:, -1])
             logits = state.next_logits[:, None]
         elif use_cache:
+            hub.refuse_retired_passes({"prefill_passes": prefill_passes})
             mode = decoding_mode or self.config.decoding_mode
-            passes_k = self.config.prefill_passes if prefill_passes is None else prefill_passes
             chunk = exact_chunk_size or self.config.exact_chunk_size
-            decoding = _check_decoding(mode, passes_k, chunk)
+            decoding = _check_decoding(mode, chunk)
             mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
             max_len = self._prefill_cache_len(input_ids.shape[1])
             state = prefill(lm, input_ids, mask.long(), decoding, max_len, exact_chunk_size=chunk)
@@ -234,11 +236,10 @@ class FullBandwidthForCausalLM(FeedbackForwardMixin, PreTrainedModel, Generation
         _ensure_room(self._native, state)
 
 
-def _check_decoding(mode: str, prefill_passes: int, exact_chunk_size: int, score_mode: str = DEFAULT_SCORE_MODE
-                    ) -> DecodingMode:
+def _check_decoding(mode: str, exact_chunk_size: int, score_mode: str = DEFAULT_SCORE_MODE) -> DecodingMode:
     # The sampling options are generate's own (GenerationConfig); only the mode's options are checked here.
     DecodingMode.parse(score_mode, name="score_mode")
-    return DecodeOptions(mode, prefill_passes, exact_chunk_size).decoding_mode
+    return DecodeOptions(mode=mode, exact_chunk_size=exact_chunk_size).decoding_mode
 
 
 def _next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -41,6 +41,7 @@ class FullBandwidthRetrofitConfig(PretrainedConfig):
     }
 
     def __init__(self, **kwargs: Any) -> None:
+        hub.read_decoding(kwargs)  # a config.json saved before fused:K carried its count
         for name in _RETROFIT_FIELDS:
             setattr(self, name, kwargs.pop(name, None))
         for name, default in hub.DECODING_DEFAULTS.items():
@@ -49,7 +50,7 @@ class FullBandwidthRetrofitConfig(PretrainedConfig):
         kwargs.pop("fullband_version", None)
         kwargs.setdefault("tie_word_embeddings", False)  # the base model ties its own weights
         super().__init__(**kwargs)
-        _check_decoding(self.decoding_mode, self.prefill_passes, self.exact_chunk_size, self.score_mode)
+        _check_decoding(self.decoding_mode, self.exact_chunk_size, self.score_mode)
 
 
 class FullBandwidthRetrofitForCausalLM(FeedbackForwardMixin, PreTrainedModel, GenerationMixin):
@@ -98,10 +99,11 @@ class FullBandwidthRetrofitForCausalLM(FeedbackForwardMixin, PreTrainedModel, Ge
             raise OSError(f"{directory} is not a local directory holding a retrofitted fullband checkpoint")
         if not isinstance(config, FullBandwidthRetrofitConfig):
             config = FullBandwidthRetrofitConfig.from_pretrained(directory)
+        hub.refuse_retired_passes(kwargs)
         for name in hub.DECODING_DEFAULTS:
             if name in kwargs:
                 setattr(config, name, kwargs[name])
-        _check_decoding(config.decoding_mode, config.prefill_passes, config.exact_chunk_size, config.score_mode)
+        _check_decoding(config.decoding_mode, config.exact_chunk_size, config.score_mode)
         dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
         base_kwargs = {"dtype": dtype} if dtype not in (None, "auto") else {}
         model = cls(config, RetrofittedLM.from_pretrained(directory, local_files_only=True, **base_kwargs))

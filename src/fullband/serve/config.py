@@ -24,7 +24,7 @@ SERVE_DTYPES = ("float32", "bfloat16")
 
 @dataclass
 class ServeConfig:
-    """Options of ``fullband serve``. A request's own fields (mode, prefill_passes, temperature, top_p, top_k, seed)
+    """Options of ``fullband serve``. A request's own fields (mode, temperature, top_p, top_k, seed)
     win over [decode]; exact_chunk_size is the server's; [decode]'s stop ids end every request besides end-of-text."""
 
     # the flat options that moved into [decode]: refused with a line naming the new flag (configio)

@@ -39,15 +39,15 @@ from collections.abc import Sequence
 import torch
 
 from fullband.generation.decoding import decode_step
-from fullband.generation.sampling import sample_next
+from fullband.generation.sampling import is_greedy, sample_next
 from fullband.generation.state import DecodeState
 from fullband.generation.static import StaticPool, supports_static
 from fullband.model import FeedbackLM
+from fullband.modes import torch_seed
 from fullband.serve.batching import gather_rows, release_free_memory
 from fullband.serve.prefill import Admission, _Batch, _Chunked, _Sequence
 from fullband.serve.requests import (
     MAX_TOP_LOGPROBS,
-    MIN_TEMPERATURE,
     Event,
     FinishEvent,
     GenerationRequest,
@@ -129,14 +129,14 @@ class Engine(Admission):
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def validate(self, request: GenerationRequest) -> None:
-        """Raise :class:`RequestError` naming the field for anything the model cannot run."""
-        validate_request(request, self.vocab_size, self.context)
+    def validate(self, request: GenerationRequest) -> GenerationRequest:
+        """``request`` as it runs (max_tokens cut at the context's end, fullband.context), or :class:`RequestError`
+        naming the field for anything the model cannot run."""
+        return validate_request(request, self.vocab_size, self.context)
 
     def submit(self, requests: Sequence[GenerationRequest], listeners: Sequence[Listener]) -> list[Handle]:
         """Queue ``requests`` together (all or none); raises RequestError, or QueueFull when there is no room."""
-        for request in requests:
-            self.validate(request)
+        requests = [self.validate(request) for request in requests]
         handles = [Handle(self._wake) for _ in requests]
         with self._cond:
             if self._closing:
@@ -146,7 +146,7 @@ class Engine(Admission):
                 raise QueueFull(f"the queue is full ({self.max_queue} waiting, {self.max_batch} decoding): retry later")
             for request, listener, handle in zip(requests, listeners, handles, strict=True):
                 seed = request.decode.seed if request.decode.seed is not None else secrets.randbits(63)
-                generator = torch.Generator(device=self.device).manual_seed(seed)
+                generator = torch.Generator(device=self.device).manual_seed(torch_seed(seed))
                 self._pending.append(_Sequence(request, listener, handle, generator))
             self._cond.notify_all()
         return handles
@@ -247,7 +247,7 @@ class Engine(Admission):
                 self._finish(seq, "cancelled")
                 continue
             s, d = seq.request, seq.request.decode
-            if d.temperature < MIN_TEMPERATURE:
+            if is_greedy(d.temperature):  # the sampler's rule: the tokens generate() gives
                 token = greedy[row]
             else:  # the generation module's sampler, on this row alone, with the request's own generator
                 try:

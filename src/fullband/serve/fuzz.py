@@ -36,14 +36,15 @@ class FuzzReport:
         return dict(sorted(totals.items()))
 
 
-def fuzz_app(app: Any, examples: int, seed: int = 0) -> FuzzReport:
-    """Send up to ``examples`` generated requests per operation and mode to ``app`` (its lifespan runs)."""
+def fuzz_app(app: Any, examples: int, seed: int = 0, headers: dict[str, str] | None = None) -> FuzzReport:
+    """Send up to ``examples`` generated requests per operation and mode to ``app`` (its lifespan runs), each with
+    ``headers`` (``Authorization: Bearer KEY`` for a server with an API key)."""
     import schemathesis
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hypothesis_seed
     from schemathesis import GenerationMode
 
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, **({"headers": headers} if headers else {}))
     schema.config.checks.update(included_check_names=["all"])
     report = FuzzReport()
     for result in schema.get_all_operations():
@@ -52,26 +53,26 @@ def fuzz_app(app: Any, examples: int, seed: int = 0) -> FuzzReport:
         # A negative case needs something to break: an operation without a body or parameters has none.
         modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if has_body else (GenerationMode.POSITIVE,)
         for mode in modes:
-            run = given(case=operation.as_strategy(mode))(_sender(operation.label, mode.value, report))
+            run = given(case=operation.as_strategy(mode))(_sender(operation.label, mode.value, report, headers))
             run = settings(max_examples=examples if has_body else 1, deadline=None, database=None,
                            suppress_health_check=list(HealthCheck))(run)
             hypothesis_seed(seed)(run)()
-    report.health_after = schema["/health"]["GET"].Case().call().status_code
+    report.health_after = schema["/health"]["GET"].Case().call(headers=headers).status_code
     return report
 
 
-def _sender(label: str, mode: str, report: FuzzReport) -> Callable[[Any], None]:
+def _sender(label: str, mode: str, report: FuzzReport, headers: dict[str, str] | None) -> Callable[[Any], None]:
     def send(case: Any) -> None:  # a plain function: hypothesis' @given takes no partials or defaults
-        _send(case, label, mode, report)
+        _send(case, label, mode, report, headers)
 
     return send
 
 
-def _send(case: Any, label: str, mode: str, report: FuzzReport) -> None:
+def _send(case: Any, label: str, mode: str, report: FuzzReport, headers: dict[str, str] | None = None) -> None:
     from schemathesis.core.failures import FailureGroup
 
     try:
-        response = case.call()
+        response = case.call(headers=headers)
     except Exception as err:  # an exception out of the app: what a client sees as a 500 or a dropped connection
         report.counts[(label, mode, 500)] += 1
         report.failures.append((label, case.body, 500, f"{type(err).__name__}: {err}"))

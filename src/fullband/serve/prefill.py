@@ -12,7 +12,7 @@ import torch
 from fullband.generation.decoding import left_pad, prefill
 from fullband.model import FeedbackLM
 from fullband.model.kv_cache import CacheSlots
-from fullband.modes import Prefill, mode_of_prefill, prefill_of
+from fullband.modes import Prefill, prefill_of
 from fullband.serve.requests import GenerationRequest, Handle, Listener, useful_passes
 
 log = logging.getLogger("fullband.serve")
@@ -103,7 +103,7 @@ class Admission:
         if plan.exact:
             # an interleaved exact prompt's first token (always plain) is prefilled by one plain pass
             return 1 if self._interleaves(seq) else None
-        return 1 + useful_passes(plan.passes - 1, len(seq.request.prompt_ids))  # standard and soft: 1
+        return useful_passes(plan.passes, len(seq.request.prompt_ids))  # one plain pass: 1
 
     def _interleaves(self, seq: _Sequence) -> bool:
         """Does this exact-mode prompt feed its tokens after the first inside decoding steps? Sequential exact
@@ -161,10 +161,10 @@ class Admission:
         # of one decodes on in its prefill cache.
         first = group[0].request
         room = ids.shape[1] if self.regroups else len(first.prompt_ids) + first.max_tokens
-        carries = any(prefill_of(s.request.decoding).carries for s in group)
-        mode = mode_of_prefill(Prefill(passes, carries))
+        # The group's shared prefill, whatever modes asked for it; a row that carries no state drops it below.
+        plan = Prefill(passes, carries=any(prefill_of(s.request.decoding).carries for s in group))
         try:
-            state = prefill(self.model, ids, mask, mode, room, exact_chunk_size=self.exact_chunk_size)
+            state = prefill(self.model, ids, mask, plan, room, exact_chunk_size=self.exact_chunk_size)
         except Exception as err:  # these requests alone fail
             log.exception("prefill failed")
             for seq in group:

@@ -8,19 +8,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fullband.config import ConfigError
+from fullband.context import ContextError, fit_context
 from fullband.modes import DecodeOptions, DecodingMode
 
 MAX_TOP_LOGPROBS = 20
-# Below this a temperature is greedy: logits / 1e-320 overflow to inf, and the limit T -> 0 of sampling is argmax.
-MIN_TEMPERATURE = 1e-5
 
 
 class RequestError(ValueError):
-    """A request the engine cannot run; ``param`` names the offending field."""
+    """A request the engine cannot run; ``param`` names the offending field, ``code`` is OpenAI's error code."""
 
-    def __init__(self, param: str | None, message: str) -> None:
+    def __init__(self, param: str | None, message: str, code: str | None = "invalid_value") -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 class QueueFull(RuntimeError):
@@ -30,8 +30,8 @@ class QueueFull(RuntimeError):
 @dataclass(frozen=True)
 class GenerationRequest:
     prompt_ids: tuple[int, ...]
-    decode: DecodeOptions  # the mode as the client typed it (standard | soft | fused | fused:K | exact), its sampling
-    max_tokens: int
+    decode: DecodeOptions  # the mode as the client typed it (standard | soft | fused:K | exact), its sampling
+    max_tokens: int  # at most; generation also stops at the context's end (fullband.context)
     logprobs: int | None = None  # alternatives per token besides the chosen one's log-probability; None = none
 
     @property
@@ -69,12 +69,13 @@ class Handle:
         self._wake()
 
 
-def validate_request(request: GenerationRequest, vocab_size: int, context: int) -> None:
-    """Raise :class:`RequestError` naming the field for anything a model of ``vocab_size`` ids and ``context``
-    positions cannot run."""
+def validate_request(request: GenerationRequest, vocab_size: int, context: int) -> GenerationRequest:
+    """``request`` as the engine runs it (its max_tokens cut at the context's end), or :class:`RequestError` naming
+    the field for anything a model of ``vocab_size`` ids and ``context`` positions cannot run."""
     s = request  # its DecodeOptions checked themselves when they were made (decode_options turns that into this)
-    if not _is_int(s.max_tokens) or s.max_tokens < 1:
-        raise RequestError("max_tokens", f"max_tokens must be an integer >= 1, got {s.max_tokens!r}")
+    if not _is_int(s.max_tokens):
+        raise RequestError("max_tokens", f"max_tokens={s.max_tokens!r} is invalid: must be an integer",
+                           "invalid_type")
     if s.logprobs is not None and not 0 <= s.logprobs <= MAX_TOP_LOGPROBS:
         raise RequestError("logprobs", f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {s.logprobs!r}")
     prompt = request.prompt_ids
@@ -83,13 +84,11 @@ def validate_request(request: GenerationRequest, vocab_size: int, context: int) 
     if bad := [t for t in prompt if not (_is_int(t) and 0 <= t < vocab_size)]:
         raise RequestError("prompt", f"token id {bad[0]!r} is out of range: this model's ids are "
                                      f"0..{vocab_size - 1}")
-    if len(prompt) >= context:
-        raise RequestError("prompt", f"the prompt has {len(prompt)} tokens but the model's context is "
-                                     f"{context}: shorten it to at most {context - 1}")
-    if len(prompt) + s.max_tokens > context:
-        raise RequestError("max_tokens", f"max_tokens={s.max_tokens} is too many: the prompt has {len(prompt)} "
-                                         f"tokens and the context is {context}; use at most "
-                                         f"{context - len(prompt)}")
+    try:  # the one context rule (fullband.context): token ids, so nothing is dropped
+        fit = fit_context(len(prompt), s.max_tokens, context, text=False)
+    except ContextError as err:
+        raise RequestError(err.field, str(err), err.code) from None
+    return dataclasses.replace(request, max_tokens=fit.new_tokens)
 
 
 def decode_options(defaults: DecodeOptions, **given: object) -> DecodeOptions:
@@ -101,11 +100,11 @@ def decode_options(defaults: DecodeOptions, **given: object) -> DecodeOptions:
         raise RequestError(err.field, str(err)) from None
 
 
-def useful_passes(prefill_passes: int, prompt_len: int) -> int:
-    """Fused mode's extra prompt passes, capped where they stop changing anything: after 1 + (T - 1) passes a
+def useful_passes(passes: int, prompt_len: int) -> int:
+    """A prefill's whole-prompt passes, capped where they stop changing anything: after 1 + (T - 1) passes a
     T-token prompt is exact (DESIGN.md §2) and every further pass reproduces it, so a request cannot hold the engine
-    for millions of passes."""
-    return min(prefill_passes, prompt_len - 1)
+    for millions of passes (``fused:1000000000000``)."""
+    return min(passes, prompt_len)
 
 
 def _is_int(value: object) -> bool:

@@ -12,7 +12,7 @@ from fullband.serve.text import token_text
 
 
 class _Run(Protocol):
-    """What a response reads of the HTTP layer's run of a request (fullband.serve.app)."""
+    """What a response reads of the HTTP layer's run of a request (fullband.serve.run.RequestRun)."""
 
     completion_tokens: int
 

@@ -7,9 +7,10 @@ from typing import Annotated, Any
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from fullband.data.sft import ROLES
-from fullband.modes import MODE_PATTERN
+from fullband.modes import mode_pattern
 from fullband.serve.engine import MAX_TOP_LOGPROBS
 
 
@@ -37,9 +38,12 @@ class CommonBody(BaseModel):
     n: Int = Field(1, ge=1, le=16)
     stream: bool = False
     stop: str | Annotated[list[str], Field(max_length=4)] | None = None
-    seed: Int | None = Field(None, json_schema_extra={"minimum": -(2**63), "maximum": 2**64 - 1})  # torch's seeds
-    mode: str | None = Field(None, json_schema_extra={"pattern": MODE_PATTERN})  # standard | soft | fused[:K] | exact
-    prefill_passes: Int | None = Field(None, json_schema_extra={"minimum": 0})
+    # Any integer, read modulo 2**64 as torch reads a seed (fullband.modes.torch_seed); choice i of n draws with
+    # seed + i. No bounds: a bound near 2**63 or 2**64 reads differently as a decimal and as a float.
+    seed: Int | None = None
+    mode: str | None = None  # a registered mode's spelling; its pattern is the registry's (document_limits)
+    # Retired (the count is in the mode: fused:K): read only to refuse it in one line; the schema forbids it.
+    prefill_passes: SkipJsonSchema[Any] = None
     stream_options: dict[str, Any] | None = None
 
 
@@ -95,6 +99,7 @@ def validation_error(err: RequestValidationError) -> APIError:
     if first.get("type") == "json_invalid":
         return APIError(400, f"the request body is not valid JSON: {first.get('msg', '')}", None, code="invalid_json")
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    kind = str(first.get("type", ""))
     # A union's failure names the member type last (prompt.str, prompt.list[int].0): keep the field path.
     param = ".".join(p for p in loc if not any(ch in p for ch in "[]") and p not in ("str", "int", "float", "bool")
                      and not p.startswith("constrained-"))
@@ -103,16 +108,25 @@ def validation_error(err: RequestValidationError) -> APIError:
     got = first.get("input")
     shown = json.dumps(got)[:60] if got is not None and first.get("type") != "missing" else ""
     message = f"{param}: {first.get('msg', 'invalid value')}" + (f" (got {shown})" if shown else "")
-    return APIError(400, message, param, code="invalid_value")
+    return APIError(400, message, param, code=_CODES.get(kind, "invalid_type" if kind.endswith(("_type", "_parsing"))
+                                                         else "invalid_value"))
+
+
+# pydantic's error types -> OpenAI's error codes (a wrong type is invalid_type, as "5" for an integer)
+_CODES = {"missing": "missing_required_parameter", "greater_than_equal": "integer_below_min_value",
+          "greater_than": "integer_below_min_value", "less_than_equal": "integer_above_max_value",
+          "less_than": "integer_above_max_value"}
 
 
 
 def document_limits(openapi: dict[str, Any], model_name: str, vocab_size: int, context: int,
                     max_tokens: int) -> None:
-    """Write into the app's OpenAPI schema what it accepts of this model: the served model's name, token ids in
-    0..vocab_size-1, at most ``context - 1`` of them in a prompt, and ``max_tokens`` at most (a larger one gets 400;
-    one beyond the room a prompt leaves in the context generates to its end). A text prompt's length in tokens
-    depends on the tokenizer, which a schema cannot say: one past the context gets 400."""
+    """Write into the app's OpenAPI schema what it accepts of this model and of the registered decoding modes, so
+    that the schema and the server agree (fullband.context has the rule): the served model's name, token ids in
+    0..vocab_size-1, at most ``context - 1`` of them in a prompt, ``max_tokens`` (and ``max_completion_tokens``) at
+    most ``max_tokens`` (a larger one gets 400; one beyond the room a prompt leaves in the context generates to its
+    end), the modes' spellings, and the retired ``prefill_passes`` forbidden. A text prompt's length in tokens is the
+    tokenizer's, which a schema cannot say: the server drops its start when it does not fit."""
     bodies = openapi.get("components", {}).get("schemas", {})
     for name in ("CompletionBody", "ChatBody"):
         fields = bodies.get(name, {}).get("properties", {})
@@ -120,6 +134,9 @@ def document_limits(openapi: dict[str, Any], model_name: str, vocab_size: int, c
         for key in ("max_tokens", "max_completion_tokens"):
             if key in fields:
                 fields[key]["maximum"] = max_tokens
+        if "mode" in fields:
+            fields["mode"]["anyOf"][0]["pattern"] = mode_pattern()
+            fields["prefill_passes"] = {"not": {}, "description": 'Retired: the count is part of the mode ("fused:K").'}
     if "prompt" in bodies.get("CompletionBody", {}).get("properties", {}):
         _limit_ids(bodies["CompletionBody"]["properties"]["prompt"], vocab_size, context)
 

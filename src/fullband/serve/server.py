@@ -48,14 +48,30 @@ def build_app(cfg: ServeConfig) -> Any:
     return create_app(engine, tokenizer, name, defaults, api_key=api_key or None, limits=limits)
 
 
-def uvicorn_server(app: Any, cfg: ServeConfig) -> Any:
+def uvicorn_server(app: Any, cfg: ServeConfig, announce: bool = False) -> Any:
+    """uvicorn's server for ``app``; ``announce``: print ``listening on http://HOST:PORT`` once it is ready."""
     import uvicorn
 
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=cfg.access_log,
                             timeout_graceful_shutdown=cfg.graceful_timeout or None, lifespan="on")
     if cfg.access_log:  # uvicorn gives its access logger the log level: one line per request whatever it says
         logging.getLogger("uvicorn.access").setLevel(logging.INFO)
-    return uvicorn.Server(config)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            # uvicorn logs its own address line only for sockets it binds itself, and ours is bound before the model
+            # loads (run_serve): say where it listens, with the port the OS gave for --port 0, once serving.
+            if announce and self.started:
+                print(f"fullband serve: listening on {address(self.servers[0].sockets[0])}", flush=True)
+
+    return Server(config)
+
+
+def address(sock: socket.socket) -> str:
+    """``http://HOST:PORT`` of a listening socket (an IPv6 host in brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def listen(cfg: ServeConfig) -> socket.socket:
@@ -85,7 +101,7 @@ def run_serve(cfg: ServeConfig) -> None:
         # uvicorn re-raises the signal it shut down for once it is done; after a graceful shutdown SIGTERM then
         # exits with status 0 (Ctrl-C keeps Python's KeyboardInterrupt: the CLI's status 130).
         signal.signal(signal.SIGTERM, _exit_after_shutdown)
-        uvicorn_server(app, cfg).run(sockets=[sock])  # returns after Ctrl-C / SIGTERM, once shut down
+        uvicorn_server(app, cfg, announce=True).run(sockets=[sock])  # returns after Ctrl-C / SIGTERM, once shut down
     finally:
         sock.close()
 

@@ -113,9 +113,10 @@ def batch_lengths(run_cfg: Any) -> list[int]:
 
 def decode_flops(shape: Shape, prompt_len: int, generated: int, mode: DecodingMode) -> float:
     """FLOPs of one greedy decode in ``mode``: a ``prompt_len`` prompt, ``generated`` tokens (the last one,
-    end-of-text, needs no forward). Its prefill (:func:`~fullband.modes.prefill_of`) decides: plain (standard, the
-    baselines), exact (the prompt fully recurrent, one position at a time, then fused decoding: each position once),
-    or ``passes`` passes over the prompt carried into fused decoding (fused:k, soft)."""
+    end-of-text, needs no forward). Its registered prefill (:func:`~fullband.modes.prefill_of`) decides, whatever the
+    mode is called: no state carried (plain throughout: standard, the baselines), exact (the prompt fully recurrent,
+    one position at a time, then fused decoding: each position once), or ``passes`` passes over the prompt carried
+    into fused decoding (fused:k, soft)."""
     total = prompt_len + generated - 1
     plan = prefill_of(mode)
     if plan.exact:
