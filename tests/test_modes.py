@@ -142,7 +142,8 @@ def test_every_consumer_takes_fused_k_with_its_k_passes():
     prompt = [5, 17, 3, 44, 8, 21]
     two = generate(model, prompt, 8, mode="fused:2")
     assert generate(model, prompt, 8, mode=fused(2)) == two
-    assert generate(model, prompt, 8, mode="fused", prefill_passes=2) == two  # the reasoning study's held-apart form
+    with pytest.raises(ConfigError, match="fused:K"):  # one spelling, from Python too
+        generate(model, prompt, 8, mode="fused")
     assert generate(model, prompt, 8, mode="fused:0") != two or generate(model, prompt, 8, mode="fused:1") != two
     pairs = [(prompt, [9, 2, 30]), (prompt[:2], [4])]
     assert score_continuations(model, pairs, "fused:2") == score_continuations(model, pairs, fused(2))

@@ -187,7 +187,6 @@ def stream(
     max_new_tokens: int = 64,
     mode: str | DecodingMode = DEFAULT_MODE,
     *,
-    prefill_passes: int | None = None,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -201,11 +200,7 @@ def stream(
     step: str = "eager",
 ) -> Iterator[torch.Tensor]:
     """:func:`decode` with the :class:`~fullband.modes.DecodeOptions` given one by one. ``mode`` is spelled as a
-    user types it (``fused:2``) or a parsed :class:`~fullband.modes.DecodingMode`; ``prefill_passes`` is only for code
-    that holds a mode's name and its count apart (the reasoning study's ``--modes`` and ``--fused_passes``): the count
-    of a bare ``fused`` (:meth:`~fullband.modes.DecodingMode.parse`)."""
-    if prefill_passes is not None:
-        mode = DecodingMode.parse(mode, prefill_passes)
+    user types it (``fused:2``) or a parsed :class:`~fullband.modes.DecodingMode`."""
     options = DecodeOptions(mode=mode, exact_chunk_size=exact_chunk_size, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed, stop_token_ids=tuple(stop_token_ids), pad_token_id=pad_token_id,
                             step=step)

@@ -46,8 +46,8 @@ def decode_cell(
     room = model.config.max_seq_len - max(len(ids) for ids in prompts)
     max_new_tokens = min(room, max(len(task.completion(e)) for e in examples) + 1 + EXTRA_TOKENS)
     start = time.perf_counter()
-    outputs = generate(model, prompts, max_new_tokens=max_new_tokens, mode=mode, prefill_passes=fused_passes,
-                       stop_token_ids=[tokenizer.eos_id])
+    decoding = DecodingMode.parse(f"fused:{fused_passes}") if mode == "fused" else mode  # the study's count apart
+    outputs = generate(model, prompts, max_new_tokens=max_new_tokens, mode=decoding, stop_token_ids=[tokenizer.eos_id])
     seconds = time.perf_counter() - start
     correct, exact, lengths = 0, 0, []
     for example, ids, out in zip(examples, prompts, outputs, strict=True):
