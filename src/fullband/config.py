@@ -178,7 +178,7 @@ _DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 def validate_device_name(name: Any, field: str = "device") -> None:
     """The spelling of a device; whether this machine has it is :func:`fullband.devices.resolve_device`'s check."""
-    _require(isinstance(name, str) and bool(_DEVICE_NAME.fullmatch(name)), field, name, f"use {DEVICE_CHOICES}")
+    require(isinstance(name, str) and bool(_DEVICE_NAME.fullmatch(name)), field, name, f"use {DEVICE_CHOICES}")
 
 
 THREADS_HELP = ("torch CPU threads: auto = the cores this process may use (its CPU affinity), at most OMP_NUM_THREADS "
@@ -217,9 +217,9 @@ def threads_field(default: str = "auto") -> Any:
 
 def validate_threads(value: Any, field: str = "threads") -> str:
     """``auto`` or a whole number >= 1 (an int from Python or a file is accepted), as the string the config keeps."""
-    text = str(value).strip() if _is_int(value) or isinstance(value, str) else None
+    text = str(value).strip() if is_int(value) or isinstance(value, str) else None
     ok = text == "auto" or (text is not None and text.isdigit() and int(text) >= 1)
-    _require(ok, field, value, "use auto (the cores this process may use) or a whole number of threads >= 1")
+    require(ok, field, value, "use auto (the cores this process may use) or a whole number of threads >= 1")
     return text if text == "auto" else str(int(text))
 
 
@@ -237,7 +237,7 @@ def validate_resume(value: object, field: str = "resume") -> str:
         return str(value).lower()
     word = value.lower() if isinstance(value, str) else value
     word = str(BOOL_WORDS[word]).lower() if word in BOOL_WORDS else word
-    _require(word in RESUME, field, value, "use true (continue; an error when there is nothing to resume), auto "
+    require(word in RESUME, field, value, "use true (continue; an error when there is nothing to resume), auto "
              "(continue if there is something to, else start) or false")
     return word
 
@@ -257,69 +257,69 @@ def study_resumes(value: object, out_dir: str) -> bool:
 
 
 
-def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
+def require(ok: bool, name: str, value: Any, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"{name}={value!r} is invalid: {allowed}", name)
 
 
-def _require_ints(config: Any, limits: dict[str, int]) -> None:
+def require_ints(config: Any, limits: dict[str, int]) -> None:
     """Each field ``name`` of ``config`` in ``limits`` is an integer >= its limit."""
     for name, low in limits.items():
         value = getattr(config, name)
-        _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
+        require(is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def validate_model_config(c: ModelConfig) -> None:
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
         value = getattr(c, name)
-        _require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
-    _require(c.d_model % c.n_heads == 0, "n_heads", c.n_heads, f"must divide d_model={c.d_model}")
-    _require(c.position_encoding in POSITION_ENCODINGS, "position_encoding", c.position_encoding,
+        require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+    require(c.d_model % c.n_heads == 0, "n_heads", c.n_heads, f"must divide d_model={c.d_model}")
+    require(c.position_encoding in POSITION_ENCODINGS, "position_encoding", c.position_encoding,
              f"must be one of {POSITION_ENCODINGS} (rope = rotary embedding, none = no positional encoding)")
     if c.position_encoding == "rope":  # RoPE rotates pairs of head dimensions
-        _require((c.d_model // c.n_heads) % 2 == 0, "n_heads", c.n_heads,
+        require((c.d_model // c.n_heads) % 2 == 0, "n_heads", c.n_heads,
                  f"d_model/n_heads must be even for RoPE (got {c.d_model}/{c.n_heads})")
     if c.n_kv_heads is not None:
-        _require(_is_int(c.n_kv_heads) and c.n_kv_heads >= 1 and c.n_heads % c.n_kv_heads == 0,
+        require(is_int(c.n_kv_heads) and c.n_kv_heads >= 1 and c.n_heads % c.n_kv_heads == 0,
                  "n_kv_heads", c.n_kv_heads, f"must be a positive divisor of n_heads={c.n_heads} (or None)")
     if c.d_ff is not None:
-        _require(_is_int(c.d_ff) and c.d_ff >= 1, "d_ff", c.d_ff, "must be an integer >= 1 (or None)")
-    _require(isinstance(c.rope_theta, (int, float)) and c.rope_theta > 0, "rope_theta", c.rope_theta, "must be > 0")
-    _require(isinstance(c.norm_eps, (int, float)) and 0 < c.norm_eps < 1, "norm_eps", c.norm_eps, "must be in (0, 1)")
-    _require(isinstance(c.init_std, (int, float)) and c.init_std > 0, "init_std", c.init_std, "must be > 0")
-    _require(c.input_norm_init is None or (_is_number(c.input_norm_init) and c.input_norm_init > 0),
+        require(is_int(c.d_ff) and c.d_ff >= 1, "d_ff", c.d_ff, "must be an integer >= 1 (or None)")
+    require(isinstance(c.rope_theta, (int, float)) and c.rope_theta > 0, "rope_theta", c.rope_theta, "must be > 0")
+    require(isinstance(c.norm_eps, (int, float)) and 0 < c.norm_eps < 1, "norm_eps", c.norm_eps, "must be in (0, 1)")
+    require(isinstance(c.init_std, (int, float)) and c.init_std > 0, "init_std", c.init_std, "must be > 0")
+    require(c.input_norm_init is None or (is_number(c.input_norm_init) and c.input_norm_init > 0),
              "input_norm_init", c.input_norm_init, "must be > 0 (or none: the form's default)")
-    _require(c.input_norm in INPUT_NORMS, "input_norm", c.input_norm, f"must be one of {INPUT_NORMS}")
+    require(c.input_norm in INPUT_NORMS, "input_norm", c.input_norm, f"must be one of {INPUT_NORMS}")
     for name in ("tie_embeddings", "feedback"):
-        _require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
-    _require(c.fusion in FUSIONS, "fusion", c.fusion, f"must be one of {FUSIONS}")
-    _require(c.gate_norm in GATE_NORMS, "gate_norm", c.gate_norm, f"must be one of {GATE_NORMS}")
-    _require(c.feedback_shift in (0, 1) and _is_int(c.feedback_shift), "feedback_shift", c.feedback_shift,
+        require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
+    require(c.fusion in FUSIONS, "fusion", c.fusion, f"must be one of {FUSIONS}")
+    require(c.gate_norm in GATE_NORMS, "gate_norm", c.gate_norm, f"must be one of {GATE_NORMS}")
+    require(c.feedback_shift in (0, 1) and is_int(c.feedback_shift), "feedback_shift", c.feedback_shift,
              "must be 1 (the recurrence) or 0 (looped)")
     source = c.feedback_source
     if isinstance(source, str) and source.startswith("layer:"):
         n = source.split(":", 1)[1]
-        _require(n.isdigit() and 1 <= int(n) <= c.n_layers, "feedback_source", source,
+        require(n.isdigit() and 1 <= int(n) <= c.n_layers, "feedback_source", source,
                  f"layer index must be in 1..n_layers={c.n_layers}")
     else:
-        _require(source in FEEDBACK_SOURCES, "feedback_source", source,
+        require(source in FEEDBACK_SOURCES, "feedback_source", source,
                  f"must be one of {FEEDBACK_SOURCES} or 'layer:N'")
 
 
 def validate_speculative_options(drafter: Any, gamma: int, max_gamma: int = 16) -> None:
     """Checks shared by ``generate(..., speculative=...)`` and ``fullband generate --drafter``."""
-    _require(_is_int(gamma) and gamma >= 1, "gamma", gamma, "must be an integer >= 1 (tokens drafted per "
+    require(is_int(gamma) and gamma >= 1, "gamma", gamma, "must be an integer >= 1 (tokens drafted per "
              "verification)")
-    _require(_is_int(max_gamma) and max_gamma >= gamma, "max_gamma", max_gamma, f"must be an integer >= gamma={gamma}")
-    _require(not isinstance(drafter, str) or bool(drafter), "drafter", drafter,
+    require(is_int(max_gamma) and max_gamma >= gamma, "max_gamma", max_gamma, f"must be an integer >= gamma={gamma}")
+    require(not isinstance(drafter, str) or bool(drafter), "drafter", drafter,
              "name one: standard, early_exit, early_exit:N, a model (or on the command line a checkpoint directory)")
 
 
@@ -336,8 +336,8 @@ class CheckConfig:
     def __post_init__(self) -> None:
         self.threads = validate_threads(self.threads)
         validate_device_name(self.device)
-        _require(_is_int(self.seq_len) and 2 <= self.seq_len <= 512, "seq_len", self.seq_len, "must be in 2..512")
-        _require(_is_int(self.plain_prefix) and 1 <= self.plain_prefix < self.seq_len, "plain_prefix",
+        require(is_int(self.seq_len) and 2 <= self.seq_len <= 512, "seq_len", self.seq_len, "must be in 2..512")
+        require(is_int(self.plain_prefix) and 1 <= self.plain_prefix < self.seq_len, "plain_prefix",
                  self.plain_prefix, f"must be in 1..seq_len-1={self.seq_len - 1}")
 
 
@@ -388,7 +388,7 @@ def apply_preset(config: Any, presets: dict[str, dict[str, Any]]) -> None:
     line set it; from Python, a field given its default value counts as left at the default. A preset entry that
     is a mapping sets keys of that section (``{"model": {"d_model": 32}}``).
     """
-    _require(config.preset in presets, "preset", config.preset, f"must be one of {tuple(presets)}")
+    require(config.preset in presets, "preset", config.preset, f"must be one of {tuple(presets)}")
     explicit = _EXPLICIT.get()
     for name, value in presets[config.preset].items():
         f = {f.name: f for f in dataclasses.fields(config)}[name]

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from fullband.config import ConfigError, _is_int, _require, doc
+from fullband.config import ConfigError, doc, is_int, require
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class DecodingMode:
     def __post_init__(self) -> None:
         if self.name not in REGISTRY:
             raise ConfigError(f"mode={self.name!r} is invalid: must be one of {spellings()}")
-        if not (_is_int(self.passes) and self.passes >= 0):
+        if not (is_int(self.passes) and self.passes >= 0):
             raise ConfigError(f"mode {self.name}:{self.passes!r} is invalid: K must be an integer >= 0")
         if self.passes and not self.spec.takes_passes:
             raise ConfigError(f"mode {self.name!r} takes no pass count (got {self.passes}); "
@@ -283,17 +283,17 @@ class DecodeOptions:
             DecodingMode.parse(mode)  # typed input: the canonical spellings only
         except ConfigError as err:
             raise ConfigError(str(err), "mode") from None
-        _require(_is_int(self.exact_chunk_size) and self.exact_chunk_size >= 1, "exact_chunk_size",
+        require(is_int(self.exact_chunk_size) and self.exact_chunk_size >= 1, "exact_chunk_size",
                  self.exact_chunk_size, "must be an integer >= 1 (1 = sequential)")
-        _require(_is_real(self.temperature) and self.temperature >= 0, "temperature", self.temperature,
+        require(_is_real(self.temperature) and self.temperature >= 0, "temperature", self.temperature,
                  "must be >= 0 (0 = greedy)")
-        _require(_is_int(self.top_k) and self.top_k >= 0, "top_k", self.top_k, "must be an integer >= 0 (0 = off)")
-        _require(_is_real(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
-        _require(self.seed is None or _is_int(self.seed), "seed", self.seed, "must be an integer, or none")
-        _require(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", self.stop_token_ids,
+        require(is_int(self.top_k) and self.top_k >= 0, "top_k", self.top_k, "must be an integer >= 0 (0 = off)")
+        require(_is_real(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+        require(self.seed is None or is_int(self.seed), "seed", self.seed, "must be an integer, or none")
+        require(all(is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", self.stop_token_ids,
                  "must be token ids >= 0")
-        _require(self.step in DECODE_STEPS, "step", self.step, f"must be one of {', '.join(DECODE_STEPS)}")
-        _require(self.pad_token_id is None or (_is_int(self.pad_token_id) and self.pad_token_id >= 0),
+        require(self.step in DECODE_STEPS, "step", self.step, f"must be one of {', '.join(DECODE_STEPS)}")
+        require(self.pad_token_id is None or (is_int(self.pad_token_id) and self.pad_token_id >= 0),
                  "pad_token_id", self.pad_token_id, "must be a token id >= 0, or none")
 
     @property

@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fullband.config import (
-    _is_int,
-    _is_number,
-    _require,
     apply_preset,
     device_field,
     doc,
+    is_int,
+    is_number,
+    require,
     threads_field,
     validate_device_name,
     validate_threads,
@@ -36,8 +36,8 @@ class BenchTrainConfig:
 
     def __post_init__(self) -> None:
         _require_counts(self, ("d_model", "n_layers", "n_heads", "batch_size", "steps_per_round"))
-        _require(_is_int(self.seq_len) and self.seq_len >= 2, "train.seq_len", self.seq_len, "must be an integer >= 2")
-        _require(self.d_model % self.n_heads == 0, "train.n_heads", self.n_heads, "must divide train.d_model")
+        require(is_int(self.seq_len) and self.seq_len >= 2, "train.seq_len", self.seq_len, "must be an integer >= 2")
+        require(self.d_model % self.n_heads == 0, "train.n_heads", self.n_heads, "must divide train.d_model")
 
 
 @dataclass
@@ -64,10 +64,10 @@ class BenchOptimConfig:
 
     def __post_init__(self) -> None:
         _require_counts(self, ("d_model", "n_layers", "n_heads", "batch_size", "passes", "steps_per_round"))
-        _require(_is_int(self.seq_len) and self.seq_len >= 2, "optim.seq_len", self.seq_len, "must be an integer >= 2")
-        _require(self.d_model % self.n_heads == 0, "optim.n_heads", self.n_heads, "must divide optim.d_model")
-        _require(self.ns_dtype in NS_DTYPES, "optim.ns_dtype", self.ns_dtype, f"must be one of {NS_DTYPES}")
-        _require(isinstance(self.emulated_bf16, bool), "optim.emulated_bf16", self.emulated_bf16,
+        require(is_int(self.seq_len) and self.seq_len >= 2, "optim.seq_len", self.seq_len, "must be an integer >= 2")
+        require(self.d_model % self.n_heads == 0, "optim.n_heads", self.n_heads, "must divide optim.d_model")
+        require(self.ns_dtype in NS_DTYPES, "optim.ns_dtype", self.ns_dtype, f"must be one of {NS_DTYPES}")
+        require(isinstance(self.emulated_bf16, bool), "optim.emulated_bf16", self.emulated_bf16,
                  "must be true or false")
 
 
@@ -86,9 +86,9 @@ class BenchDecodeConfig:
     def __post_init__(self) -> None:
         _require_counts(self, ("d_model", "n_layers", "n_heads", "vocab_size", "prompt_len", "new_tokens"))
         self.batch_sizes = tuple(self.batch_sizes)
-        _require(len(self.batch_sizes) > 0 and all(_is_int(b) and b >= 1 for b in self.batch_sizes),
+        require(len(self.batch_sizes) > 0 and all(is_int(b) and b >= 1 for b in self.batch_sizes),
                  "decode.batch_sizes", self.batch_sizes, "must be one or more integers >= 1")
-        _require(self.d_model % self.n_heads == 0, "decode.n_heads", self.n_heads, "must divide decode.d_model")
+        require(self.d_model % self.n_heads == 0, "decode.n_heads", self.n_heads, "must divide decode.d_model")
 
 
 @dataclass
@@ -105,8 +105,8 @@ class BenchExactConfig:
 
     def __post_init__(self) -> None:
         _require_counts(self, ("batch_size", "chunk_size"))
-        _require(_is_int(self.seq_len) and self.seq_len >= 2, "exact.seq_len", self.seq_len, "must be an integer >= 2")
-        _require(_is_number(self.tol) and self.tol > 0, "exact.tol", self.tol, "must be > 0")
+        require(is_int(self.seq_len) and self.seq_len >= 2, "exact.seq_len", self.seq_len, "must be an integer >= 2")
+        require(is_number(self.tol) and self.tol > 0, "exact.tol", self.tol, "must be > 0")
 
 
 BENCH_PRESETS: dict[str, dict[str, Any]] = {
@@ -146,13 +146,13 @@ class BenchConfig:
         self.threads = validate_threads(self.threads)
         apply_preset(self, BENCH_PRESETS)
         self.sections = tuple(self.sections)
-        _require(len(self.sections) > 0 and all(s in SECTIONS for s in self.sections), "sections", self.sections,
+        require(len(self.sections) > 0 and all(s in SECTIONS for s in self.sections), "sections", self.sections,
                  f"must be one or more of {SECTIONS}")
         _require_counts(self, ("rounds", "limit_mib"))
-        _require(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "must be an integer >= 0")
+        require(is_int(self.seed) and self.seed >= 0, "seed", self.seed, "must be an integer >= 0")
 
 
 def _require_counts(config: Any, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(config, name)
-        _require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+        require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")

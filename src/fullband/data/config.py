@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fullband import rundir
-from fullband.config import HF_PREFIX, _is_int, _is_number, _require, doc, threads_field, validate_threads
+from fullband.config import HF_PREFIX, doc, is_int, is_number, require, threads_field, validate_threads
 from fullband.data.splits import HELD_OUT
 
 SHARD_DTYPES = ("auto", "uint16", "uint32")
@@ -46,18 +46,18 @@ class PrepareConfig:
     threads: str = threads_field()
 
     def __post_init__(self) -> None:
-        _require(bool(self.input), "input", self.input, f"give what to tokenize (--input FILE, DIR or {HF_PREFIX}NAME)")
-        _require(bool(self.out_dir), "out_dir", self.out_dir, "give the directory for the shards (--out_dir DIR)")
-        _require(bool(self.tokenizer) and self.tokenizer != HF_PREFIX, "tokenizer", self.tokenizer,
+        require(bool(self.input), "input", self.input, f"give what to tokenize (--input FILE, DIR or {HF_PREFIX}NAME)")
+        require(bool(self.out_dir), "out_dir", self.out_dir, "give the directory for the shards (--out_dir DIR)")
+        require(bool(self.tokenizer) and self.tokenizer != HF_PREFIX, "tokenizer", self.tokenizer,
                  f"give byte, {HF_PREFIX}PATH or a tokenizer directory")
-        _require(bool(self.field), "field", self.field, "name the text field, e.g. --field text")
-        _require(_is_number(self.val_fraction) and 0 <= self.val_fraction <= 0.5, "val_fraction", self.val_fraction,
+        require(bool(self.field), "field", self.field, "name the text field, e.g. --field text")
+        require(is_number(self.val_fraction) and 0 <= self.val_fraction <= 0.5, "val_fraction", self.val_fraction,
                  "must be in [0, 0.5]")
-        _require(_is_int(self.shard_tokens) and self.shard_tokens >= 1, "shard_tokens", self.shard_tokens,
+        require(is_int(self.shard_tokens) and self.shard_tokens >= 1, "shard_tokens", self.shard_tokens,
                  "must be an integer >= 1")
-        _require(_is_int(self.chunk_bytes) and self.chunk_bytes >= 1, "chunk_bytes", self.chunk_bytes,
+        require(is_int(self.chunk_bytes) and self.chunk_bytes >= 1, "chunk_bytes", self.chunk_bytes,
                  "must be an integer >= 1")
-        _require(self.dtype in SHARD_DTYPES, "dtype", self.dtype, f"must be one of {SHARD_DTYPES}")
-        _require(_is_int(self.workers) and self.workers >= 0, "workers", self.workers,
+        require(self.dtype in SHARD_DTYPES, "dtype", self.dtype, f"must be one of {SHARD_DTYPES}")
+        require(is_int(self.workers) and self.workers >= 0, "workers", self.workers,
                  "must be an integer >= 0 (0 = one per core)")
         self.threads = validate_threads(self.threads)

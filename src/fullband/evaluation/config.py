@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from fullband.config import (
-    _is_int,
-    _require,
     device_field,
     doc,
+    is_int,
+    require,
     threads_field,
     validate_device_name,
     validate_threads,
@@ -52,21 +52,21 @@ class LmEvalConfig:
     decode: DecodeOptions = field(default_factory=lambda: DecodeOptions(mode=DEFAULT_SCORE_MODE))
 
     def __post_init__(self) -> None:
-        _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
+        require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
         validate_device_name(self.device)
         self.threads = validate_threads(self.threads)
         self.tasks = tuple(self.tasks)
-        _require(len(self.tasks) > 0 and all(isinstance(t, str) and t for t in self.tasks), "tasks", self.tasks,
+        require(len(self.tasks) > 0 and all(isinstance(t, str) and t for t in self.tasks), "tasks", self.tasks,
                  "give one or more task names (--tasks a,b)")
         if self.num_fewshot is not None:
-            _require(_is_int(self.num_fewshot) and self.num_fewshot >= 0, "num_fewshot", self.num_fewshot,
+            require(is_int(self.num_fewshot) and self.num_fewshot >= 0, "num_fewshot", self.num_fewshot,
                      "must be an integer >= 0 (or none)")
         if self.limit is not None:
-            _require(_is_int(self.limit) and self.limit >= 1, "limit", self.limit, "must be an integer >= 1 (or none)")
+            require(is_int(self.limit) and self.limit >= 1, "limit", self.limit, "must be an integer >= 1 (or none)")
         for name, low in (("batch_size", 1), ("max_gen_toks", 1), ("seed", 0)):
             value = getattr(self, name)
-            _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
-        _require(self.dtype in EVAL_DTYPES, "dtype", self.dtype, f"must be one of {EVAL_DTYPES}")
-        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
+            require(is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
+        require(self.dtype in EVAL_DTYPES, "dtype", self.dtype, f"must be one of {EVAL_DTYPES}")
+        require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
 
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from fullband.config import (
-    _is_int,
-    _require,
     device_field,
     doc,
+    is_int,
+    require,
     threads_field,
     validate_device_name,
     validate_speculative_options,
@@ -43,9 +43,9 @@ class GenerateConfig:
     decode: DecodeOptions = field(default_factory=DecodeOptions)
 
     def __post_init__(self) -> None:
-        _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
+        require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
         validate_device_name(self.device)
         self.threads = validate_threads(self.threads)
-        _require(_is_int(self.max_new_tokens) and self.max_new_tokens >= 0, "max_new_tokens", self.max_new_tokens,
+        require(is_int(self.max_new_tokens) and self.max_new_tokens >= 0, "max_new_tokens", self.max_new_tokens,
                  "must be an integer >= 0")
         validate_speculative_options(self.drafter or "standard", self.gamma, max(16, self.gamma))

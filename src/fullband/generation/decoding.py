@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from fullband.config import _is_int, _require
+from fullband.config import is_int, require
 from fullband.generation.looped import check_looped_options, is_looped, looped_stream
 from fullband.generation.sampling import sample_next
 from fullband.generation.speculative import SpeculativeConfig, speculative_stream
@@ -132,7 +132,7 @@ def decode(
     :class:`~fullband.generation.speculative.SpeculativeConfig` or its fields as a dict) drafts and verifies several
     tokens per target call; the tokens are the same (greedy) or follow the same distribution (sampling).
     """
-    _require(_is_int(max_new_tokens) and max_new_tokens >= 0, "max_new_tokens", max_new_tokens,
+    require(is_int(max_new_tokens) and max_new_tokens >= 0, "max_new_tokens", max_new_tokens,
              "must be an integer >= 0")
     mode = options.decoding_mode
     device = model.embed.weight.device

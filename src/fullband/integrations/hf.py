@@ -68,7 +68,7 @@ class FullBandwidthConfig(PretrainedConfig):
         kwargs.pop("fullband_version", None)
         super().__init__(**kwargs)
         self.to_model_config()  # reject bad values now, with ModelConfig's messages
-        _check_decoding(self.decoding_mode, self.exact_chunk_size, self.score_mode)
+        check_decoding(self.decoding_mode, self.exact_chunk_size, self.score_mode)
 
     def to_model_config(self) -> ModelConfig:
         return ModelConfig(**{name: getattr(self, name) for name in _MODEL_FIELDS})
@@ -137,7 +137,7 @@ class FeedbackForwardMixin:
             hub.refuse_retired_passes({"prefill_passes": prefill_passes})
             mode = decoding_mode or self.config.decoding_mode
             chunk = exact_chunk_size or self.config.exact_chunk_size
-            decoding = _check_decoding(mode, chunk)
+            decoding = check_decoding(mode, chunk)
             mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
             max_len = self._prefill_cache_len(input_ids.shape[1])
             state = prefill(lm, input_ids, mask.long(), decoding, max_len, exact_chunk_size=chunk)
@@ -236,7 +236,7 @@ class FullBandwidthForCausalLM(FeedbackForwardMixin, PreTrainedModel, Generation
         _ensure_room(self._native, state)
 
 
-def _check_decoding(mode: str, exact_chunk_size: int, score_mode: str = DEFAULT_SCORE_MODE) -> DecodingMode:
+def check_decoding(mode: str, exact_chunk_size: int, score_mode: str = DEFAULT_SCORE_MODE) -> DecodingMode:
     # The sampling options are generate's own (GenerationConfig); only the mode's options are checked here.
     DecodingMode.parse(score_mode, name="score_mode")
     return DecodeOptions(mode=mode, exact_chunk_size=exact_chunk_size).decoding_mode

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
 
 from fullband.generation.decoding import DecodeState
-from fullband.integrations.hf import FeedbackForwardMixin, _check_decoding
+from fullband.integrations.hf import FeedbackForwardMixin, check_decoding
 from fullband.integrations.retrofit.config import RetrofitConfig
 from fullband.integrations.retrofit.io import REMOTE_CODE
 from fullband.integrations.retrofit.lm import RetrofittedLM
@@ -50,7 +50,7 @@ class FullBandwidthRetrofitConfig(PretrainedConfig):
         kwargs.pop("fullband_version", None)
         kwargs.setdefault("tie_word_embeddings", False)  # the base model ties its own weights
         super().__init__(**kwargs)
-        _check_decoding(self.decoding_mode, self.exact_chunk_size, self.score_mode)
+        check_decoding(self.decoding_mode, self.exact_chunk_size, self.score_mode)
 
 
 class FullBandwidthRetrofitForCausalLM(FeedbackForwardMixin, PreTrainedModel, GenerationMixin):
@@ -103,7 +103,7 @@ class FullBandwidthRetrofitForCausalLM(FeedbackForwardMixin, PreTrainedModel, Ge
         for name in hub.DECODING_DEFAULTS:
             if name in kwargs:
                 setattr(config, name, kwargs[name])
-        _check_decoding(config.decoding_mode, config.exact_chunk_size, config.score_mode)
+        check_decoding(config.decoding_mode, config.exact_chunk_size, config.score_mode)
         dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
         base_kwargs = {"dtype": dtype} if dtype not in (None, "auto") else {}
         model = cls(config, RetrofittedLM.from_pretrained(directory, local_files_only=True, **base_kwargs))

@@ -53,8 +53,8 @@ _CONFIG_KEYS = {
 
 def llama_config(config: ModelConfig) -> LlamaConfig:
     """The LlamaConfig of a baseline ModelConfig (no special tokens: fullband models carry none)."""
-    _require(not config.feedback, "feedback", config.feedback, "to_llama needs a baseline (feedback=False) model")
-    _require(config.position_encoding == "rope", "position_encoding", config.position_encoding,
+    require(not config.feedback, "feedback", config.feedback, "to_llama needs a baseline (feedback=False) model")
+    require(config.position_encoding == "rope", "position_encoding", config.position_encoding,
              "a Llama has rotary position embeddings only; to_llama needs position_encoding='rope'")
     return LlamaConfig(
         **{key: getattr(config, attr) for key, (_, attr) in _CONFIG_KEYS.items()},
@@ -72,16 +72,16 @@ def llama_config(config: ModelConfig) -> LlamaConfig:
 
 def model_config(llama: LlamaConfig) -> ModelConfig:
     """The baseline ModelConfig of a LlamaConfig; features the native model lacks are rejected by name."""
-    _require(llama.hidden_act == "silu", "hidden_act", llama.hidden_act, "fullband's MLP is SwiGLU ('silu')")
-    _require(not llama.attention_bias, "attention_bias", llama.attention_bias, "fullband projections have no bias")
-    _require(not llama.mlp_bias, "mlp_bias", llama.mlp_bias, "fullband projections have no bias")
-    _require(getattr(llama, "pretraining_tp", 1) in (1, None), "pretraining_tp", llama.pretraining_tp, "must be 1")
+    require(llama.hidden_act == "silu", "hidden_act", llama.hidden_act, "fullband's MLP is SwiGLU ('silu')")
+    require(not llama.attention_bias, "attention_bias", llama.attention_bias, "fullband projections have no bias")
+    require(not llama.mlp_bias, "mlp_bias", llama.mlp_bias, "fullband projections have no bias")
+    require(getattr(llama, "pretraining_tp", 1) in (1, None), "pretraining_tp", llama.pretraining_tp, "must be 1")
     head_dim = getattr(llama, "head_dim", None) or llama.hidden_size // llama.num_attention_heads
-    _require(head_dim * llama.num_attention_heads == llama.hidden_size, "head_dim", head_dim,
+    require(head_dim * llama.num_attention_heads == llama.hidden_size, "head_dim", head_dim,
              f"fullband needs head_dim = hidden_size / num_attention_heads = "
              f"{llama.hidden_size // llama.num_attention_heads}")
     rope = _rope_parameters(llama)
-    _require(rope.get("rope_type", "default") == "default", "rope_scaling", rope,
+    require(rope.get("rope_type", "default") == "default", "rope_scaling", rope,
              "fullband implements the default (unscaled) RoPE only")
     return ModelConfig(
         **{name: getattr(llama, key) for key, (name, _) in _CONFIG_KEYS.items()},
@@ -124,6 +124,6 @@ def _rope_parameters(llama: LlamaConfig) -> dict:
     return {"rope_type": scaling.get("rope_type", scaling.get("type", "default")), "rope_theta": llama.rope_theta}
 
 
-def _require(ok: bool, name: str, value: object, why: str) -> None:
+def require(ok: bool, name: str, value: object, why: str) -> None:
     if not ok:
         raise ValueError(f"cannot convert: {name}={value!r} ({why})")

@@ -8,10 +8,10 @@ from typing import ClassVar
 
 from fullband.config import (
     HF_PREFIX,
-    _is_int,
-    _require,
     device_field,
     doc,
+    is_int,
+    require,
     threads_field,
     validate_device_name,
     validate_threads,
@@ -69,30 +69,30 @@ class ServeConfig:
         return self.api_key or environ.get(API_KEY_ENV, "")
 
     def __post_init__(self) -> None:
-        _require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
-        _require(_is_int(self.port) and 0 <= self.port <= 65535, "port", self.port, "must be in 0..65535")
-        _require(_is_int(self.max_batch) and self.max_batch >= 1, "max_batch", self.max_batch, "must be >= 1")
-        _require(_is_int(self.max_queue) and self.max_queue >= 0, "max_queue", self.max_queue, "must be >= 0")
-        _require(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1")
-        _require(_is_int(self.max_tokens_limit) and self.max_tokens_limit >= 0, "max_tokens_limit",
+        require(bool(self.checkpoint), "checkpoint", self.checkpoint, "give the model directory (--checkpoint DIR)")
+        require(is_int(self.port) and 0 <= self.port <= 65535, "port", self.port, "must be in 0..65535")
+        require(is_int(self.max_batch) and self.max_batch >= 1, "max_batch", self.max_batch, "must be >= 1")
+        require(is_int(self.max_queue) and self.max_queue >= 0, "max_queue", self.max_queue, "must be >= 0")
+        require(is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1")
+        require(is_int(self.max_tokens_limit) and self.max_tokens_limit >= 0, "max_tokens_limit",
                  self.max_tokens_limit, "must be >= 0 (0 = no limit but the model's context)")
-        _require(self.max_tokens_limit == 0 or self.max_tokens <= self.max_tokens_limit, "max_tokens", self.max_tokens,
+        require(self.max_tokens_limit == 0 or self.max_tokens <= self.max_tokens_limit, "max_tokens", self.max_tokens,
                  f"the default must not exceed max_tokens_limit={self.max_tokens_limit}")
-        _require(_is_int(self.max_body_bytes) and self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes,
+        require(is_int(self.max_body_bytes) and self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes,
                  "must be >= 1024")
-        _require(isinstance(self.request_timeout, (int, float)) and not isinstance(self.request_timeout, bool)
+        require(isinstance(self.request_timeout, (int, float)) and not isinstance(self.request_timeout, bool)
                  and self.request_timeout >= 0, "request_timeout", self.request_timeout,
                  "must be >= 0 seconds (0 = no deadline)")
-        _require(isinstance(self.interleave_prefill, bool), "interleave_prefill", self.interleave_prefill,
+        require(isinstance(self.interleave_prefill, bool), "interleave_prefill", self.interleave_prefill,
                  "must be true or false")
-        _require(isinstance(self.graceful_timeout, (int, float)) and self.graceful_timeout >= 0, "graceful_timeout",
+        require(isinstance(self.graceful_timeout, (int, float)) and self.graceful_timeout >= 0, "graceful_timeout",
                  self.graceful_timeout, "must be >= 0 seconds")
-        _require(self.log_level in LOG_LEVELS, "log_level", self.log_level, f"must be one of {LOG_LEVELS}")
-        _require(isinstance(self.access_log, bool), "access_log", self.access_log, "must be true or false")
-        _require(isinstance(self.api_key, str) and self.api_key == self.api_key.strip(), "api_key", "<hidden>",
+        require(self.log_level in LOG_LEVELS, "log_level", self.log_level, f"must be one of {LOG_LEVELS}")
+        require(isinstance(self.access_log, bool), "access_log", self.access_log, "must be true or false")
+        require(isinstance(self.api_key, str) and self.api_key == self.api_key.strip(), "api_key", "<hidden>",
                  "must be a string without surrounding spaces")
         validate_device_name(self.device)
-        _require(self.dtype in SERVE_DTYPES, "dtype", self.dtype, f"must be one of {SERVE_DTYPES}")
+        require(self.dtype in SERVE_DTYPES, "dtype", self.dtype, f"must be one of {SERVE_DTYPES}")
         self.threads = validate_threads(self.threads)
 
 

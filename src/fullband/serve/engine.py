@@ -45,7 +45,7 @@ from fullband.generation.static import StaticPool, supports_static
 from fullband.model import FeedbackLM
 from fullband.modes import torch_seed
 from fullband.serve.batching import gather_rows, release_free_memory
-from fullband.serve.prefill import Admission, _Batch, _Chunked, _Sequence
+from fullband.serve.prefill import Admission, ChunkedPrefill, PrefillBatch, SequentialPrefill
 from fullband.serve.requests import (
     MAX_TOP_LOGPROBS,
     Event,
@@ -86,10 +86,10 @@ class Engine(Admission):
         self.device = model.embed.weight.device
         self.vocab_size = int(model.config.vocab_size)
         self.context = int(model.config.max_seq_len)
-        self._pending: collections.deque[_Sequence] = collections.deque()
-        self._batches: list[_Batch] = []
-        self._admitting: list[_Sequence] = []  # taken from the queue, not yet in a batch: they hold slots too
-        self._chunked: list[_Chunked] = []  # exact prompts being prefilled chunk by chunk: they hold slots too
+        self._pending: collections.deque[SequentialPrefill] = collections.deque()
+        self._batches: list[PrefillBatch] = []
+        self._admitting: list[SequentialPrefill] = []  # taken from the queue, not yet in a batch: they hold slots too
+        self._chunked: list[ChunkedPrefill] = []  # exact prompts being prefilled chunk by chunk: they hold slots too
         self._cond = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -147,7 +147,7 @@ class Engine(Admission):
             for request, listener, handle in zip(requests, listeners, handles, strict=True):
                 seed = request.decode.seed if request.decode.seed is not None else secrets.randbits(63)
                 generator = torch.Generator(device=self.device).manual_seed(torch_seed(seed))
-                self._pending.append(_Sequence(request, listener, handle, generator))
+                self._pending.append(SequentialPrefill(request, listener, handle, generator))
             self._cond.notify_all()
         return handles
 
@@ -193,10 +193,10 @@ class Engine(Admission):
                 self._finish(seq, "cancelled")
         self._batches, self._chunked = [], []
 
-    def _running(self) -> list[_Sequence]:
+    def _running(self) -> list[SequentialPrefill]:
         return [*(c.seq for c in self._chunked), *(s for b in self._batches for s in b.sequences)]
 
-    def _iteration(self, arrivals: list[_Sequence]) -> None:
+    def _iteration(self, arrivals: list[SequentialPrefill]) -> None:
         for seq in self._running():  # a cancelled sequence leaves before the next step, not after it
             if seq.handle.cancelled and not seq.done:
                 self._finish(seq, "cancelled")
@@ -207,7 +207,7 @@ class Engine(Admission):
             self._step(batch)
         self._regroup([])
 
-    def _step(self, batch: _Batch) -> None:
+    def _step(self, batch: PrefillBatch) -> None:
         """Feed every row its last token: one forward for the whole batch."""
         live = [s for s in batch.sequences if not s.done]
         if not live:
@@ -235,7 +235,7 @@ class Engine(Admission):
         self.rows_stepped += B
         self._emit_tokens(batch)
 
-    def _emit_tokens(self, batch: _Batch) -> None:
+    def _emit_tokens(self, batch: PrefillBatch) -> None:
         """Choose each live row's next token from ``batch.logits``, hand it over, and mark finished rows."""
         logits = batch.logits
         greedy = logits.argmax(dim=-1).tolist()
@@ -273,13 +273,13 @@ class Engine(Admission):
             if seq.generated >= s.max_tokens:
                 self._finish(seq, "length")
 
-    def _finish(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
+    def _finish(self, seq: SequentialPrefill, reason: str, error: str | None = None) -> None:
         seq.done = True
         if reason == "error":
             self.failed += 1
         self._send(seq, FinishEvent(reason, error))
 
-    def _send(self, seq: _Sequence, event: Event) -> None:
+    def _send(self, seq: SequentialPrefill, event: Event) -> None:
         try:
             seq.listener(event)
         except Exception:  # a listener whose client is gone must not stop the loop
@@ -288,7 +288,7 @@ class Engine(Admission):
 
     # ------------------------------------------------------------------ batch membership
 
-    def _regroup(self, joined: list[_Batch]) -> None:
+    def _regroup(self, joined: list[PrefillBatch]) -> None:
         """Drop finished rows and merge newly prefilled sequences into the running batches (a cache whose rows cannot
         be gathered keeps each sequence as its own batch).
 
@@ -300,7 +300,7 @@ class Engine(Admission):
         if not self.regroups:
             self._batches = [b for b in batches if not b.sequences[0].done]
             return
-        lanes: dict[bool, list[tuple[_Batch, int]]] = {False: [], True: []}
+        lanes: dict[bool, list[tuple[PrefillBatch, int]]] = {False: [], True: []}
         for b in batches:
             for i, s in enumerate(b.sequences):
                 if not s.done:
@@ -309,14 +309,14 @@ class Engine(Admission):
                          for rows in lanes.values() if rows]
 
     @staticmethod
-    def _unchanged(rows: list[tuple[_Batch, int]], joined: list[_Batch]) -> bool:
+    def _unchanged(rows: list[tuple[PrefillBatch, int]], joined: list[PrefillBatch]) -> bool:
         """Are ``rows`` every row of one running batch, in order? (A prefill's batch has room for its prompt
         alone, so a joined one is always repacked.)"""
         first = rows[0][0]
         return (len(rows) == len(first.sequences) and all(b is first for b, _ in rows)
                 and all(b is not first for b in joined))
 
-    def _repack(self, rows: list[tuple[_Batch, int]]) -> _Batch:
+    def _repack(self, rows: list[tuple[PrefillBatch, int]]) -> PrefillBatch:
         """One batch of ``rows`` (source batch, row): each row's cached tokens right-aligned in a fresh cache."""
         L = max(int(b.cache.next_position[i]) for b, i in rows)
         # Rows advance together: the cache needs room for the row with the most feeds still to come.
@@ -329,4 +329,4 @@ class Engine(Admission):
         if any(s.fused for s in sequences):
             zeros = torch.zeros(self.model.config.d_model, dtype=self.model.embed.weight.dtype, device=self.device)
             carried = torch.stack([b.carried[i] if b.carried is not None else zeros for b, i in rows])
-        return _Batch(sequences, cache, carried, logits)
+        return PrefillBatch(sequences, cache, carried, logits)

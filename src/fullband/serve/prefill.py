@@ -19,7 +19,7 @@ log = logging.getLogger("fullband.serve")
 
 
 @dataclass
-class _Sequence:
+class SequentialPrefill:
     request: GenerationRequest
     listener: Listener
     handle: Handle
@@ -32,10 +32,10 @@ class _Sequence:
 
 
 @dataclass
-class _Chunked:
+class ChunkedPrefill:
     """An exact-mode prompt prefilled one exact Jacobi chunk per engine iteration (``exact_chunk_size`` > 1)."""
 
-    seq: _Sequence
+    seq: SequentialPrefill
     ids: torch.Tensor  # (1, T) the prompt
     cache: CacheSlots
     carried: torch.Tensor | None = None  # (1, D) the state after the chunks so far
@@ -43,10 +43,10 @@ class _Chunked:
 
 
 @dataclass
-class _Batch:
+class PrefillBatch:
     """Sequences decoded in lockstep: one cache row, one carried state row and one logits row each."""
 
-    sequences: list[_Sequence]
+    sequences: list[SequentialPrefill]
     cache: CacheSlots  # one row per sequence
     carried: torch.Tensor | None  # (B, D); rows of plain sequences are unused
     logits: torch.Tensor = field(default=None)  # type: ignore[assignment]  # (B, V) next-token logits
@@ -65,15 +65,15 @@ class Admission:
     batched_prefills: int
     prefill_chunks: int
     prompt_tokens: int
-    _chunked: list[_Chunked]
+    _chunked: list[ChunkedPrefill]
 
-    def _finish(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
+    def _finish(self, seq: SequentialPrefill, reason: str, error: str | None = None) -> None:
         raise NotImplementedError
 
-    def _emit_tokens(self, batch: _Batch) -> None:
+    def _emit_tokens(self, batch: PrefillBatch) -> None:
         raise NotImplementedError
 
-    def _admit_all(self, arrivals: list[_Sequence]) -> list[_Batch]:
+    def _admit_all(self, arrivals: list[SequentialPrefill]) -> list[PrefillBatch]:
         """Prefill the arrivals, those whose prefills are the same computation together (left-padded, one forward
         per group); each one's first token comes from its prefill's logits."""
         live = []
@@ -83,20 +83,20 @@ class Admission:
             elif self._chunks(seq):
                 ids = torch.tensor([seq.request.prompt_ids], dtype=torch.long, device=self.device)
                 room = ids.shape[1] if self.regroups else ids.shape[1] + seq.request.max_tokens
-                self._chunked.append(_Chunked(seq, ids, self.model.new_cache(1, room)))
+                self._chunked.append(ChunkedPrefill(seq, ids, self.model.new_cache(1, room)))
                 self.prompt_tokens += ids.shape[1]
             else:
                 live.append(seq)
         if not self.regroups:  # a cache that is not regrouped: each sequence its own batch of one
             groups = [[seq] for seq in live]
         else:
-            by_passes: dict[int | None, list[_Sequence]] = {}
+            by_passes: dict[int | None, list[SequentialPrefill]] = {}
             for seq in live:
                 by_passes.setdefault(self._prefill_passes(seq), []).append(seq)
             groups = list(by_passes.values())
         return [batch for group in groups if (batch := self._prefill(group)) is not None]
 
-    def _prefill_passes(self, seq: _Sequence) -> int | None:
+    def _prefill_passes(self, seq: SequentialPrefill) -> int | None:
         """Which prefill computation a sequence needs, as :class:`~fullband.modes.Prefill` counts it: whole-prompt
         passes (1 = one plain pass), or None for the exact prompt. Arrivals that need the same share a forward."""
         plan = prefill_of(seq.request.decoding)
@@ -105,20 +105,20 @@ class Admission:
             return 1 if self._interleaves(seq) else None
         return useful_passes(plan.passes, len(seq.request.prompt_ids))  # one plain pass: 1
 
-    def _interleaves(self, seq: _Sequence) -> bool:
+    def _interleaves(self, seq: SequentialPrefill) -> bool:
         """Does this exact-mode prompt feed its tokens after the first inside decoding steps? Sequential exact
         prefill (chunks of one) is fused decoding with the prompt's tokens in place of sampled ones, so it runs
         as one more row of the batch and a long prompt never stalls the running streams."""
         return (self.interleave_prefill and self.regroups and prefill_of(seq.request.decoding).exact
                 and self.exact_chunk_size == 1 and self.model.fuse is not None)
 
-    def _chunks(self, seq: _Sequence) -> bool:
+    def _chunks(self, seq: SequentialPrefill) -> bool:
         """Is this exact prompt prefilled one Jacobi chunk per iteration, between decoding steps? The chunks and
         their order are those of the whole prefill (``FeedbackLM.prefill``), so the logits are the same."""
         return (self.interleave_prefill and prefill_of(seq.request.decoding).exact and self.exact_chunk_size > 1
                 and self.model.fuse is not None and len(seq.request.prompt_ids) > self.exact_chunk_size)
 
-    def _advance_chunked(self) -> list[_Batch]:
+    def _advance_chunked(self) -> list[PrefillBatch]:
         """One exact chunk of every chunked prefill; those whose prompt is in join the batch."""
         joined, still = [], []
         for job in self._chunked:
@@ -141,14 +141,14 @@ class Admission:
                 continue
             self.prefills += 1
             job.seq.fused = True
-            batch = _Batch([job.seq], job.cache, job.carried, out.logits[:, -1])
+            batch = PrefillBatch([job.seq], job.cache, job.carried, out.logits[:, -1])
             self._emit_tokens(batch)
             if not job.seq.done:
                 joined.append(batch)
         self._chunked = still
         return joined
 
-    def _prefill(self, group: list[_Sequence]) -> _Batch | None:
+    def _prefill(self, group: list[SequentialPrefill]) -> PrefillBatch | None:
         passes = self._prefill_passes(group[0])
         prompts = [list(s.request.prompt_ids) for s in group]
         for seq, prompt in zip(group, prompts, strict=True):
@@ -175,6 +175,6 @@ class Admission:
         self.prompt_tokens += sum(len(s.request.prompt_ids) for s in group)
         for seq in group:
             seq.fused = state.carried is not None and prefill_of(seq.request.decoding).carries
-        batch = _Batch(group, state.cache, state.carried, state.next_logits)
+        batch = PrefillBatch(group, state.cache, state.carried, state.next_logits)
         self._emit_tokens(batch)
         return batch if any(not s.done for s in group) else None

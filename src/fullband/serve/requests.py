@@ -73,7 +73,7 @@ def validate_request(request: GenerationRequest, vocab_size: int, context: int) 
     """``request`` as the engine runs it (its max_tokens cut at the context's end), or :class:`RequestError` naming
     the field for anything a model of ``vocab_size`` ids and ``context`` positions cannot run."""
     s = request  # its DecodeOptions checked themselves when they were made (decode_options turns that into this)
-    if not _is_int(s.max_tokens):
+    if not is_int(s.max_tokens):
         raise RequestError("max_tokens", f"max_tokens={s.max_tokens!r} is invalid: must be an integer",
                            "invalid_type")
     if s.logprobs is not None and not 0 <= s.logprobs <= MAX_TOP_LOGPROBS:
@@ -81,7 +81,7 @@ def validate_request(request: GenerationRequest, vocab_size: int, context: int) 
     prompt = request.prompt_ids
     if len(prompt) == 0:
         raise RequestError("prompt", "the prompt is empty: give at least one token")
-    if bad := [t for t in prompt if not (_is_int(t) and 0 <= t < vocab_size)]:
+    if bad := [t for t in prompt if not (is_int(t) and 0 <= t < vocab_size)]:
         raise RequestError("prompt", f"token id {bad[0]!r} is out of range: this model's ids are "
                                      f"0..{vocab_size - 1}")
     try:  # the one context rule (fullband.context): token ids, so nothing is dropped
@@ -107,5 +107,5 @@ def useful_passes(passes: int, prompt_len: int) -> int:
     return min(passes, prompt_len)
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -35,7 +35,7 @@ from fullband.experiments.core.lm.runs import (
 )
 from fullband.experiments.core.plots import have_matplotlib
 from fullband.experiments.core.report import Report
-from fullband.experiments.core.study import Study, _leaves
+from fullband.experiments.core.study import Study, leaves
 from fullband.training.run import resolve_device
 
 
@@ -97,7 +97,7 @@ def check_resumable(cfg: CompareConfig, out_dir: Path) -> None:
         raise ConfigError(f"out_dir={str(out_dir)!r} does not hold a fullband compare study ({saved_path}: "
                           f"{err}); pick the directory of an interrupted compare run, or drop --resume") from None
     ignore = {"resume", "workers", "threads", "out_dir"}
-    ours, theirs = (_leaves({k: v for k, v in config_to_dict(c).items() if k not in ignore}) for c in (cfg, saved))
+    ours, theirs = (leaves({k: v for k, v in config_to_dict(c).items() if k not in ignore}) for c in (cfg, saved))
     differ = [k for k in ours if ours[k] != theirs.get(k)]
     if differ:
         shown = "; ".join(f"{k} {theirs.get(k)!r} there, {ours[k]!r} here" for k in differ[:3])

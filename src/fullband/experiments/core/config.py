@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fullband.config import (
-    _require,
     apply_preset,
     current_explicit_keys,
     device_field,
     doc,
+    require,
     study_resumes,
     threads_field,
     validate_device_name,
@@ -109,7 +109,7 @@ class StudyConfig:
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, (value,) if isinstance(value, (str, int, float)) else tuple(value))
-        _require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
+        require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
         self.validate()
 
     def validate(self) -> None:
@@ -150,7 +150,7 @@ class SyntheticStudyConfig(StudyConfig):
         for dotted, what in SET_BY_STUDY.items():
             section, name = dotted.split(".")
             value = getattr(getattr(self, section), name)
-            _require(value == getattr(defaults[section], name), dotted, value,
+            require(value == getattr(defaults[section], name), dotted, value,
                      f"the study sets it ({what}); leave it out")
         if self.train.grad_passes > 0 and "train.jitter" not in current_explicit_keys():
             # The studies' truncated-gradient runs (the exact-recurrence presets, --grad_passes) trained without
@@ -158,7 +158,7 @@ class SyntheticStudyConfig(StudyConfig):
             # say so (jitter 0). An explicit --train.jitter applies.
             self.train = dataclasses.replace(self.train, jitter=0.0)
         start = self.schedule.feedback_start
-        _require(start < 1, "schedule.feedback_start", start,
+        require(start < 1, "schedule.feedback_start", start,
                  "must be in [0, 1): the fullband model needs some multi-pass steps")
 
     @property

@@ -142,18 +142,18 @@ def rerender(out_dir: Path, report: Callable[[dict[str, Any], bool], Report]) ->
 def equivalent_command(cfg: Any, command: str, base: Any, skip: tuple[str, ...] = ()) -> str:
     """``fullband <command>`` with the preset and every flag whose value differs from ``base`` (the preset's
     config): the command of this run. Keys in ``skip`` are left out."""
-    defaults = _leaves(config_to_dict(base))
+    defaults = leaves(config_to_dict(base))
     args = ["fullband", command] + (["--preset", cfg.preset] if cfg.preset != "default" else [])
-    for key, value in _leaves(config_to_dict(cfg)).items():
+    for key, value in leaves(config_to_dict(cfg)).items():
         if key != "preset" and key not in skip and value != defaults.get(key):
             args += [f"--{key}", _flag_value(value)]
     return shlex.join(args)
 
 
-def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in tree.items():
-        out.update(_leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
+        out.update(leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
     return out
 
 

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fullband.config import (
-    _is_int,
-    _require,
-    _require_ints,
     device_field,
     doc,
+    is_int,
+    require,
+    require_ints,
     resume_field,
     threads_field,
 )
@@ -75,12 +75,12 @@ class RecipeConfig(StudyConfig):
     threads: str = threads_field()
 
     def validate(self) -> None:
-        _require(self.compare_preset in LM_PRESETS, "compare_preset", self.compare_preset,
+        require(self.compare_preset in LM_PRESETS, "compare_preset", self.compare_preset,
                  f"must be one of {tuple(LM_PRESETS)}")
-        _require(len(self.variants) > 0 and all(v in RECIPE_VARIANTS for v in self.variants), "variants",
+        require(len(self.variants) > 0 and all(v in RECIPE_VARIANTS for v in self.variants), "variants",
                  self.variants, f"must be a non-empty list from {tuple(RECIPE_VARIANTS)}")
-        _require(all(_is_int(w) and w >= 8 and w % 8 == 0 for w in self.widths), "widths", self.widths,
+        require(all(is_int(w) and w >= 8 and w % 8 == 0 for w in self.widths), "widths", self.widths,
                  "must be integers >= 8 and divisible by 8 (4 heads of an even size)")
-        _require_ints(self, {"seeds": 1, "train_eval_points": 0, "workers": 1})
+        require_ints(self, {"seeds": 1, "train_eval_points": 0, "workers": 1})
         if self.eval_windows is not None:
-            _require_ints(self, {"eval_windows": 1})
+            require_ints(self, {"eval_windows": 1})

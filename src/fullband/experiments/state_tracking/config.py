@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fullband.config import _is_int, _is_number, _require, _require_ints, doc, resume_field
+from fullband.config import doc, is_int, is_number, require, require_ints, resume_field
 from fullband.experiments.core.config import ALIASES, SyntheticStudyConfig, pinned, sectioned
 from fullband.modes import EXACT, STANDARD, fused
 
@@ -54,11 +54,11 @@ class StateTrackingConfig(SyntheticStudyConfig):
 
     def validate(self) -> None:
         self.tasks, self.prefills = tuple(self.tasks), tuple(self.prefills)
-        _require_ints(self, {"train_per_task": 1, "probe_train": 2, "probe_test": 1})
-        _require(_is_int(self.seq_len) and self.seq_len >= 6 and self.seq_len % 2 == 0, "seq_len", self.seq_len,
+        require_ints(self, {"train_per_task": 1, "probe_train": 2, "probe_test": 1})
+        require(is_int(self.seq_len) and self.seq_len >= 6 and self.seq_len % 2 == 0, "seq_len", self.seq_len,
                  "must be an even integer >= 6 (an odd one can never end with every bracket closed)")
-        _require(len(self.tasks) > 0 and all(t in STATE_TASKS for t in self.tasks), "tasks", self.tasks,
+        require(len(self.tasks) > 0 and all(t in STATE_TASKS for t in self.tasks), "tasks", self.tasks,
                  f"must be a non-empty list from {STATE_TASKS}")
-        _require(len(self.prefills) > 0 and all(p in STATE_PREFILLS for p in self.prefills), "prefills",
+        require(len(self.prefills) > 0 and all(p in STATE_PREFILLS for p in self.prefills), "prefills",
                  self.prefills, f"must be a non-empty list from {STATE_PREFILLS}")
-        _require(_is_number(self.ridge) and self.ridge > 0, "ridge", self.ridge, "must be > 0")
+        require(is_number(self.ridge) and self.ridge > 0, "ridge", self.ridge, "must be > 0")

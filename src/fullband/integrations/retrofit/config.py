@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fullband.config import HF_PREFIX, _require, doc
+from fullband.config import HF_PREFIX, doc, require
 
 FeedbackSource = str | int  # "last_hidden" or a block index 1..L-1
 LAST_HIDDEN = "last_hidden"
@@ -61,7 +61,7 @@ class RetrofitOptions:
     def __post_init__(self) -> None:
         source = self.feedback_source
         ok = isinstance(source, str) and (source == LAST_HIDDEN or (source.isdigit() and int(source) >= 1))
-        _require(ok, "feedback_source", source, "must be 'last_hidden' or a block index N >= 1 (at most the "
+        require(ok, "feedback_source", source, "must be 'last_hidden' or a block index N >= 1 (at most the "
                  "pretrained model's n_layers - 1)")
         if source != LAST_HIDDEN:
             self.feedback_source = str(int(source))
@@ -74,8 +74,8 @@ class RetrofitOptions:
         """The run's init_from and model.feedback against this section (ConfigError naming the field)."""
         hf = isinstance(init_from, str) and init_from.startswith(HF_PREFIX)
         if hf:
-            _require(feedback, "model.feedback", feedback, "a retrofitted model always has the fusion; use "
+            require(feedback, "model.feedback", feedback, "a retrofitted model always has the fusion; use "
                      "schedule.feedback_start=1 to train it single-pass")
-        _require(hf or self.feedback_source == LAST_HIDDEN, "retrofit.feedback_source", self.feedback_source,
+        require(hf or self.feedback_source == LAST_HIDDEN, "retrofit.feedback_source", self.feedback_source,
                  "applies only to init_from='hf:PATH' (a retrofitted model's directory keeps the source it was "
                  "built with)")

@@ -8,11 +8,11 @@ from typing import Any, ClassVar
 
 from fullband.config import (
     EXACT_METHODS,
-    _is_int,
-    _is_number,
-    _require,
     device_field,
     doc,
+    is_int,
+    is_number,
+    require,
     resume_field,
     threads_field,
 )
@@ -126,27 +126,27 @@ class LMRunsConfig(StudyConfig):
     def validate(self) -> None:
         c = self
         c.budgets = tuple(sorted(float(b) for b in c.budgets))
-        _require(len(c.budgets) >= 2 and len(set(c.budgets)) == len(c.budgets) and all(
-            _is_number(b) and b > 0 for b in c.budgets), "budgets", c.budgets,
+        require(len(c.budgets) >= 2 and len(set(c.budgets)) == len(c.budgets) and all(
+            is_number(b) and b > 0 for b in c.budgets), "budgets", c.budgets,
             "must be at least two distinct multiples > 0 of train.token_budget")
-        _require(c.train.token_budget is not None, "train.token_budget", c.train.token_budget,
+        require(c.train.token_budget is not None, "train.token_budget", c.train.token_budget,
                  "must be set: it is the 1x budget every run is measured in")
-        _require(c.train.seq_len <= c.model.max_seq_len, "train.seq_len", c.train.seq_len,
+        require(c.train.seq_len <= c.model.max_seq_len, "train.seq_len", c.train.seq_len,
                  f"must be at most model.max_seq_len={c.model.max_seq_len}")
-        _require(c.data.format == "text", "data.format", c.data.format, "must be 'text' (language modelling)")
-        _require(len(c.fused_passes) >= 1 and all(_is_int(k) and k >= 1 for k in c.fused_passes), "fused_passes",
+        require(c.data.format == "text", "data.format", c.data.format, "must be 'text' (language modelling)")
+        require(len(c.fused_passes) >= 1 and all(is_int(k) and k >= 1 for k in c.fused_passes), "fused_passes",
                  c.fused_passes, "must be a non-empty list of integers >= 1")
-        _require(c.exact_method in EXACT_METHODS, "exact_method", c.exact_method, f"must be one of {EXACT_METHODS}")
-        _require(_is_number(c.exact_tol) and c.exact_tol >= 0, "exact_tol", c.exact_tol,
+        require(c.exact_method in EXACT_METHODS, "exact_method", c.exact_method, f"must be one of {EXACT_METHODS}")
+        require(is_number(c.exact_tol) and c.exact_tol >= 0, "exact_tol", c.exact_tol,
                  "must be >= 0 (0 = until exact)")
         for name, low in (("seeds", 1), ("exact_chunk_size", 1), ("exact_check_windows", 0), ("eval_windows", 1),
                           ("eval_batch_size", 1), ("stability_passes", 1), ("stability_windows", 1),
                           ("train_eval_points", 0), ("workers", 1)):
             value = getattr(c, name)
-            _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
+            require(is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
         if c.stability_seq_len is not None:
-            _require(_is_int(c.stability_seq_len) and 2 <= c.stability_seq_len <= c.model.max_seq_len,
+            require(is_int(c.stability_seq_len) and 2 <= c.stability_seq_len <= c.model.max_seq_len,
                      "stability_seq_len", c.stability_seq_len,
                      f"must be in 2..model.max_seq_len={c.model.max_seq_len}")
         for name in ("stability_ablation", "resume"):
-            _require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
+            require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
