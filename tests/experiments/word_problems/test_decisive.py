@@ -302,6 +302,7 @@ def test_recall_study_end_to_end(tmp_path):
                                                                                               "fullband_paper"}
     assert all(len(c["test"]) == 6 for c in group["cells"]["6"]["fullband"].values())
     assert set(group["variants"]) == {"compose", "lookup"} and set(group["variants"]["lookup"]["cells"]["2"]) == arms
+    assert {p["arm"] for p in group["grid"] if "position=none" in p["variant"]} == {"baseline"}  # NoPE: 1-pass only
     assert "## Predictions, written before the runs" in (out / "report.md").read_text()
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("**/" + RESULT)}
     assert main(["eval-recall", "--preset", "smoke", "--out_dir", str(out), "--workers", "1", "--progress", "false",

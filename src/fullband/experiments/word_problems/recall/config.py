@@ -59,8 +59,8 @@ class RecallConfig(StudyConfig):
                                 "hybrid (transformer blocks then an LSTM, parameter-matched, knob: blocks), fullband "
                                 "(trained on its exact recurrence, knob: lambda), fullband_paper (the paper's few "
                                 "passes, knob: lambda); both full-bandwidth arms answer with exact prefill.")
-    positions: tuple[str, ...] = doc(POSITIONS, f"Positional encodings in every transformer arm's grid, from "
-                                     f"{POSITIONS} (none = NoPE).")
+    positions: tuple[str, ...] = doc(POSITIONS, f"Positional encodings in the 1-pass transformer's grid, from "
+                                     f"{POSITIONS} (none = NoPE); the other transformer arms use RoPE.")
     train_length: int = doc(6, "Steps of every training problem; its prefixes are the trained lengths 1..this.")
     train_tables: int = doc(32, "Training tables hold 1..this bindings (one size per batch).")
     validation_tables: tuple[int, ...] = doc((8, 32), "Table sizes of the validation problems (trained lengths) that "

@@ -34,10 +34,13 @@ if TYPE_CHECKING:
 
 
 def variants_of(cfg: RecallConfig, arm_type: type[Arm]) -> list[str]:
-    """An arm's variants here: its positional encodings (looped: the normalised injection only)."""
+    """An arm's variants here: the 1-pass transformer's positional encodings (``positions``); the other transformer
+    arms RoPE (issue 52's arms: the grid of the decisive study would double the costliest arms here), looped with the
+    normalised injection only."""
     from fullband.experiments.word_problems.arms import variant_name
 
-    values = {"position": cfg.positions, "injection": cfg.injections}
+    positions = cfg.positions if arm_type.name == "baseline" else ("rope",)
+    values = {"position": positions, "injection": cfg.injections}
     return [variant_name(dict(zip(arm_type.variant_axes, combo, strict=True)))
             for combo in itertools.product(*(values[axis] for axis in arm_type.variant_axes))]
 
