@@ -238,7 +238,7 @@ def validate_resume(value: object, field: str = "resume") -> str:
     word = value.lower() if isinstance(value, str) else value
     word = str(BOOL_WORDS[word]).lower() if word in BOOL_WORDS else word
     require(word in RESUME, field, value, "use true (continue; an error when there is nothing to resume), auto "
-             "(continue if there is something to, else start) or false")
+            "(continue if there is something to, else start) or false")
     return word
 
 
@@ -283,44 +283,44 @@ def validate_model_config(c: ModelConfig) -> None:
         require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
     require(c.d_model % c.n_heads == 0, "n_heads", c.n_heads, f"must divide d_model={c.d_model}")
     require(c.position_encoding in POSITION_ENCODINGS, "position_encoding", c.position_encoding,
-             f"must be one of {POSITION_ENCODINGS} (rope = rotary embedding, none = no positional encoding)")
+            f"must be one of {POSITION_ENCODINGS} (rope = rotary embedding, none = no positional encoding)")
     if c.position_encoding == "rope":  # RoPE rotates pairs of head dimensions
         require((c.d_model // c.n_heads) % 2 == 0, "n_heads", c.n_heads,
-                 f"d_model/n_heads must be even for RoPE (got {c.d_model}/{c.n_heads})")
+                f"d_model/n_heads must be even for RoPE (got {c.d_model}/{c.n_heads})")
     if c.n_kv_heads is not None:
         require(is_int(c.n_kv_heads) and c.n_kv_heads >= 1 and c.n_heads % c.n_kv_heads == 0,
-                 "n_kv_heads", c.n_kv_heads, f"must be a positive divisor of n_heads={c.n_heads} (or None)")
+                "n_kv_heads", c.n_kv_heads, f"must be a positive divisor of n_heads={c.n_heads} (or None)")
     if c.d_ff is not None:
         require(is_int(c.d_ff) and c.d_ff >= 1, "d_ff", c.d_ff, "must be an integer >= 1 (or None)")
     require(isinstance(c.rope_theta, (int, float)) and c.rope_theta > 0, "rope_theta", c.rope_theta, "must be > 0")
     require(isinstance(c.norm_eps, (int, float)) and 0 < c.norm_eps < 1, "norm_eps", c.norm_eps, "must be in (0, 1)")
     require(isinstance(c.init_std, (int, float)) and c.init_std > 0, "init_std", c.init_std, "must be > 0")
     require(c.input_norm_init is None or (is_number(c.input_norm_init) and c.input_norm_init > 0),
-             "input_norm_init", c.input_norm_init, "must be > 0 (or none: the form's default)")
+            "input_norm_init", c.input_norm_init, "must be > 0 (or none: the form's default)")
     require(c.input_norm in INPUT_NORMS, "input_norm", c.input_norm, f"must be one of {INPUT_NORMS}")
     for name in ("tie_embeddings", "feedback"):
         require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
     require(c.fusion in FUSIONS, "fusion", c.fusion, f"must be one of {FUSIONS}")
     require(c.gate_norm in GATE_NORMS, "gate_norm", c.gate_norm, f"must be one of {GATE_NORMS}")
     require(c.feedback_shift in (0, 1) and is_int(c.feedback_shift), "feedback_shift", c.feedback_shift,
-             "must be 1 (the recurrence) or 0 (looped)")
+            "must be 1 (the recurrence) or 0 (looped)")
     source = c.feedback_source
     if isinstance(source, str) and source.startswith("layer:"):
         n = source.split(":", 1)[1]
         require(n.isdigit() and 1 <= int(n) <= c.n_layers, "feedback_source", source,
-                 f"layer index must be in 1..n_layers={c.n_layers}")
+                f"layer index must be in 1..n_layers={c.n_layers}")
     else:
         require(source in FEEDBACK_SOURCES, "feedback_source", source,
-                 f"must be one of {FEEDBACK_SOURCES} or 'layer:N'")
+                f"must be one of {FEEDBACK_SOURCES} or 'layer:N'")
 
 
 def validate_speculative_options(drafter: Any, gamma: int, max_gamma: int = 16) -> None:
     """Checks shared by ``generate(..., speculative=...)`` and ``fullband generate --drafter``."""
     require(is_int(gamma) and gamma >= 1, "gamma", gamma, "must be an integer >= 1 (tokens drafted per "
-             "verification)")
+            "verification)")
     require(is_int(max_gamma) and max_gamma >= gamma, "max_gamma", max_gamma, f"must be an integer >= gamma={gamma}")
     require(not isinstance(drafter, str) or bool(drafter), "drafter", drafter,
-             "name one: standard, early_exit, early_exit:N, a model (or on the command line a checkpoint directory)")
+            "name one: standard, early_exit, early_exit:N, a model (or on the command line a checkpoint directory)")
 
 
 @dataclass
@@ -338,7 +338,7 @@ class CheckConfig:
         validate_device_name(self.device)
         require(is_int(self.seq_len) and 2 <= self.seq_len <= 512, "seq_len", self.seq_len, "must be in 2..512")
         require(is_int(self.plain_prefix) and 1 <= self.plain_prefix < self.seq_len, "plain_prefix",
-                 self.plain_prefix, f"must be in 1..seq_len-1={self.seq_len - 1}")
+                self.plain_prefix, f"must be in 1..seq_len-1={self.seq_len - 1}")
 
 
 T = TypeVar("T")

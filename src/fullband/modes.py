@@ -284,17 +284,17 @@ class DecodeOptions:
         except ConfigError as err:
             raise ConfigError(str(err), "mode") from None
         require(is_int(self.exact_chunk_size) and self.exact_chunk_size >= 1, "exact_chunk_size",
-                 self.exact_chunk_size, "must be an integer >= 1 (1 = sequential)")
+                self.exact_chunk_size, "must be an integer >= 1 (1 = sequential)")
         require(_is_real(self.temperature) and self.temperature >= 0, "temperature", self.temperature,
-                 "must be >= 0 (0 = greedy)")
+                "must be >= 0 (0 = greedy)")
         require(is_int(self.top_k) and self.top_k >= 0, "top_k", self.top_k, "must be an integer >= 0 (0 = off)")
         require(_is_real(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
         require(self.seed is None or is_int(self.seed), "seed", self.seed, "must be an integer, or none")
         require(all(is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", self.stop_token_ids,
-                 "must be token ids >= 0")
+                "must be token ids >= 0")
         require(self.step in DECODE_STEPS, "step", self.step, f"must be one of {', '.join(DECODE_STEPS)}")
         require(self.pad_token_id is None or (is_int(self.pad_token_id) and self.pad_token_id >= 0),
-                 "pad_token_id", self.pad_token_id, "must be a token id >= 0, or none")
+                "pad_token_id", self.pad_token_id, "must be a token id >= 0, or none")
 
     @property
     def decoding_mode(self) -> DecodingMode:

@@ -68,7 +68,7 @@ class BenchOptimConfig:
         require(self.d_model % self.n_heads == 0, "optim.n_heads", self.n_heads, "must divide optim.d_model")
         require(self.ns_dtype in NS_DTYPES, "optim.ns_dtype", self.ns_dtype, f"must be one of {NS_DTYPES}")
         require(isinstance(self.emulated_bf16, bool), "optim.emulated_bf16", self.emulated_bf16,
-                 "must be true or false")
+                "must be true or false")
 
 
 @dataclass
@@ -87,7 +87,7 @@ class BenchDecodeConfig:
         _require_counts(self, ("d_model", "n_layers", "n_heads", "vocab_size", "prompt_len", "new_tokens"))
         self.batch_sizes = tuple(self.batch_sizes)
         require(len(self.batch_sizes) > 0 and all(is_int(b) and b >= 1 for b in self.batch_sizes),
-                 "decode.batch_sizes", self.batch_sizes, "must be one or more integers >= 1")
+                "decode.batch_sizes", self.batch_sizes, "must be one or more integers >= 1")
         require(self.d_model % self.n_heads == 0, "decode.n_heads", self.n_heads, "must divide decode.d_model")
 
 
@@ -147,7 +147,7 @@ class BenchConfig:
         apply_preset(self, BENCH_PRESETS)
         self.sections = tuple(self.sections)
         require(len(self.sections) > 0 and all(s in SECTIONS for s in self.sections), "sections", self.sections,
-                 f"must be one or more of {SECTIONS}")
+                f"must be one or more of {SECTIONS}")
         _require_counts(self, ("rounds", "limit_mib"))
         require(is_int(self.seed) and self.seed >= 0, "seed", self.seed, "must be an integer >= 0")
 

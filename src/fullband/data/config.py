@@ -49,15 +49,15 @@ class PrepareConfig:
         require(bool(self.input), "input", self.input, f"give what to tokenize (--input FILE, DIR or {HF_PREFIX}NAME)")
         require(bool(self.out_dir), "out_dir", self.out_dir, "give the directory for the shards (--out_dir DIR)")
         require(bool(self.tokenizer) and self.tokenizer != HF_PREFIX, "tokenizer", self.tokenizer,
-                 f"give byte, {HF_PREFIX}PATH or a tokenizer directory")
+                f"give byte, {HF_PREFIX}PATH or a tokenizer directory")
         require(bool(self.field), "field", self.field, "name the text field, e.g. --field text")
         require(is_number(self.val_fraction) and 0 <= self.val_fraction <= 0.5, "val_fraction", self.val_fraction,
-                 "must be in [0, 0.5]")
+                "must be in [0, 0.5]")
         require(is_int(self.shard_tokens) and self.shard_tokens >= 1, "shard_tokens", self.shard_tokens,
-                 "must be an integer >= 1")
+                "must be an integer >= 1")
         require(is_int(self.chunk_bytes) and self.chunk_bytes >= 1, "chunk_bytes", self.chunk_bytes,
-                 "must be an integer >= 1")
+                "must be an integer >= 1")
         require(self.dtype in SHARD_DTYPES, "dtype", self.dtype, f"must be one of {SHARD_DTYPES}")
         require(is_int(self.workers) and self.workers >= 0, "workers", self.workers,
-                 "must be an integer >= 0 (0 = one per core)")
+                "must be an integer >= 0 (0 = one per core)")
         self.threads = validate_threads(self.threads)

@@ -57,10 +57,10 @@ class LmEvalConfig:
         self.threads = validate_threads(self.threads)
         self.tasks = tuple(self.tasks)
         require(len(self.tasks) > 0 and all(isinstance(t, str) and t for t in self.tasks), "tasks", self.tasks,
-                 "give one or more task names (--tasks a,b)")
+                "give one or more task names (--tasks a,b)")
         if self.num_fewshot is not None:
             require(is_int(self.num_fewshot) and self.num_fewshot >= 0, "num_fewshot", self.num_fewshot,
-                     "must be an integer >= 0 (or none)")
+                    "must be an integer >= 0 (or none)")
         if self.limit is not None:
             require(is_int(self.limit) and self.limit >= 1, "limit", self.limit, "must be an integer >= 1 (or none)")
         for name, low in (("batch_size", 1), ("max_gen_toks", 1), ("seed", 0)):

@@ -47,5 +47,5 @@ class GenerateConfig:
         validate_device_name(self.device)
         self.threads = validate_threads(self.threads)
         require(is_int(self.max_new_tokens) and self.max_new_tokens >= 0, "max_new_tokens", self.max_new_tokens,
-                 "must be an integer >= 0")
+                "must be an integer >= 0")
         validate_speculative_options(self.drafter or "standard", self.gamma, max(16, self.gamma))

@@ -133,7 +133,7 @@ def decode(
     tokens per target call; the tokens are the same (greedy) or follow the same distribution (sampling).
     """
     require(is_int(max_new_tokens) and max_new_tokens >= 0, "max_new_tokens", max_new_tokens,
-             "must be an integer >= 0")
+            "must be an integer >= 0")
     mode = options.decoding_mode
     device = model.embed.weight.device
     ids, mask = _as_batch(prompt_ids, attention_mask)

@@ -55,7 +55,7 @@ def llama_config(config: ModelConfig) -> LlamaConfig:
     """The LlamaConfig of a baseline ModelConfig (no special tokens: fullband models carry none)."""
     require(not config.feedback, "feedback", config.feedback, "to_llama needs a baseline (feedback=False) model")
     require(config.position_encoding == "rope", "position_encoding", config.position_encoding,
-             "a Llama has rotary position embeddings only; to_llama needs position_encoding='rope'")
+            "a Llama has rotary position embeddings only; to_llama needs position_encoding='rope'")
     return LlamaConfig(
         **{key: getattr(config, attr) for key, (_, attr) in _CONFIG_KEYS.items()},
         head_dim=config.head_dim,
@@ -78,11 +78,11 @@ def model_config(llama: LlamaConfig) -> ModelConfig:
     require(getattr(llama, "pretraining_tp", 1) in (1, None), "pretraining_tp", llama.pretraining_tp, "must be 1")
     head_dim = getattr(llama, "head_dim", None) or llama.hidden_size // llama.num_attention_heads
     require(head_dim * llama.num_attention_heads == llama.hidden_size, "head_dim", head_dim,
-             f"fullband needs head_dim = hidden_size / num_attention_heads = "
-             f"{llama.hidden_size // llama.num_attention_heads}")
+            f"fullband needs head_dim = hidden_size / num_attention_heads = "
+            f"{llama.hidden_size // llama.num_attention_heads}")
     rope = _rope_parameters(llama)
     require(rope.get("rope_type", "default") == "default", "rope_scaling", rope,
-             "fullband implements the default (unscaled) RoPE only")
+            "fullband implements the default (unscaled) RoPE only")
     return ModelConfig(
         **{name: getattr(llama, key) for key, (name, _) in _CONFIG_KEYS.items()},
         rope_theta=float(rope["rope_theta"]),

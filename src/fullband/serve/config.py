@@ -75,22 +75,22 @@ class ServeConfig:
         require(is_int(self.max_queue) and self.max_queue >= 0, "max_queue", self.max_queue, "must be >= 0")
         require(is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1")
         require(is_int(self.max_tokens_limit) and self.max_tokens_limit >= 0, "max_tokens_limit",
-                 self.max_tokens_limit, "must be >= 0 (0 = no limit but the model's context)")
+                self.max_tokens_limit, "must be >= 0 (0 = no limit but the model's context)")
         require(self.max_tokens_limit == 0 or self.max_tokens <= self.max_tokens_limit, "max_tokens", self.max_tokens,
-                 f"the default must not exceed max_tokens_limit={self.max_tokens_limit}")
+                f"the default must not exceed max_tokens_limit={self.max_tokens_limit}")
         require(is_int(self.max_body_bytes) and self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes,
-                 "must be >= 1024")
+                "must be >= 1024")
         require(isinstance(self.request_timeout, (int, float)) and not isinstance(self.request_timeout, bool)
-                 and self.request_timeout >= 0, "request_timeout", self.request_timeout,
-                 "must be >= 0 seconds (0 = no deadline)")
+                and self.request_timeout >= 0, "request_timeout", self.request_timeout,
+                "must be >= 0 seconds (0 = no deadline)")
         require(isinstance(self.interleave_prefill, bool), "interleave_prefill", self.interleave_prefill,
-                 "must be true or false")
+                "must be true or false")
         require(isinstance(self.graceful_timeout, (int, float)) and self.graceful_timeout >= 0, "graceful_timeout",
-                 self.graceful_timeout, "must be >= 0 seconds")
+                self.graceful_timeout, "must be >= 0 seconds")
         require(self.log_level in LOG_LEVELS, "log_level", self.log_level, f"must be one of {LOG_LEVELS}")
         require(isinstance(self.access_log, bool), "access_log", self.access_log, "must be true or false")
         require(isinstance(self.api_key, str) and self.api_key == self.api_key.strip(), "api_key", "<hidden>",
-                 "must be a string without surrounding spaces")
+                "must be a string without surrounding spaces")
         validate_device_name(self.device)
         require(self.dtype in SERVE_DTYPES, "dtype", self.dtype, f"must be one of {SERVE_DTYPES}")
         self.threads = validate_threads(self.threads)

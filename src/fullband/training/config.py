@@ -60,7 +60,7 @@ class TrainModelConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         require(is_int(self.vocab_size) and self.vocab_size >= 0, "vocab_size", self.vocab_size,
-                 "must be an integer >= 0 (0 = from the tokenizer)")
+                "must be an integer >= 0 (0 = from the tokenizer)")
         self.read_boolean_input_norm()
         self.resolve(max(self.vocab_size, 1))  # validates every other field
 
@@ -107,18 +107,18 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         require(isinstance(self.source, str) and bool(self.source), "data.source", self.source,
-                 f"give a corpus name, a path or {HF_PREFIX}NAME")
+                f"give a corpus name, a path or {HF_PREFIX}NAME")
         require(self.format in DATA_FORMATS, "data.format", self.format, f"must be one of {DATA_FORMATS}")
         require(self.tokenizer in TOKENIZERS or (self.tokenizer.startswith(HF_PREFIX) and self.tokenizer != HF_PREFIX),
-                 "data.tokenizer", self.tokenizer, f"must be one of {TOKENIZERS} or {HF_PREFIX}PATH")
+                "data.tokenizer", self.tokenizer, f"must be one of {TOKENIZERS} or {HF_PREFIX}PATH")
         require(is_int(self.bpe_vocab_size) and 260 <= self.bpe_vocab_size <= 1_000_000, "data.bpe_vocab_size",
-                 self.bpe_vocab_size, "must be an integer in 260..1000000")
+                self.bpe_vocab_size, "must be an integer in 260..1000000")
         require(is_number(self.curriculum) and 0 <= self.curriculum <= 1, "data.curriculum", self.curriculum,
-                 "must be in [0, 1] (0 = no curriculum)")
+                "must be in [0, 1] (0 = no curriculum)")
         require(is_number(self.val_fraction) and 0 < self.val_fraction <= 0.5, "data.val_fraction",
-                 self.val_fraction, "must be in (0, 0.5]")
+                self.val_fraction, "must be in (0, 0.5]")
         require(is_number(self.test_fraction) and 0 <= self.test_fraction <= 0.5, "data.test_fraction",
-                 self.test_fraction, "must be in [0, 0.5]")
+                self.test_fraction, "must be in [0, 0.5]")
 
     def held_out(self) -> tuple[float, float]:
         """(validation, test) shares of a text source split here (fullband.data.splits)."""
@@ -177,9 +177,9 @@ class TrainRunConfig(FamilyOptions, TrainSections):
         validate_device_name(self.device)
         self.threads = validate_threads(self.threads)
         require(bool(self.eval_passes) and all(is_int(k) and k >= 1 for k in self.eval_passes), "eval_passes",
-                 self.eval_passes, "must be a non-empty list of integers >= 1")
+                self.eval_passes, "must be a non-empty list of integers >= 1")
         require(isinstance(self.out_dir, str) and bool(self.out_dir), "out_dir", self.out_dir, "give a directory")
         if (family := source_family(self.init_from)) is not None:  # a source the model is built from: PREFIX:PATH
             require(bool(str(self.init_from)[len(family.source_prefix or ""):].strip()), "init_from", self.init_from,
-                     f"give the directory after {family.source_prefix} (init_from='{family.source_prefix}PATH')")
+                    f"give the directory after {family.source_prefix} (init_from='{family.source_prefix}PATH')")
         self.check_family_options(self.init_from, self.model.feedback)

@@ -220,20 +220,20 @@ class TrainConfig:
 
 def validate_schedule_config(c: ScheduleConfig) -> None:
     require(is_number(c.feedback_start) and 0 <= c.feedback_start <= 1, "feedback_start", c.feedback_start,
-             "must be a fraction of the run in [0, 1]")
+            "must be a fraction of the run in [0, 1]")
     require(is_number(c.feedback_end) and 0 <= c.feedback_end <= 1, "feedback_end", c.feedback_end,
-             "must be a fraction of the run in [0, 1]: the feedback phase cannot outlast the run")
+            "must be a fraction of the run in [0, 1]: the feedback phase cannot outlast the run")
     require(c.feedback_start == 1 or c.feedback_end > c.feedback_start, "feedback_end", c.feedback_end,
-             f"must be after feedback_start={c.feedback_start}: the feedback phase needs at least one step")
+            f"must be after feedback_start={c.feedback_start}: the feedback phase needs at least one step")
     mix = c.pass_mix
     require(isinstance(mix, (list, tuple)) and len(mix) >= 1 and all(is_number(x) and 0 <= x <= 1 for x in mix),
-             "pass_mix", mix, "must be a non-empty list of probabilities in [0, 1] for 2, 3, ... passes")
+            "pass_mix", mix, "must be a non-empty list of probabilities in [0, 1] for 2, 3, ... passes")
     require(abs(sum(mix) - 1) <= 1e-6, "pass_mix", mix, f"must sum to 1 (sums to {sum(mix):.6g})")
     require(is_int(c.ramp_steps) and c.ramp_steps >= 0, "ramp_steps", c.ramp_steps, "must be an integer >= 0")
     require(is_number(c.two_pass_until) and 0 <= c.two_pass_until <= 1, "two_pass_until", c.two_pass_until,
-             "must be a fraction of the run in [0, 1]")
+            "must be a fraction of the run in [0, 1]")
     require(c.two_pass_until == 0 or c.two_pass_until >= c.feedback_start, "two_pass_until", c.two_pass_until,
-             f"must be 0 or at least feedback_start={c.feedback_start}: 2-pass batches come first, after it")
+            f"must be 0 or at least feedback_start={c.feedback_start}: 2-pass batches come first, after it")
 
 
 def validate_optim_config(c: OptimConfig) -> None:
@@ -241,28 +241,28 @@ def validate_optim_config(c: OptimConfig) -> None:
     require(is_number(c.lr) and c.lr > 0, "lr", c.lr, "must be > 0")
     require(is_number(c.muon_lr) and c.muon_lr > 0, "muon_lr", c.muon_lr, "must be > 0")
     require(is_number(c.muon_weight_decay) and c.muon_weight_decay >= 0, "muon_weight_decay", c.muon_weight_decay,
-             "must be >= 0")
+            "must be >= 0")
     require(is_number(c.muon_momentum) and 0 <= c.muon_momentum < 1, "muon_momentum", c.muon_momentum,
-             "must be in [0, 1)")
+            "must be in [0, 1)")
     require(len(c.muon_params) > 0 and all(isinstance(x, str) and x for x in c.muon_params), "muon_params",
-             c.muon_params, "must be a non-empty list of module names, e.g. blocks,fusion")
+            c.muon_params, "must be a non-empty list of module names, e.g. blocks,fusion")
     require(is_number(c.normuon_beta2) and 0 <= c.normuon_beta2 < 1, "normuon_beta2", c.normuon_beta2,
-             "must be in [0, 1)")
+            "must be in [0, 1)")
     require(c.ns_dtype in NS_DTYPES, "ns_dtype", c.ns_dtype, f"must be one of {NS_DTYPES}")
     require(is_int(c.ns_steps) and c.ns_steps >= 1, "ns_steps", c.ns_steps, "must be an integer >= 1")
     require(is_number(c.fusion_lr_mult) and c.fusion_lr_mult > 0, "fusion_lr_mult", c.fusion_lr_mult, "must be > 0")
     require(is_number(c.min_lr_ratio) and 0 <= c.min_lr_ratio <= 1, "min_lr_ratio", c.min_lr_ratio,
-             "must be in [0, 1]")
+            "must be in [0, 1]")
     betas = c.betas
     require(isinstance(betas, (list, tuple)) and len(betas) == 2 and all(is_number(b) and 0 <= b < 1 for b in betas),
-             "betas", betas, "must be two values in [0, 1)")
+            "betas", betas, "must be two values in [0, 1)")
     require(is_number(c.eps) and c.eps > 0, "eps", c.eps, "must be > 0")
     require(is_number(c.weight_decay) and c.weight_decay >= 0, "weight_decay", c.weight_decay, "must be >= 0")
     require(is_int(c.warmup_steps) and c.warmup_steps >= 0, "warmup_steps", c.warmup_steps,
-             "must be an integer >= 0")
+            "must be an integer >= 0")
     require(c.schedule in LR_SCHEDULES, "schedule", c.schedule, f"must be one of {LR_SCHEDULES}")
     require(is_number(c.decay_fraction) and 0 < c.decay_fraction <= 1, "decay_fraction", c.decay_fraction,
-             "must be in (0, 1]")
+            "must be in (0, 1]")
     require(is_number(c.grad_clip) and c.grad_clip >= 0, "grad_clip", c.grad_clip, "must be >= 0 (0 = off)")
     require(is_number(c.z_loss) and c.z_loss >= 0, "z_loss", c.z_loss, "must be >= 0")
     require(c.z_loss_when in Z_LOSS_WHEN, "z_loss_when", c.z_loss_when, f"must be one of {Z_LOSS_WHEN}")
@@ -276,7 +276,7 @@ def validate_train_config(c: TrainConfig) -> None:
         require(is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
     if c.token_budget is not None:
         require(is_int(c.token_budget) and c.token_budget >= 1, "token_budget", c.token_budget,
-                 "must be an integer >= 1 (or None)")
+                "must be an integer >= 1 (or None)")
     if isinstance(c.compile, bool):  # true/false from a TOML/JSON file or a Python caller
         c.compile = "true" if c.compile else "false"
     elif isinstance(c.compile, str):  # yes/on/1 and no/off/0 as the boolean options take them
@@ -288,9 +288,9 @@ def validate_train_config(c: TrainConfig) -> None:
     require(c.autocast in AUTOCAST, "autocast", c.autocast, f"must be one of {AUTOCAST}")
     require(c.parallel in PARALLEL, "parallel", c.parallel, f"must be one of {PARALLEL}")
     require(is_number(c.feedback_weight) and c.feedback_weight >= 0, "feedback_weight", c.feedback_weight,
-             "must be >= 0")
+            "must be >= 0")
     require(is_number(c.jitter) and c.jitter >= 0, "jitter", c.jitter, "must be >= 0")
     if c.wandb_project is not None:
         ok = isinstance(c.wandb_project, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", c.wandb_project)
         require(bool(ok), "wandb_project", c.wandb_project,
-                 "must be a W&B project name: letters, digits, '_', '-', '.' (at most 128), or none")
+                "must be a W&B project name: letters, digits, '_', '-', '.' (at most 128), or none")

@@ -151,7 +151,7 @@ class SyntheticStudyConfig(StudyConfig):
             section, name = dotted.split(".")
             value = getattr(getattr(self, section), name)
             require(value == getattr(defaults[section], name), dotted, value,
-                     f"the study sets it ({what}); leave it out")
+                    f"the study sets it ({what}); leave it out")
         if self.train.grad_passes > 0 and "train.jitter" not in current_explicit_keys():
             # The studies' truncated-gradient runs (the exact-recurrence presets, --grad_passes) trained without
             # jitter when train.jitter did not apply to them; they keep computing that, and their run configs now
@@ -159,7 +159,7 @@ class SyntheticStudyConfig(StudyConfig):
             self.train = dataclasses.replace(self.train, jitter=0.0)
         start = self.schedule.feedback_start
         require(start < 1, "schedule.feedback_start", start,
-                 "must be in [0, 1): the fullband model needs some multi-pass steps")
+                "must be in [0, 1): the fullband model needs some multi-pass steps")
 
     @property
     def seed(self) -> int:

@@ -128,29 +128,29 @@ class ReasoningConfig(SyntheticStudyConfig):
         self.test_lengths = tuple(self.test_lengths)
         self.fused_passes = (self.fused_passes,) if is_int(self.fused_passes) else tuple(self.fused_passes)
         require_ints(self, {"min_length": 1, "train_examples": 1, "test_per_length": 1, "seeds": 1,
-                             "workers": 1})
+                            "workers": 1})
         require(len(self.fused_passes) > 0 and all(is_int(k) and k >= 0 for k in self.fused_passes),
-                 "fused_passes", self.fused_passes, "must be a non-empty list of integers >= 0")
+                "fused_passes", self.fused_passes, "must be a non-empty list of integers >= 0")
         require(all(is_int(n) and 1 <= n <= 26 for n in self.test_lengths), "test_lengths", self.test_lengths,
-                 "must be integers in 1..26 (the trained range is min_length..max_length)")
+                "must be integers in 1..26 (the trained range is min_length..max_length)")
         require(self.answer_share is None or (is_number(self.answer_share) and 0 <= self.answer_share <= 1
                                                and 0 in self.strides and len(set(self.strides)) > 1),
-                 "answer_share", self.answer_share, "must be in [0, 1], with 0 and another stride in strides, or none")
+                "answer_share", self.answer_share, "must be in [0, 1], with 0 and another stride in strides, or none")
         DataConfig(curriculum=self.curriculum)  # validates it
         require(is_int(self.passes) and (self.passes == 0 or self.passes >= 2), "passes", self.passes,
-                 "must be an integer >= 2, or 0 (pass_mix)")
+                "must be an integer >= 2, or 0 (pass_mix)")
         require(self.family in REASONING_FAMILIES, "family", self.family, f"must be one of {REASONING_FAMILIES}")
         self.controls, self.families = tuple(self.controls), tuple(self.families)
         require(all(c in CONTROLS for c in self.controls) and len(set(self.controls)) == len(self.controls),
-                 "controls", self.controls, f"must be distinct names from {CONTROLS}")
+                "controls", self.controls, f"must be distinct names from {CONTROLS}")
         require(all(f in REASONING_FAMILIES for f in self.families) and len(set(self.families)) == len(self.families),
-                 "families", self.families, f"must be distinct names from {REASONING_FAMILIES}")
+                "families", self.families, f"must be distinct names from {REASONING_FAMILIES}")
         require(not self.controls or 0 in self.strides, "controls", self.controls,
-                 "are decoded answer-only: add 0 to strides")
+                "are decoded answer-only: add 0 to strides")
         require(is_int(self.modulus) and 2 <= self.modulus <= 10, "modulus", self.modulus, "must be in 2..10")
         require(is_int(self.max_length) and self.min_length <= self.max_length <= 26, "max_length",
-                 self.max_length, f"must be in min_length={self.min_length}..26")
+                self.max_length, f"must be in min_length={self.min_length}..26")
         require(len(self.strides) > 0 and all(is_int(s) and s >= 0 for s in self.strides), "strides",
-                 self.strides, "must be a non-empty list of integers >= 0 (0 = answer only)")
+                self.strides, "must be a non-empty list of integers >= 0 (0 = answer only)")
         require(len(self.modes) > 0 and all(m in DECODING_MODES for m in self.modes), "modes", self.modes,
-                 f"must be a non-empty list from {DECODING_MODES}")
+                f"must be a non-empty list from {DECODING_MODES}")

@@ -76,11 +76,11 @@ class RecipeConfig(StudyConfig):
 
     def validate(self) -> None:
         require(self.compare_preset in LM_PRESETS, "compare_preset", self.compare_preset,
-                 f"must be one of {tuple(LM_PRESETS)}")
+                f"must be one of {tuple(LM_PRESETS)}")
         require(len(self.variants) > 0 and all(v in RECIPE_VARIANTS for v in self.variants), "variants",
-                 self.variants, f"must be a non-empty list from {tuple(RECIPE_VARIANTS)}")
+                self.variants, f"must be a non-empty list from {tuple(RECIPE_VARIANTS)}")
         require(all(is_int(w) and w >= 8 and w % 8 == 0 for w in self.widths), "widths", self.widths,
-                 "must be integers >= 8 and divisible by 8 (4 heads of an even size)")
+                "must be integers >= 8 and divisible by 8 (4 heads of an even size)")
         require_ints(self, {"seeds": 1, "train_eval_points": 0, "workers": 1})
         if self.eval_windows is not None:
             require_ints(self, {"eval_windows": 1})

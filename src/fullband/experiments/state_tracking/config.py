@@ -56,9 +56,9 @@ class StateTrackingConfig(SyntheticStudyConfig):
         self.tasks, self.prefills = tuple(self.tasks), tuple(self.prefills)
         require_ints(self, {"train_per_task": 1, "probe_train": 2, "probe_test": 1})
         require(is_int(self.seq_len) and self.seq_len >= 6 and self.seq_len % 2 == 0, "seq_len", self.seq_len,
-                 "must be an even integer >= 6 (an odd one can never end with every bracket closed)")
+                "must be an even integer >= 6 (an odd one can never end with every bracket closed)")
         require(len(self.tasks) > 0 and all(t in STATE_TASKS for t in self.tasks), "tasks", self.tasks,
-                 f"must be a non-empty list from {STATE_TASKS}")
+                f"must be a non-empty list from {STATE_TASKS}")
         require(len(self.prefills) > 0 and all(p in STATE_PREFILLS for p in self.prefills), "prefills",
-                 self.prefills, f"must be a non-empty list from {STATE_PREFILLS}")
+                self.prefills, f"must be a non-empty list from {STATE_PREFILLS}")
         require(is_number(self.ridge) and self.ridge > 0, "ridge", self.ridge, "must be > 0")

@@ -113,37 +113,37 @@ class ControlsConfig(StudyConfig):
 
     def validate(self) -> None:
         require_ints(self, {"train_length": 1, "steps": 4, "batch_size": 1, "d_model": 8, "n_layers": 1,
-                             "n_heads": 1, "grad_passes": 1, "seeds": 1, "validation_problems": 1,
-                             "test_problems": 1, "eval_every": 1, "workers": 1})
+                            "n_heads": 1, "grad_passes": 1, "seeds": 1, "validation_problems": 1,
+                            "test_problems": 1, "eval_every": 1, "workers": 1})
         for name, allowed in (("groups", GROUPS), ("arms", ARMS), ("ablations", ABLATIONS),
                               ("equal_flops_shapes", EQUAL_FLOPS_SHAPES), ("rnn_cells", RNN_CELLS)):
             value = getattr(self, name)
             require(all(v in allowed for v in value) and len(set(value)) == len(value), name, value,
-                     f"must be distinct names from {allowed}")
+                    f"must be distinct names from {allowed}")
         require(len(self.groups) > 0, "groups", self.groups, f"name at least one of {GROUPS}")
         require("fullband" in self.arms and "baseline" in self.arms, "arms", self.arms,
-                 "must include fullband (the model under test) and baseline (the reference every control must "
-                 "match at the trained lengths)")
+                "must include fullband (the model under test) and baseline (the reference every control must "
+                "match at the trained lengths)")
         require(self.extrapolation_length == 0 or (is_int(self.extrapolation_length)
                                                     and self.extrapolation_length > self.train_length),
-                 "extrapolation_length", self.extrapolation_length,
-                 f"must be 0 (no second selection) or an integer > train_length={self.train_length}")
+                "extrapolation_length", self.extrapolation_length,
+                f"must be 0 (no second selection) or an integer > train_length={self.train_length}")
         require(len(self.test_lengths) > 0 and all(is_int(n) and n > self.train_length for n in self.test_lengths),
-                 "test_lengths", self.test_lengths, f"must be integers > train_length={self.train_length}")
+                "test_lengths", self.test_lengths, f"must be integers > train_length={self.train_length}")
         for name in ("learning_rates", "feedback_weights"):
             value = getattr(self, name)
             require(len(value) > 0 and all(is_number(v) and v > 0 for v in value), name, value,
-                     "must be a non-empty list of numbers > 0")
+                    "must be a non-empty list of numbers > 0")
         require(len(self.weight_decays) > 0 and all(is_number(v) and v >= 0 for v in self.weight_decays),
-                 "weight_decays", self.weight_decays, "must be a non-empty list of numbers >= 0")
+                "weight_decays", self.weight_decays, "must be a non-empty list of numbers >= 0")
         require(len(self.loops_per_step) > 0 and all(is_int(v) and v >= 1 for v in self.loops_per_step),
-                 "loops_per_step", self.loops_per_step, "must be a non-empty list of integers >= 1")
+                "loops_per_step", self.loops_per_step, "must be a non-empty list of integers >= 1")
         require(self.d_model % self.n_heads == 0 and (self.d_model // self.n_heads) % 2 == 0, "n_heads",
-                 self.n_heads, f"must divide d_model={self.d_model} into heads of even size (RoPE)")
+                self.n_heads, f"must divide d_model={self.d_model} into heads of even size (RoPE)")
         for name in ("warmup_fraction", "cooldown_fraction"):
             value = getattr(self, name)
             require(is_number(value) and 0 <= value < 1, name, value, "must be in [0, 1)")
         require(self.warmup_fraction < 1 - self.cooldown_fraction, "warmup_fraction", self.warmup_fraction,
-                 f"must end before the cool-down starts (at {1 - self.cooldown_fraction:g} of the steps)")
+                f"must end before the cool-down starts (at {1 - self.cooldown_fraction:g} of the steps)")
         require(is_number(self.fusion_lr_mult) and self.fusion_lr_mult > 0, "fusion_lr_mult", self.fusion_lr_mult,
-                 "must be > 0")
+                "must be > 0")

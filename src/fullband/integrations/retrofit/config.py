@@ -62,7 +62,7 @@ class RetrofitOptions:
         source = self.feedback_source
         ok = isinstance(source, str) and (source == LAST_HIDDEN or (source.isdigit() and int(source) >= 1))
         require(ok, "feedback_source", source, "must be 'last_hidden' or a block index N >= 1 (at most the "
-                 "pretrained model's n_layers - 1)")
+                "pretrained model's n_layers - 1)")
         if source != LAST_HIDDEN:
             self.feedback_source = str(int(source))
 
@@ -75,7 +75,7 @@ class RetrofitOptions:
         hf = isinstance(init_from, str) and init_from.startswith(HF_PREFIX)
         if hf:
             require(feedback, "model.feedback", feedback, "a retrofitted model always has the fusion; use "
-                     "schedule.feedback_start=1 to train it single-pass")
+                    "schedule.feedback_start=1 to train it single-pass")
         require(hf or self.feedback_source == LAST_HIDDEN, "retrofit.feedback_source", self.feedback_source,
-                 "applies only to init_from='hf:PATH' (a retrofitted model's directory keeps the source it was "
-                 "built with)")
+                "applies only to init_from='hf:PATH' (a retrofitted model's directory keeps the source it was "
+                "built with)")

@@ -130,15 +130,15 @@ class LMRunsConfig(StudyConfig):
             is_number(b) and b > 0 for b in c.budgets), "budgets", c.budgets,
             "must be at least two distinct multiples > 0 of train.token_budget")
         require(c.train.token_budget is not None, "train.token_budget", c.train.token_budget,
-                 "must be set: it is the 1x budget every run is measured in")
+                "must be set: it is the 1x budget every run is measured in")
         require(c.train.seq_len <= c.model.max_seq_len, "train.seq_len", c.train.seq_len,
-                 f"must be at most model.max_seq_len={c.model.max_seq_len}")
+                f"must be at most model.max_seq_len={c.model.max_seq_len}")
         require(c.data.format == "text", "data.format", c.data.format, "must be 'text' (language modelling)")
         require(len(c.fused_passes) >= 1 and all(is_int(k) and k >= 1 for k in c.fused_passes), "fused_passes",
-                 c.fused_passes, "must be a non-empty list of integers >= 1")
+                c.fused_passes, "must be a non-empty list of integers >= 1")
         require(c.exact_method in EXACT_METHODS, "exact_method", c.exact_method, f"must be one of {EXACT_METHODS}")
         require(is_number(c.exact_tol) and c.exact_tol >= 0, "exact_tol", c.exact_tol,
-                 "must be >= 0 (0 = until exact)")
+                "must be >= 0 (0 = until exact)")
         for name, low in (("seeds", 1), ("exact_chunk_size", 1), ("exact_check_windows", 0), ("eval_windows", 1),
                           ("eval_batch_size", 1), ("stability_passes", 1), ("stability_windows", 1),
                           ("train_eval_points", 0), ("workers", 1)):
@@ -146,7 +146,7 @@ class LMRunsConfig(StudyConfig):
             require(is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
         if c.stability_seq_len is not None:
             require(is_int(c.stability_seq_len) and 2 <= c.stability_seq_len <= c.model.max_seq_len,
-                     "stability_seq_len", c.stability_seq_len,
-                     f"must be in 2..model.max_seq_len={c.model.max_seq_len}")
+                    "stability_seq_len", c.stability_seq_len,
+                    f"must be in 2..model.max_seq_len={c.model.max_seq_len}")
         for name in ("stability_ablation", "resume"):
             require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
