@@ -112,38 +112,46 @@ class ControlsConfig(StudyConfig):
         return self.test_lengths
 
     def validate(self) -> None:
-        require_ints(self, {"train_length": 1, "steps": 4, "batch_size": 1, "d_model": 8, "n_layers": 1,
-                            "n_heads": 1, "grad_passes": 1, "seeds": 1, "validation_problems": 1,
-                            "test_problems": 1, "eval_every": 1, "workers": 1})
-        for name, allowed in (("groups", GROUPS), ("arms", ARMS), ("ablations", ABLATIONS),
-                              ("equal_flops_shapes", EQUAL_FLOPS_SHAPES), ("rnn_cells", RNN_CELLS)):
-            value = getattr(self, name)
-            require(all(v in allowed for v in value) and len(set(value)) == len(value), name, value,
-                    f"must be distinct names from {allowed}")
-        require(len(self.groups) > 0, "groups", self.groups, f"name at least one of {GROUPS}")
+        validate_training_grid(self, {"groups": GROUPS, "arms": ARMS, "equal_flops_shapes": EQUAL_FLOPS_SHAPES,
+                                      "rnn_cells": RNN_CELLS}, {"seeds": 1})
+        require(all(v in ABLATIONS for v in self.ablations) and len(set(self.ablations)) == len(self.ablations),
+                "ablations", self.ablations, f"must be distinct names from {ABLATIONS}")
         require("fullband" in self.arms and "baseline" in self.arms, "arms", self.arms,
                 "must include fullband (the model under test) and baseline (the reference every control must "
                 "match at the trained lengths)")
         require(self.extrapolation_length == 0 or (is_int(self.extrapolation_length)
-                                                    and self.extrapolation_length > self.train_length),
+                                                   and self.extrapolation_length > self.train_length),
                 "extrapolation_length", self.extrapolation_length,
                 f"must be 0 (no second selection) or an integer > train_length={self.train_length}")
-        require(len(self.test_lengths) > 0 and all(is_int(n) and n > self.train_length for n in self.test_lengths),
-                "test_lengths", self.test_lengths, f"must be integers > train_length={self.train_length}")
-        for name in ("learning_rates", "feedback_weights"):
-            value = getattr(self, name)
-            require(len(value) > 0 and all(is_number(v) and v > 0 for v in value), name, value,
-                    "must be a non-empty list of numbers > 0")
-        require(len(self.weight_decays) > 0 and all(is_number(v) and v >= 0 for v in self.weight_decays),
-                "weight_decays", self.weight_decays, "must be a non-empty list of numbers >= 0")
-        require(len(self.loops_per_step) > 0 and all(is_int(v) and v >= 1 for v in self.loops_per_step),
-                "loops_per_step", self.loops_per_step, "must be a non-empty list of integers >= 1")
-        require(self.d_model % self.n_heads == 0 and (self.d_model // self.n_heads) % 2 == 0, "n_heads",
-                self.n_heads, f"must divide d_model={self.d_model} into heads of even size (RoPE)")
-        for name in ("warmup_fraction", "cooldown_fraction"):
-            value = getattr(self, name)
-            require(is_number(value) and 0 <= value < 1, name, value, "must be in [0, 1)")
-        require(self.warmup_fraction < 1 - self.cooldown_fraction, "warmup_fraction", self.warmup_fraction,
-                f"must end before the cool-down starts (at {1 - self.cooldown_fraction:g} of the steps)")
-        require(is_number(self.fusion_lr_mult) and self.fusion_lr_mult > 0, "fusion_lr_mult", self.fusion_lr_mult,
-                "must be > 0")
+
+
+def validate_training_grid(cfg: Any, names: dict[str, tuple[str, ...]], ints: dict[str, int]) -> None:
+    """The checks every word-problem study's config shares (each then checks its own fields): ``names`` the fields
+    that list distinct names from an allowed set (non-empty), ``ints`` its own integer fields and their minimums,
+    beside the training grid's (steps, sizes, learning rates, knobs, schedule)."""
+    require_ints(cfg, {"train_length": 1, "steps": 4, "batch_size": 1, "d_model": 8, "n_layers": 1, "n_heads": 1,
+                       "grad_passes": 1, "validation_problems": 1, "test_problems": 1, "eval_every": 1, "workers": 1}
+                 | ints)
+    for name, allowed in names.items():
+        value = getattr(cfg, name)
+        require(len(value) > 0 and all(v in allowed for v in value) and len(set(value)) == len(value), name, value,
+                f"must be distinct names from {allowed}")
+    require(len(cfg.test_lengths) > 0 and all(is_int(n) and n > cfg.train_length for n in cfg.test_lengths),
+            "test_lengths", cfg.test_lengths, f"must be integers > train_length={cfg.train_length}")
+    for name in ("learning_rates", "feedback_weights"):
+        value = getattr(cfg, name)
+        require(len(value) > 0 and all(is_number(v) and v > 0 for v in value), name, value,
+                "must be a non-empty list of numbers > 0")
+    require(len(cfg.weight_decays) > 0 and all(is_number(v) and v >= 0 for v in cfg.weight_decays),
+            "weight_decays", cfg.weight_decays, "must be a non-empty list of numbers >= 0")
+    require(len(cfg.loops_per_step) > 0 and all(is_int(v) and v >= 1 for v in cfg.loops_per_step),
+            "loops_per_step", cfg.loops_per_step, "must be a non-empty list of integers >= 1")
+    require(cfg.d_model % cfg.n_heads == 0 and (cfg.d_model // cfg.n_heads) % 2 == 0, "n_heads", cfg.n_heads,
+            f"must divide d_model={cfg.d_model} into heads of even size (RoPE)")
+    for name in ("warmup_fraction", "cooldown_fraction"):
+        value = getattr(cfg, name)
+        require(is_number(value) and 0 <= value < 1, name, value, "must be in [0, 1)")
+    require(cfg.warmup_fraction < 1 - cfg.cooldown_fraction, "warmup_fraction", cfg.warmup_fraction,
+            f"must end before the cool-down starts (at {1 - cfg.cooldown_fraction:g} of the steps)")
+    require(is_number(cfg.fusion_lr_mult) and cfg.fusion_lr_mult > 0, "fusion_lr_mult", cfg.fusion_lr_mult,
+            "must be > 0")

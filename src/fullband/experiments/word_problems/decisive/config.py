@@ -10,14 +10,12 @@ from fullband.config import (
     device_field,
     doc,
     is_int,
-    is_number,
     require,
-    require_ints,
     resume_field,
     threads_field,
 )
 from fullband.experiments.core.config import StudyConfig
-from fullband.experiments.word_problems.config import EQUAL_FLOPS_SHAPES, GROUPS, RNN_CELLS
+from fullband.experiments.word_problems.config import EQUAL_FLOPS_SHAPES, GROUPS, RNN_CELLS, validate_training_grid
 
 ARMS = ("baseline", "equal_flops", "looped", "growing_depth", "rnn", "fullband")
 POSITIONS = ("rope", "none")  # fullband.config.POSITION_ENCODINGS
@@ -122,25 +120,14 @@ class DecisiveConfig(StudyConfig):
         return (*self.test_lengths, *self.long_test_lengths)
 
     def validate(self) -> None:
-        require_ints(self, {"train_length": 1, "steps": 4, "batch_size": 1, "d_model": 8, "n_layers": 1,
-                            "n_heads": 1, "grad_passes": 1, "tuning_seed": 0, "validation_problems": 1,
-                            "test_problems": 1, "long_test_problems": 1, "hindsight_length": 1,
-                            "long_train_length": 0, "strongest": 1, "eval_every": 1, "workers": 1})
-        for name, allowed in (("groups", GROUPS), ("arms", ARMS), ("positions", POSITIONS),
-                              ("injections", INJECTIONS), ("equal_flops_shapes", EQUAL_FLOPS_SHAPES),
-                              ("rnn_cells", RNN_CELLS)):
-            value = getattr(self, name)
-            require(len(value) > 0 and all(v in allowed for v in value) and len(set(value)) == len(value), name,
-                    value, f"must be distinct names from {allowed}")
+        validate_training_grid(self, {"groups": GROUPS, "arms": ARMS, "positions": POSITIONS, "injections": INJECTIONS,
+                                      "equal_flops_shapes": EQUAL_FLOPS_SHAPES, "rnn_cells": RNN_CELLS},
+                               {"tuning_seed": 0, "long_test_problems": 1, "hindsight_length": 1,
+                                "long_train_length": 0, "strongest": 1})
         require("fullband" in self.arms and "baseline" in self.arms, "arms", self.arms,
                 "must include fullband (the model under test) and baseline (the reference every control must "
                 "match at the trained lengths)")
-        for name in ("test_lengths", "long_test_lengths"):
-            value = getattr(self, name)
-            require(all(is_int(n) and n > self.train_length for n in value), name, value,
-                    f"must be integers > train_length={self.train_length}")
-        require(len(self.test_lengths) > 0, "test_lengths", self.test_lengths, "name at least one length")
-        require(all(n > max(self.test_lengths) for n in self.long_test_lengths), "long_test_lengths",
+        require(all(is_int(n) and n > max(self.test_lengths) for n in self.long_test_lengths), "long_test_lengths",
                 self.long_test_lengths, f"must be longer than every test length (> {max(self.test_lengths)})")
         require(self.train_length < self.hindsight_length <= max(self.test_lengths), "hindsight_length",
                 self.hindsight_length, f"must be in {self.train_length + 1}..{max(self.test_lengths)} (unseen "
@@ -149,23 +136,6 @@ class DecisiveConfig(StudyConfig):
                 "long_train_length", self.long_train_length,
                 f"must be 0 (skip) or in {self.train_length + 1}..{max(self.test_lengths) - 1}")
         require(len(self.fresh_seeds) > 0 and all(is_int(s) and s >= 0 and s != self.tuning_seed
-                                                   for s in self.fresh_seeds) and len(set(self.fresh_seeds))
+                                                  for s in self.fresh_seeds) and len(set(self.fresh_seeds))
                 == len(self.fresh_seeds), "fresh_seeds", self.fresh_seeds,
                 f"must be distinct integers >= 0 other than tuning_seed={self.tuning_seed}")
-        for name in ("learning_rates", "feedback_weights"):
-            value = getattr(self, name)
-            require(len(value) > 0 and all(is_number(v) and v > 0 for v in value), name, value,
-                    "must be a non-empty list of numbers > 0")
-        require(len(self.weight_decays) > 0 and all(is_number(v) and v >= 0 for v in self.weight_decays),
-                "weight_decays", self.weight_decays, "must be a non-empty list of numbers >= 0")
-        require(len(self.loops_per_step) > 0 and all(is_int(v) and v >= 1 for v in self.loops_per_step),
-                "loops_per_step", self.loops_per_step, "must be a non-empty list of integers >= 1")
-        require(self.d_model % self.n_heads == 0 and (self.d_model // self.n_heads) % 2 == 0, "n_heads",
-                self.n_heads, f"must divide d_model={self.d_model} into heads of even size (RoPE)")
-        for name in ("warmup_fraction", "cooldown_fraction"):
-            value = getattr(self, name)
-            require(is_number(value) and 0 <= value < 1, name, value, "must be in [0, 1)")
-        require(self.warmup_fraction < 1 - self.cooldown_fraction, "warmup_fraction", self.warmup_fraction,
-                f"must end before the cool-down starts (at {1 - self.cooldown_fraction:g} of the steps)")
-        require(is_number(self.fusion_lr_mult) and self.fusion_lr_mult > 0, "fusion_lr_mult", self.fusion_lr_mult,
-                "must be > 0")

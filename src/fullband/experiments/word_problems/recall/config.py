@@ -10,14 +10,12 @@ from fullband.config import (
     device_field,
     doc,
     is_int,
-    is_number,
     require,
-    require_ints,
     resume_field,
     threads_field,
 )
 from fullband.experiments.core.config import StudyConfig
-from fullband.experiments.word_problems.config import GROUPS
+from fullband.experiments.word_problems.config import GROUPS, validate_training_grid
 
 ARMS = ("baseline", "looped", "rnn", "wide_lstm", "hybrid", "fullband", "fullband_paper")
 VARIANTS = ("full", "compose", "lookup")  # fullband.tasks.lookup_problems.VARIANTS
@@ -117,13 +115,8 @@ class RecallConfig(StudyConfig):
         return self.test_lengths
 
     def validate(self) -> None:
-        require_ints(self, {"train_length": 1, "train_tables": 1, "steps": 4, "batch_size": 1, "d_model": 8,
-                            "n_layers": 1, "n_heads": 1, "grad_passes": 1, "tuning_seed": 0,
-                            "validation_problems": 1, "test_problems": 1, "eval_every": 1, "workers": 1})
-        for name, allowed in (("groups", GROUPS), ("variants", VARIANTS), ("arms", ARMS), ("positions", POSITIONS)):
-            value = getattr(self, name)
-            require(len(value) > 0 and all(v in allowed for v in value) and len(set(value)) == len(value), name,
-                    value, f"must be distinct names from {allowed}")
+        validate_training_grid(self, {"groups": GROUPS, "variants": VARIANTS, "arms": ARMS, "positions": POSITIONS},
+                               {"train_tables": 1, "tuning_seed": 0})
         require(self.variants[0] == "full", "variants", self.variants, "must start with full (the tuned variant)")
         require("fullband" in self.arms, "arms", self.arms, "must include fullband (the model under test)")
         require(self.train_tables <= NAMES, "train_tables", self.train_tables, f"must be at most {NAMES}")
@@ -133,20 +126,5 @@ class RecallConfig(StudyConfig):
                     f"must be table sizes in 1..{NAMES}")
         require(all(self.train_tables >= K for K in self.validation_tables), "validation_tables",
                 self.validation_tables, f"must be trained sizes (at most train_tables={self.train_tables})")
-        require(len(self.test_lengths) > 0 and all(is_int(n) and n > self.train_length for n in self.test_lengths),
-                "test_lengths", self.test_lengths, f"must be integers > train_length={self.train_length}")
         require(len(self.fresh_seeds) > 0 and self.tuning_seed not in self.fresh_seeds, "fresh_seeds",
                 self.fresh_seeds, f"must be seeds other than tuning_seed={self.tuning_seed}")
-        for name in ("learning_rates", "feedback_weights"):
-            value = getattr(self, name)
-            require(len(value) > 0 and all(is_number(v) and v > 0 for v in value), name, value,
-                    "must be a non-empty list of numbers > 0")
-        require(all(is_number(v) and v >= 0 for v in self.weight_decays), "weight_decays", self.weight_decays,
-                "must be numbers >= 0")
-        require(all(is_int(v) and v >= 1 for v in self.loops_per_step), "loops_per_step", self.loops_per_step,
-                "must be integers >= 1")
-        require(self.d_model % self.n_heads == 0 and (self.d_model // self.n_heads) % 2 == 0, "n_heads",
-                self.n_heads, f"must divide d_model={self.d_model} into heads of even size (RoPE)")
-        for name in ("warmup_fraction", "cooldown_fraction"):
-            value = getattr(self, name)
-            require(is_number(value) and 0 <= value < 1, name, value, "must be in [0, 1)")

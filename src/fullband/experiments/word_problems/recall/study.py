@@ -23,6 +23,7 @@ from fullband.configio import config_to_dict
 from fullband.experiments.core.report import Report
 from fullband.experiments.core.study import Study, set_threads
 from fullband.experiments.word_problems.decisive.analysis import fair_choice, hindsight_choice
+from fullband.experiments.word_problems.decisive.study import cost_of
 from fullband.experiments.word_problems.recall.analysis import TARGET_K, analyse_group, controls_of
 from fullband.experiments.word_problems.recall.config import RecallConfig
 from fullband.experiments.word_problems.recall.report import plot_accuracy, report, verdict
@@ -149,14 +150,3 @@ def grid_points(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                            "validation_loss": statistics.fmean(s["loss"] for s in validation),
                            "tests": {name: s["accuracy"] for name, s in scores.items() if name.startswith("test_K")}})
     return points
-
-
-def cost_of(runs: list[dict[str, Any]], pick: dict[str, Any]) -> dict[str, Any]:
-    first = runs[0]
-    return {"describe": first["describe"], "parameters": first["parameters"], "variant": pick.get("variant", ""),
-            "knob": pick["knob"], "lr": pick["lr"], "steps": pick["steps"],
-            "training_flops": first["train_flops_per_step"] * pick["steps"],
-            "inference_flops": first["inference_flops"],
-            "training_seconds": statistics.fmean(r["seconds"] - r["scoring_seconds"] for r in runs),
-            "processors": sorted({f"{r['processor']}{' (avx512_bf16)' if r['avx512_bf16'] else ''}" for r in runs})}
-
