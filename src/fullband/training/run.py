@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from fullband import families, rundir
+from fullband import families, hub, rundir
 from fullband.config import ConfigError, install_hint, plural
 from fullband.configio import config_to_dict, save_resolved_config
 from fullband.data import (
@@ -49,7 +49,6 @@ from fullband.data import (
 )
 from fullband.devices import resolve_device
 from fullband.families.loading import AnyLM, init_from
-from fullband.model import hub
 from fullband.training.checkpoint_layout import (
     latest_good_checkpoint,
     list_checkpoints,

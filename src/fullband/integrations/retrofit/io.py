@@ -1,7 +1,7 @@
 """Checkpoints of retrofitted models: the base in its own format, the fusion beside it, and what ties them (the
 layout: :mod:`fullband.integrations.retrofit.config`).
 
-Beside them, a transformers-form ``config.json``, the remote-code modules and a model card (fullband.model.hub) let
+Beside them, a transformers-form ``config.json``, the remote-code modules and a model card (fullband.hub) let
 ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` open the whole retrofitted model
 (fullband.integrations.hf_retrofit). The base stays a plain transformers checkpoint:
 ``AutoModelForCausalLM.from_pretrained(dir / "base")`` loads the pretrained network alone, fine-tuned weights
@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from fullband import rundir
+from fullband import hub, rundir
 from fullband.files import write_json, write_through
 from fullband.integrations._hf_compat import no_progress_bars
 from fullband.integrations.retrofit.config import (
@@ -33,7 +33,6 @@ from fullband.integrations.retrofit.config import (
     RetrofitConfig,
     is_retrofit_checkpoint,
 )
-from fullband.model import hub
 from fullband.model.serialization import CONFIG_NAME, CheckpointError
 
 MODEL_TYPE = RETROFIT_FAMILY
