@@ -110,8 +110,9 @@ class FeedbackForwardMixin:
     ) -> CausalLMOutputWithPast | tuple:
         """Three uses, told apart by the decoding state:
 
-        - no state and ``use_cache`` not True: the native multi-pass forward (training, scoring): ``passes``,
-          ``plain_prefix``, ``labels`` (loss = NTP(pass 1) + mean NTP of later passes) as in FullBandwidthLM.
+        - no state and ``use_cache`` not True: the native multi-pass forward (scoring): ``passes``, ``plain_prefix``
+          as in FullBandwidthLM; ``labels`` give transformers' loss, the next-token loss of the last pass (the
+          multi-pass training objective is ``fullband.training.objective.MultiPassObjective``).
           Without ``passes``, ``config.score_mode`` decides: standard = one plain pass; soft, fused, exact = the
           exact recurrence after a plain prefix of ``plain_prefix`` (1: what the mode's decoding gives after a
           one-token prompt; lm-eval's ``--model hf`` scores this way, for it gives no prompt boundary);
@@ -154,9 +155,10 @@ class FeedbackForwardMixin:
                 logits = out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
                 loss = None if labels is None else _next_token_loss(out.logits, labels)
             else:
-                out = lm(input_ids, passes=passes or 1, plain_prefix=plain_prefix, labels=labels,
-                                   attention_mask=attention_mask, logits_to_keep=logits_to_keep)
-                logits, loss = out.logits, out.loss
+                out = lm(input_ids, passes=passes or 1, plain_prefix=plain_prefix, attention_mask=attention_mask,
+                         logits_to_keep=0 if labels is not None else logits_to_keep)
+                logits = out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
+                loss = None if labels is None else _next_token_loss(out.logits, labels)
         output = CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_CACHE_FIELD: state})
         return output if return_dict is not False else output.to_tuple()
 

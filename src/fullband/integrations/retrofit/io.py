@@ -63,14 +63,22 @@ def save_retrofitted(model: nn.Module, directory: str | Path, **decoding: Any) -
     hub.write_model_card(directory, config, architecture=(
         f"a pretrained `{config.get('base_architecture')}` ({config.get('n_layers')} layers, width "
         f"{config.get('d_model')}) retrofitted with latent feedback: the fed-back state is "
-        f"`{config.get('feedback_source')}`; the base model is in `base/`, the fusion in `fusion.safetensors`"))
+        f"`{config.get('feedback_source')}`{_target_words(config)}; the base model is in `base/`, the fusion in "
+        "`fusion.safetensors`"))
     write_json(directory / CONFIG_NAME, config)
+
+
+def _target_words(config: dict[str, Any]) -> str:
+    """The card's words for a span's target (none at the default, the input embeddings)."""
+    target = config.get("feedback_target") or 0
+    return f", fused into the residual stream after block {target}" if target else ""
 
 
 def load_retrofit_config(directory: str | Path) -> RetrofitConfig:
     """The config a checkpoint's model was built with (what a trainer compares with ``model.config``)."""
     meta = _read_meta(Path(directory))
-    return RetrofitConfig(**{f.name: meta[f.name] for f in fields(RetrofitConfig)})
+    # A field a checkpoint predates (feedback_target) keeps its default: the span it was built with.
+    return RetrofitConfig(**{f.name: meta[f.name] for f in fields(RetrofitConfig) if f.name in meta})
 
 
 def load_weights_into(model: nn.Module, directory: str | Path) -> None:
@@ -93,7 +101,8 @@ def load_retrofitted(cls: type[Retrofitted], directory: str | Path, **base_kwarg
     if type(base).__name__ != meta["base_architecture"]:
         raise CheckpointError(f"{directory}: base loads as {type(base).__name__}, but {RETROFIT_CONFIG} says "
                               f"{meta['base_architecture']}")
-    model = cls(base, meta["feedback_source"], init_std=meta["init_std"])
+    model = cls(base, meta["feedback_source"], init_std=meta["init_std"],
+                feedback_target=meta.get("feedback_target", 0))
     try:
         fusion = load_file(str(directory / FUSION_WEIGHTS))
     except (SafetensorError, OSError) as err:
