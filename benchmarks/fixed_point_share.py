@@ -20,6 +20,7 @@ import time
 import torch
 
 from fullband import FullBandwidthLM, ModelConfig
+from fullband.training.objective import MultiPassObjective
 
 
 def time_step_parts(model: FullBandwidthLM, optimizer: torch.optim.Optimizer, T: int, rounds: int,
@@ -33,7 +34,7 @@ def time_step_parts(model: FullBandwidthLM, optimizer: torch.optim.Optimizer, T:
         model.forward_exact(tokens, plain_prefix=1, method="sequential")
 
     def step(passes: int, grads: int) -> None:
-        out = model(tokens, passes=passes, plain_prefix=1, labels=labels, grad_passes=grads, feedback_weight=0.3)
+        out = MultiPassObjective(feedback_weight=0.3, grad_passes=grads)(model, tokens, labels, passes, 1)
         optimizer.zero_grad()
         out.loss.backward()
         optimizer.step()

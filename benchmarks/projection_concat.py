@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from fullband import FullBandwidthLM
 from fullband.bench import steps
 from fullband.model import layers
+from fullband.training.objective import MultiPassObjective
 
 
 def attention_concatenated(self: layers.Attention, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
@@ -53,7 +54,7 @@ def train_step(model: FullBandwidthLM, tokens: torch.Tensor, concatenated: bool,
     if compiled:
         model.compile_blocks()
     optimizer, params = steps.adamw(model), list(model.parameters())
-    return lambda: steps.optimizer_step(lambda: model(tokens, labels=tokens).loss, optimizer, params)
+    return lambda: steps.optimizer_step(lambda: MultiPassObjective()(model, tokens, tokens).loss, optimizer, params)
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from fullband.bench import steps
+from fullband.training.objective import MultiPassObjective
 
 MODELS = ("fullband eager", "fullband compiled", "llama")
 
@@ -50,7 +51,7 @@ def build(name: str) -> tuple[torch.nn.Module, Loss, torch.Tensor]:
         return steps.llama_twin(model).train(), lambda net, t: net(input_ids=t, labels=t).loss, tokens
     if name == "fullband compiled":
         model.compile_blocks()
-    return model, lambda net, t: net(t, passes=1, plain_prefix=1, labels=t).loss, tokens
+    return model, lambda net, t: MultiPassObjective()(net, t, t).loss, tokens
 
 
 def bf16_rounds(rounds: int) -> dict[str, list[float]]:

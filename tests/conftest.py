@@ -174,6 +174,43 @@ def sequential_reference(model: FullBandwidthLM, tokens: torch.Tensor, plain_pre
     return states, normed @ model.lm_head.weight.T
 
 
+def span_reference(model: FullBandwidthLM, tokens: torch.Tensor, fused: torch.Tensor):
+    """DESIGN.md §1-§2 for any span and plan, sequentially, with no cache, no pass loop and none of the model's
+    stack methods: each block is called on the whole prefix as a standard transformer block.
+
+        z^0 = e;  z^l = B_l(z^{l-1});   at the target k, a fused position t (``fused`` (B, T) bool) takes
+        u_t = RMSNorm_in((W_U h_{t-1}) * sigmoid(W_G RMSNorm_e(z^k_t)))   (:func:`formula_input` with z^k_t for e_t),
+        a plain one keeps z^k_t;  blocks k+1..L continue;  h_t = z^s_t (s = the source layer; the final norm's output
+        for source "normed").
+
+    Returns (carried states (B, T, D), logits (B, T, V)). Input form "fused" only (the one every span allows)."""
+    cfg = model.config
+    assert cfg.input_norm == "fused"
+    k, source = cfg.feedback_target, cfg.feedback_layer
+    B, T = tokens.shape
+    rope = model._rope(torch.arange(T).expand(B, T), model.embed.weight.dtype)
+
+    def blocks(x, first, last, upto):  # blocks first+1..last over positions 0..upto-1 -> every depth
+        cos, sin = rope
+        depth = [x]
+        for block in list(model.blocks)[first:last]:
+            x = block(x, (cos[:, :, :upto], sin[:, :, :upto]), None, None)
+            depth.append(x)
+        return depth
+
+    e = model.embed.weight[tokens]
+    lower = blocks(e, 0, k, T)[-1]  # (B, T, D): z^k, plain (no block below k sees a carried state)
+    inputs, states, normed = [], None, None
+    for t in range(T):
+        fuse_here = fused[:, t] & (t > 0)
+        u = formula_input(model, lower[:, t], states[:, t - 1] if t > 0 else lower[:, t].new_zeros(B, cfg.d_model))
+        inputs.append(torch.where(fuse_here[:, None], u, lower[:, t]))
+        depth = blocks(torch.stack(inputs, 1), k, cfg.n_layers, t + 1)  # depths k..L over positions 0..t
+        normed = rms_norm(depth[-1], model.norm.weight, cfg.norm_eps)
+        states = normed if cfg.feedback_source == "normed" else depth[source - k]
+    return states, normed @ model.lm_head.weight.T
+
+
 def save_tiny_gpt2(directory, vocab_size: int = 320, n_positions: int = 128, seed: int = 0):
     """A tiny random GPT-2 saved as a pretrained transformers model, with fullband's byte tokenizer beside it
     (ids 0..256, so any text fits its vocabulary). Returns the model."""

@@ -26,7 +26,7 @@ WRITTEN_NOT_IMPORTED = "RemoteCode"  # its string arguments name modules for gen
 LAYERS = (
     # torch-free: options, the decoding modes, the context rule, the CPU facts a kernel choice reads, how a file is
     # written
-    ("fullband.version", "fullband.config", "fullband.configio", "fullband.devices", "fullband.modes",
+    ("fullband.version", "fullband.config", "fullband.configio", "fullband.devices", "fullband.modes", "fullband.hub",
      "fullband.context", "fullband.files", "fullband.rundir"),
     ("fullband.model",),  # the network: stands alone
     ("fullband.generation", "fullband.tasks", "fullband.data"),  # decoding; synthetic tasks; tokenizers, corpora
@@ -122,7 +122,7 @@ def test_the_graph_sees_deferred_relative_and_string_named_imports():
     assert "fullband.integrations.retrofit.lm" in graph["fullband.families.table"]  # "module:Class"
     assert "fullband.integrations.hf_retrofit" in graph["fullband.families.table"]  # a module string
     assert "fullband.integrations.llama" in graph["fullband.integrations"]  # a lazy-export table
-    assert "fullband.integrations.hf" not in graph["fullband.model.hub"]  # written into remote code only
+    assert "fullband.integrations.hf" not in graph["fullband.hub"]  # written into remote code only
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 

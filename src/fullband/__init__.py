@@ -6,7 +6,8 @@ from fullband.config import ConfigError, ModelConfig
 from fullband.version import __version__
 
 # + retrofit, lazily
-__all__ = ["ConfigError", "FullBandwidthLM", "KVCache", "LMOutput", "ModelConfig", "__version__", "generate", "stream"]
+__all__ = ["ConfigError", "FullBandwidthLM", "KVCache", "LMOutput", "ModelConfig", "MultiPassObjective", "__version__",
+           "generate", "stream"]
 
 _MODEL_NAMES = ("FullBandwidthLM", "KVCache", "LMOutput")
 
@@ -22,6 +23,10 @@ def __getattr__(name: str) -> Any:
         import fullband.generation.decoding
 
         return getattr(fullband.generation.decoding, name)
+    if name == "MultiPassObjective":  # training's objective, outside the model: objective(model, tokens, labels)
+        from fullband.training.objective import MultiPassObjective
+
+        return MultiPassObjective
     if name == "retrofit":
         from fullband.integrations.retrofit import retrofit  # (its module imports fullband.generation)
 

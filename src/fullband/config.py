@@ -98,6 +98,13 @@ class ModelConfig:
         "Carried state: 'residual' = top block output before the final norm, 'normed' = after it, "
         "'layer:N' = output of block N (1..n_layers).",
     )
+    feedback_target: int = doc(
+        0,
+        "Where the carried state enters (DESIGN.md section 1's span): k = the residual stream entering block k+1, "
+        "after k blocks; 0 = the embedding (the full-bandwidth model). Must lie below the source layer; blocks "
+        "1..k run once per position in every mode (a Jacobi pass re-runs blocks k+1..n_layers only). k > 0 needs "
+        "input_norm='fused'.",
+    )
     feedback_shift: int = doc(
         1,
         "Which earlier state pass k fuses into position t: 1 = h_{t-1} (the recurrence along the sequence); 0 = h_t, "
@@ -312,6 +319,22 @@ def validate_model_config(c: ModelConfig) -> None:
     else:
         require(source in FEEDBACK_SOURCES, "feedback_source", source,
                 f"must be one of {FEEDBACK_SOURCES} or 'layer:N'")
+    validate_span(c)
+
+
+def validate_span(c: ModelConfig) -> None:
+    """The recurrence span (DESIGN.md §1): the target stream lies below the source layer, in the fused input form."""
+    target, source = c.feedback_target, c.feedback_layer
+    require(is_int(target) and 0 <= target < c.n_layers, "feedback_target", target,
+            f"must be an integer in 0..n_layers-1={c.n_layers - 1} (the stream after that many blocks)")
+    if target >= source:
+        raise ConfigError(f"feedback_target={target} with feedback_source={c.feedback_source!r} is an impossible span: "
+                          f"the target must lie below the source layer {source} (feedback_target < {source})",
+                          "feedback_target")
+    if target > 0 and c.input_norm != "fused":
+        raise ConfigError(f"feedback_target={target} with input_norm={c.input_norm!r} is invalid: inside the stack "
+                          "only input_norm='fused' is meaningful (the other forms normalise plain embeddings too)",
+                          "feedback_target")
 
 
 def validate_speculative_options(drafter: Any, gamma: int, max_gamma: int = 16) -> None:

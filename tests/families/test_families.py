@@ -21,6 +21,7 @@ from fullband.training import (
     verify_checkpoint,
 )
 from fullband.training.config import OptimConfig
+from fullband.training.objective import MultiPassObjective
 
 MARKER = "toy.json"
 
@@ -74,7 +75,7 @@ def test_its_roles_pick_muons_matrices_and_its_checkpoints_resume(tmp_path):
     assert groups["muon"] == [n for n, p in model.named_parameters() if "down_proj" in n]
     assert "blocks.0.attn.q_proj.weight" in groups["decay"]
     tokens = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(2))
-    model(tokens, passes=2, labels=tokens).loss.backward()
+    MultiPassObjective()(model, tokens, tokens, 2).loss.backward()
     optimizer.step()
     path = save_checkpoint(tmp_path, model, optimizer, TrainingState(step=1, loss=1.0))
     assert (path / MARKER).is_file() and verify_checkpoint(path) is None

@@ -133,11 +133,11 @@ def test_stream_yields_the_generated_tokens(model):
 def test_mode_names_and_defaults_have_one_definition():
     import inspect
 
+    from fullband import hub
     from fullband.evaluation.config import LmEvalConfig
     from fullband.evaluation.continuation import score_continuations
     from fullband.generation import MODES, generate, stream
     from fullband.generation.config import GenerateConfig
-    from fullband.model import hub
     from fullband.modes import DECODING_MODES, DEFAULT_MODE, DEFAULT_SCORE_MODE, DecodeOptions
 
     assert MODES == DECODING_MODES == ("standard", "soft", "fused", "exact")

@@ -13,10 +13,10 @@ import pytest
 import torch
 from conftest import LM_EVAL_CLI, make_model
 
+from fullband import hub
 from fullband.cli import main
 from fullband.data import ByteTokenizer, load_tokenizer, train_bpe
 from fullband.generation import generate
-from fullband.model import hub
 
 LM_EVAL_TASKS = Path(__file__).parent.parent / "data" / "lm_eval"  # fb_tiny_ppl: rolling loglikelihood, offline
 

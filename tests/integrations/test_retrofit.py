@@ -25,6 +25,7 @@ from fullband.integrations.retrofit import RetrofittedLM, retrofit
 from fullband.integrations.retrofit.io import load_retrofit_config, load_weights_into
 from fullband.model import FeedbackLM, FullBandwidthLM, exact_pass_count
 from fullband.model.serialization import CheckpointError
+from fullband.training.objective import MultiPassObjective
 
 TOL = 1e-9
 PROMPT = [5, 17, 3, 44, 8, 21]
@@ -217,7 +218,7 @@ def test_multipass_objective_trains_base_and_fusion(arch, tokens):
     _, model = make(arch, torch.float32)
     labels = tokens.clone()
     labels[:, :4] = -100  # SFT: the prompt is masked out of the loss
-    out = model(tokens, passes=3, plain_prefix=torch.tensor([1, 3, 5]), labels=labels, jitter=0.02)
+    out = MultiPassObjective(jitter=0.02)(model, tokens, labels, 3, torch.tensor([1, 3, 5]))
     assert len(out.pass_losses) == 3
     torch.testing.assert_close(out.loss, out.pass_losses[0] + torch.stack(out.pass_losses[1:]).mean())
     out.loss.backward()
@@ -249,7 +250,7 @@ def test_muon_under_the_default_settings_trains_the_blocks_matrices(arch, optimi
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     for _ in range(2):
         optimizer.zero_grad()
-        model(tokens, passes=2, labels=tokens).loss.backward()
+        MultiPassObjective()(model, tokens, tokens, 2).loss.backward()
         optimizer.step()
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert set(groups["muon"]) <= moved and set(groups["muon_fusion"]) <= moved

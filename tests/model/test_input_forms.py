@@ -13,6 +13,7 @@ from conftest import formula_input, make_model, stack_from_inputs
 from fullband import FullBandwidthLM, ModelConfig
 from fullband.config import ConfigError
 from fullband.generation import generate
+from fullband.training.objective import MultiPassObjective
 
 FORMS = ["fused", "paper", "all"]
 
@@ -30,8 +31,9 @@ def baseline_on_same_weights(model: FullBandwidthLM) -> FullBandwidthLM:
 def test_pass_one_of_the_default_form_is_the_baseline(tokens, training):
     model = make_model().train(training)
     baseline = baseline_on_same_weights(model)
-    out = model(tokens, passes=3, plain_prefix=2, labels=tokens)
-    plain = baseline(tokens, labels=tokens)
+    objective = MultiPassObjective()  # the training objective's pass 1 is the baseline's forward and loss
+    out = objective(model, tokens, tokens, 3, 2)
+    plain = objective(baseline, tokens, tokens)
     torch.testing.assert_close(out.pass_losses[0], plain.loss, rtol=0, atol=0)
     torch.testing.assert_close(model(tokens, passes=1).logits, plain.logits, rtol=0, atol=0)
     # Standard decoding is the baseline's too.

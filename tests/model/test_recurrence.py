@@ -210,41 +210,7 @@ def test_nope_stack_ignores_the_positions_it_is_given(tokens, feedback):
             assert (shifted - at_zero).abs().max() > 1e-6
 
 
-# ---------------------------------------------------------------- training-facing options
-
-
-def test_loss_combines_passes_with_feedback_weight(model, tokens):
-    labels = tokens.clone()
-    labels[:, :3] = -100
-    out = model(tokens, passes=3, plain_prefix=2, labels=labels, feedback_weight=0.5)
-    assert len(out.pass_losses) == 3
-    expected = out.pass_losses[0] + 0.5 * (out.pass_losses[1] + out.pass_losses[2]) / 2
-    torch.testing.assert_close(out.loss, expected)
-    manual = F.cross_entropy(out.logits[:, :-1].reshape(-1, 61), labels[:, 1:].reshape(-1), ignore_index=-100)
-    torch.testing.assert_close(out.pass_losses[-1], manual)
-
-
-def test_detach_passes_keeps_values_and_cuts_gradient_between_passes(model, tokens):
-    attached = model(tokens, passes=2, labels=tokens)
-    detached = model(tokens, passes=2, labels=tokens, detach_passes=True)
-    torch.testing.assert_close(attached.loss, detached.loss, atol=0, rtol=0)
-    # Pass 2's loss reaches the fusion weights either way, but reaches pass 1 only without detach.
-    grads = []
-    for out in (attached, detached):
-        model.zero_grad()
-        out.pass_losses[1].backward()
-        grads.append(model.blocks[0].attn.q_proj.weight.grad.clone())
-    assert not torch.allclose(grads[0], grads[1])
-
-
-def test_jitter_perturbs_only_fused_inputs(model, tokens):
-    torch.manual_seed(0)
-    clean = model(tokens, passes=2, plain_prefix=1)
-    noisy = model(tokens, passes=2, plain_prefix=1, jitter=0.02)
-    single_noisy = model(tokens, passes=1, jitter=0.02)
-    assert not torch.allclose(clean.logits, noisy.logits)
-    torch.testing.assert_close(clean.logits[:, 0], noisy.logits[:, 0], atol=TOL, rtol=0)  # position 1 is plain
-    torch.testing.assert_close(single_noisy.logits, model(tokens).logits, atol=0, rtol=0)
+# ---------------------------------------------------------------- plans
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ from fullband.config import ConfigError
 from fullband.training import Trainer
 from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training.distributed import wrap_fsdp
+from fullband.training.objective import MultiPassObjective
 
 
 @pytest.mark.parametrize("grad_passes", [0, 1], ids=["every-pass", "truncated"])
@@ -49,7 +50,7 @@ def test_one_multi_pass_backward_gives_the_same_gradients_and_saves_fewer_tensor
 
         torch.manual_seed(1)  # the same jitter
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            out = model(tokens, labels=tokens, passes=3, jitter=0.02)
+            out = MultiPassObjective(jitter=0.02)(model, tokens, tokens, 3)
         out.loss.backward()
         grads.append([p.grad for p in model.parameters()])
         saved.append(count[0])
@@ -86,7 +87,7 @@ def test_a_retrofitted_model_checkpoints_through_transformers_and_keeps_its_grad
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            loss = model(tokens, labels=tokens, passes=2).loss
+            loss = MultiPassObjective()(model, tokens, tokens, 2).loss
         loss.backward()
         grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
         saved.append(count[0])

@@ -6,7 +6,9 @@ distributed trainings):
   sequentially computed fixed point (a nested forward inside the wrapped forward);
 - ``mixed``: a random plain prefix per row, so the pass count (capped at the global batch's exact count) and the
   choice of the loop over the fixed point must be made for the global batch: each process's single row would
-  alone choose the fixed point and fewer passes.
+  alone choose the fixed point and fewer passes;
+- ``span``: ``mixed`` for a model whose state goes from block 3 into the stream after block 1 (issue 53), its
+  packed rows restarting the recurrence at each document (``train.restart_at_documents``).
 """
 
 import json
@@ -25,13 +27,15 @@ from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training.distributed import wrap_ddp, wrap_fsdp
 
 GLOBAL_ROWS, T, STEPS, GRAD_PASSES = 4, 10, 3, 2
-REGIMES = {"fixed": False, "mixed": True}  # regime -> prefix_mixin
+REGIMES = {"fixed": False, "mixed": True, "span": True}  # regime -> prefix_mixin
+SEPARATOR = 3  # the end-of-text id between packed documents (regime span)
 KEYS = ("step", "passes", "tokens", "objective", "pass_losses", "grad_norm")
 
 
 def rank_rows(step: int, rank: int, world_size: int):
     """This rank's contiguous share of the global batch of ``step`` (rank 0 of 1 gets all of it)."""
     tokens = torch.randint(0, 61, (GLOBAL_ROWS, T), generator=torch.Generator().manual_seed(step))
+    tokens[0, 4] = tokens[2, 6] = SEPARATOR  # a document starts in a row of each process
     rows = GLOBAL_ROWS // world_size
     share = tokens[rank * rows : (rank + 1) * rows]
     return share, share.clone()
@@ -42,13 +46,15 @@ def make_trainer(out: Path, rank: int, world_size: int, regime: str, parallel: s
     batch_size, grad_accum = (4, 1) if world_size == 1 else (1, 2)
     train = TrainConfig(max_steps=STEPS, batch_size=batch_size, grad_accum=grad_accum, seq_len=T, log_every=1,
                         grad_passes=GRAD_PASSES, prefix_mixin=REGIMES[regime], parallel=parallel,
+                        restart_at_documents=regime == "span",
                         jitter=0.0)  # jitter noise is drawn per process: off, to compare with one process
     optim = OptimConfig(optimizer="adamw", lr=3e-3, warmup_steps=1)
     # Step 0 single-pass (the fusion unused), then 16 passes, more than any row's exact count (at most T).
     schedule = ScheduleConfig(feedback_start=0.3, pass_mix=(0.0,) * 14 + (1.0,))
     # float64: Adam turns float32 rounding in a near-zero gradient into a visible step; here it stays far below 1e-5.
-    return Trainer(make_model(dtype=torch.float64).train(), train, optim, schedule, rank_rows, out_dir=out,
-                   rank=rank, world_size=world_size, progress=False)
+    span = dict(n_layers=4, feedback_source="layer:3", feedback_target=1) if regime == "span" else {}
+    return Trainer(make_model(dtype=torch.float64, **span).train(), train, optim, schedule, rank_rows, out_dir=out,
+                   rank=rank, world_size=world_size, progress=False, separator=SEPARATOR)
 
 
 def _worker(rank: int, init_file: str, root: str) -> None:

@@ -65,7 +65,7 @@ def _worker(rank: int, init_file: str, root: str) -> None:
         root = Path(root)
         # 1) The run compared with one process; its last checkpoint and trained model feed test 3.
         trainer = _fsdp_trainer(root / "fsdp", rank)
-        assert is_sharded(trainer.raw_model) and trainer.model is trainer.raw_model
+        assert is_sharded(trainer.raw_model) and trainer.model.model is trainer.raw_model  # the objective bound to it
         trainer.fit()
         trainer.raw_model.eval()
         with torch.no_grad():  # a collective forward on every rank; rank 0 keeps what the sharded model says

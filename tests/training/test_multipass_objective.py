@@ -1,12 +1,15 @@
-"""The multi-pass objective: the paper's loss combination, per-row prefixes, z-loss and cost accounting."""
+"""The multi-pass objective (MultiPassObjective, the one object training runs): the paper's loss combination,
+per-row prefixes, z-loss, jitter, detach, truncated gradients and cost accounting, each against the model's own
+forward (the network, which takes none of these)."""
+
+import dataclasses
 
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import make_model
 
-from fullband.model.recurrence import truncation
-from fullband.training import multipass_loss, sample_plain_prefix
+from fullband.training import MultiPassObjective, sample_plain_prefix
 from fullband.training.config import TrainConfig
 from fullband.training.objective import z_loss
 
@@ -23,6 +26,19 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 def ntp(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+
+
+def multipass_loss(model, inputs, labels, passes, cfg, generator, *, z_loss_weight=0.0, plain_prefix=None,
+                   fixed_point=None):
+    """The objective of ``fullband train``'s [train] section ``cfg`` on one batch, its prefixes drawn as the trainer
+    draws them (one per row from ``generator``, or 1 without the prefix mixin): (loss, metrics)."""
+    if plain_prefix is None:
+        plain_prefix = sample_plain_prefix(B, T, generator) if cfg.prefix_mixin else torch.ones(B, dtype=torch.long)
+    objective = MultiPassObjective.of(cfg)
+    if z_loss_weight:
+        objective = dataclasses.replace(objective, z_loss=z_loss_weight, z_loss_when="always")
+    out = objective(model, inputs, labels, passes, plain_prefix, fixed_point=fixed_point)
+    return out.loss, out.metrics()
 
 
 def test_prefixes_are_per_row_uniform_and_reproducible():
@@ -55,7 +71,8 @@ def test_without_prefix_mixin_every_row_has_prefix_one(batch):
     model = make_model()
     cfg = TrainConfig(seq_len=T, jitter=0.0, prefix_mixin=False)
     loss, _ = multipass_loss(model, inputs, labels, 2, cfg, None)
-    torch.testing.assert_close(loss, model(inputs, passes=2, plain_prefix=1, labels=labels).loss, rtol=0, atol=0)
+    one = MultiPassObjective(jitter=0.0)(model, inputs, labels, 2, 1).loss
+    torch.testing.assert_close(loss, one, rtol=0, atol=0)
 
 
 def test_z_loss_is_added_from_the_last_pass_logits(batch):
@@ -154,12 +171,23 @@ def test_truncated_gradient_from_the_fixed_point_backpropagates_through_the_last
 def test_truncation_is_decided_from_the_plain_prefixes():
     # Capped at the exact count; the fixed point only with one prefix for all rows, passes reaching the exact count
     # and some passes without gradients.
+    def truncation(prefix, T, passes, grad_passes, fused=None):
+        return MultiPassObjective(grad_passes=grad_passes).step_passes(passes, T, prefix, fused)
+
     assert truncation(torch.ones(B, dtype=torch.long), T, 50, 2) == (T, True)
     assert truncation(torch.ones(B, dtype=torch.long), T, 6, 2) == (6, False)  # short of the exact count
     assert truncation(torch.ones(B, dtype=torch.long), T, 50, T - 1) == (T, False)  # every pass has gradients
     assert truncation(torch.tensor([3, 5, 3, 4]), T, 50, 2) == (T - 2, False)  # rows differ: the loop, to T - 3 + 1
     assert truncation(torch.full((3, B), 2), T, 50, 2) == (T - 1, False)  # a prefix per pass has no fixed point
     assert truncation(4, T, 50, 2) == (T - 3, True)
+    assert MultiPassObjective().step_passes(50, T, 1) == (50, None)  # no truncation: every pass asked for runs
+    # A plan with plain positions inside the rows: each pass makes one more fused position exact.
+    fused = torch.ones(B, T, dtype=torch.bool)
+    fused[:, 5] = False  # a document starts at position 6 of every row
+    assert truncation(1, T, 50, 2, fused) == (T - 1, True)
+    fused[0, 8] = False
+    assert truncation(1, T, 50, 2, fused) == (T - 1, True)  # the longest row decides
+    assert truncation(1, T, 50, 2, fused.expand(3, B, T)) == (T - 1, False)  # a plan per pass: no fixed point
 
 
 def test_truncated_gradient_from_the_passes_when_told_not_to_use_the_fixed_point(batch):
@@ -172,8 +200,6 @@ def test_truncated_gradient_from_the_passes_when_told_not_to_use_the_fixed_point
     assert metrics["passes"] == T
     manual = [ntp(model(inputs, passes=k).logits, labels) for k in (1, T - 1, T)]
     torch.testing.assert_close(torch.stack(metrics["pass_losses"]), torch.stack(manual), rtol=1e-12, atol=1e-12)
-    with pytest.raises(ValueError, match="one plain prefix for every row"):
-        model(inputs, passes=50, plain_prefix=torch.tensor([1, 2, 1, 1]), grad_passes=2, fixed_point=True)
 
 
 def test_truncated_gradient_on_a_looped_model_runs_the_passes(batch):
@@ -214,8 +240,45 @@ def test_truncated_gradient_applies_jitter_and_keeps_detach(batch, passes):
     assert not torch.allclose(grads[0], grads[1])
 
 
-def test_truncated_gradient_refuses_a_cache(batch):
-    inputs, _ = batch
+def test_the_forward_takes_no_training_objective_arguments(batch):
+    # The network's forward is the network's (DESIGN.md §3, issue 53): labels, loss weights, jitter, detach and
+    # gradient truncation belong to the objective.
+    inputs, labels = batch
     model = make_model()
-    with pytest.raises(ValueError, match="whole sequences"):
-        model(inputs, passes=3, grad_passes=1, cache=model.new_cache(B, T))
+    for argument in ("labels", "feedback_weight", "jitter", "grad_passes", "detach_passes", "fixed_point"):
+        with pytest.raises(TypeError, match=argument):
+            model(inputs, passes=2, **{argument: labels if argument == "labels" else 1})
+
+
+def test_loss_combines_passes_with_feedback_weight(model, tokens):
+    labels = tokens.clone()
+    labels[:, :3] = -100
+    out = MultiPassObjective(feedback_weight=0.5)(model, tokens, labels, 3, 2)
+    assert len(out.pass_losses) == 3
+    expected = out.pass_losses[0] + 0.5 * (out.pass_losses[1] + out.pass_losses[2]) / 2
+    torch.testing.assert_close(out.loss, expected)
+    manual = F.cross_entropy(out.logits[:, :-1].reshape(-1, 61), labels[:, 1:].reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(out.pass_losses[-1], manual)
+
+
+def test_detach_passes_keeps_values_and_cuts_gradient_between_passes(model, tokens):
+    attached = MultiPassObjective()(model, tokens, tokens, 2)
+    detached = MultiPassObjective(detach_passes=True)(model, tokens, tokens, 2)
+    torch.testing.assert_close(attached.loss, detached.loss, atol=0, rtol=0)
+    # Pass 2's loss reaches the fusion weights either way, but reaches pass 1 only without detach.
+    grads = []
+    for out in (attached, detached):
+        model.zero_grad()
+        out.pass_losses[1].backward()
+        grads.append(model.blocks[0].attn.q_proj.weight.grad.clone())
+    assert not torch.allclose(grads[0], grads[1])
+
+
+def test_jitter_perturbs_only_fused_inputs(model, tokens):
+    torch.manual_seed(0)
+    clean = MultiPassObjective()(model, tokens, tokens, 2, 1)
+    noisy = MultiPassObjective(jitter=0.02)(model, tokens, tokens, 2, 1)
+    single_noisy = MultiPassObjective(jitter=0.02)(model, tokens, tokens, 1)
+    assert not torch.allclose(clean.logits, noisy.logits)
+    torch.testing.assert_close(clean.logits[:, 0], noisy.logits[:, 0], atol=1e-9, rtol=0)  # position 1 is plain
+    torch.testing.assert_close(single_noisy.logits, model(tokens).logits, atol=0, rtol=0)

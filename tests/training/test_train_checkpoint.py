@@ -21,13 +21,14 @@ from fullband.training import (
 )
 from fullband.training.checkpoint_layout import checkpoint_path, list_checkpoints
 from fullband.training.config import OptimConfig
+from fullband.training.objective import MultiPassObjective
 
 
 def trained_pair(seed: int = 0):
     model = make_model(seed=seed, dtype=torch.float32)
     optimizer = build_optimizer(model, OptimConfig(**ADAMW, lr=1e-2))
     tokens = torch.randint(0, 61, (2, 8), generator=torch.Generator().manual_seed(seed))
-    model(tokens, passes=2, labels=tokens).loss.backward()
+    MultiPassObjective()(model, tokens, tokens, 2).loss.backward()
     optimizer.step()
     return model, optimizer
 

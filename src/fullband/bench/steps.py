@@ -15,6 +15,7 @@ from fullband import FullBandwidthLM, ModelConfig
 from fullband.bench.config import BenchOptimConfig, BenchTrainConfig
 from fullband.bench.timing import synchronize
 from fullband.model.linear import Linear
+from fullband.training.objective import MultiPassObjective
 
 BYTE_VOCAB = 320  # fullband train's byte vocabulary: 257 ids rounded up to a multiple of 64
 
@@ -97,8 +98,9 @@ def without_onednn() -> Iterator[None]:
 
 
 def fullband_loss(model: FullBandwidthLM, tokens: torch.Tensor, passes: int = 1) -> Callable[[], torch.Tensor]:
-    """The multi-pass objective's loss of ``tokens`` (plain_prefix 1), as the bare model computes it."""
-    return lambda: model(tokens, passes=passes, plain_prefix=1, labels=tokens).loss
+    """The multi-pass objective's loss of ``tokens`` (plain_prefix 1) on the bare model (no jitter)."""
+    objective = MultiPassObjective()
+    return lambda: objective(model, tokens, tokens, passes).loss
 
 
 def transformers_loss(model: torch.nn.Module, tokens: torch.Tensor) -> Callable[[], torch.Tensor]:

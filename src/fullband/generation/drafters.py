@@ -89,7 +89,8 @@ def early_exit_model(target: FullBandwidthLM, n_layers: int) -> FullBandwidthLM:
     if not 1 <= n_layers < target.config.n_layers:
         raise ValueError(f"early_exit:{n_layers} is invalid: the target has {target.config.n_layers} blocks, so "
                          f"use early_exit:N with N in 1..{target.config.n_layers - 1}")
-    config = dataclasses.replace(target.config, n_layers=n_layers, feedback=False, feedback_source="residual")
+    config = dataclasses.replace(target.config, n_layers=n_layers, feedback=False, feedback_source="residual",
+                                 feedback_target=0)
     with torch.device("meta"):  # a shell: every module is replaced by the target's own below
         shell = FullBandwidthLM(config)
     shell.embed, shell.input_norm, shell.norm, shell.lm_head = target.embed, target.input_norm, target.norm, \

@@ -93,16 +93,17 @@ class _StaticStep(nn.Module):
     def forward(self, tokens: torch.Tensor, feeds_back: bool) -> torch.Tensor:
         """Decode one token per row, tokens (B,) -> next logits (B, V); ``feeds_back``: fuse the carried state."""
         model = self.model
-        emb = model.embed(tokens[:, None])  # (B, 1, D)
-        if feeds_back:  # the eager pass-1 input of a chunk with a carried-in state (recurrence.pass_inputs)
-            fused = model.fuse(emb[:, 0], self.carried)  # (B, D)
-            inputs = torch.where(self.fuse_rows[:, None, None], fused[:, None], emb)
-        else:
-            inputs = emb
         positions = self.next_position[:, None]  # (B, 1): real tokens so far = this token's RoPE position
         # Causal over the slots written so far and this one; real tokens only (left padding stays masked).
         here = self.key_pos == self.slot  # (S,)
         mask = (self.key_pos <= self.slot) & (self.valid | here)  # (B, S)
+        # The blocks below the feedback target (none at target 0): the token's plain target stream (B, 1, D)
+        stream = model.run_lower(model.embed(tokens[:, None]), positions, mask[:, None, None, :], self)
+        if feeds_back:  # the eager pass-1 input of a chunk with a carried-in state (recurrence.pass_inputs)
+            fused = model.fuse(stream[:, 0], self.carried)  # (B, D)
+            inputs = torch.where(self.fuse_rows[:, None, None], fused[:, None], stream)
+        else:
+            inputs = stream
         carried, head_input = model.run_stack(inputs, positions, mask[:, None, None, :], self)
         logits = model.lm_head(head_input[:, -1])  # (B, V)
         if feeds_back:

@@ -9,7 +9,7 @@ each row's carried state, :class:`fullband.generation.DecodeState` — in the sl
 Importing this module registers the model type ``"fullband"`` with the Auto classes (no trust_remote_code).
 Without that import, ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` finds these classes
 through ``auto_map`` and the thin remote-code modules that every fullband checkpoint holds
-(:mod:`fullband.model.hub`).
+(:mod:`fullband.hub`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from fullband import hub
 from fullband.config import ModelConfig
 from fullband.generation.decoding import DecodeState, decode_step, prefill
 from fullband.integrations._hf_compat import OUTPUT_CACHE_FIELD
-from fullband.model import FullBandwidthLM, hub
+from fullband.model import FullBandwidthLM
 from fullband.model.layers import RMSNorm, rope_inv_freq
 from fullband.modes import DEFAULT_SCORE_MODE, DecodeOptions, DecodingMode
 
@@ -46,7 +47,7 @@ class FullBandwidthConfig(PretrainedConfig):
     """Every :class:`~fullband.ModelConfig` field under its own name, plus the default decoding of ``generate``:
     ``decoding_mode`` (a registered mode's spelling: standard | soft | fused:K | exact) and ``exact_chunk_size``
     (exact), and ``score_mode``, the mode of a forward without a decoding state (see
-    ``fullband.model.hub.DECODING_DEFAULTS``). A config.json saved before fused:K carried its count
+    ``fullband.hub.DECODING_DEFAULTS``). A config.json saved before fused:K carried its count
     (``decoding_mode="fused"`` beside ``prefill_passes=k``) reads as ``fused:k`` (``hub.read_decoding``).
     """
 
@@ -109,8 +110,9 @@ class FeedbackForwardMixin:
     ) -> CausalLMOutputWithPast | tuple:
         """Three uses, told apart by the decoding state:
 
-        - no state and ``use_cache`` not True: the native multi-pass forward (training, scoring): ``passes``,
-          ``plain_prefix``, ``labels`` (loss = NTP(pass 1) + mean NTP of later passes) as in FullBandwidthLM.
+        - no state and ``use_cache`` not True: the native multi-pass forward (scoring): ``passes``, ``plain_prefix``
+          as in FullBandwidthLM; ``labels`` give transformers' loss, the next-token loss of the last pass (the
+          multi-pass training objective is ``fullband.training.objective.MultiPassObjective``).
           Without ``passes``, ``config.score_mode`` decides: standard = one plain pass; soft, fused, exact = the
           exact recurrence after a plain prefix of ``plain_prefix`` (1: what the mode's decoding gives after a
           one-token prompt; lm-eval's ``--model hf`` scores this way, for it gives no prompt boundary);
@@ -153,9 +155,10 @@ class FeedbackForwardMixin:
                 logits = out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
                 loss = None if labels is None else _next_token_loss(out.logits, labels)
             else:
-                out = lm(input_ids, passes=passes or 1, plain_prefix=plain_prefix, labels=labels,
-                                   attention_mask=attention_mask, logits_to_keep=logits_to_keep)
-                logits, loss = out.logits, out.loss
+                out = lm(input_ids, passes=passes or 1, plain_prefix=plain_prefix, attention_mask=attention_mask,
+                         logits_to_keep=0 if labels is not None else logits_to_keep)
+                logits = out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
+                loss = None if labels is None else _next_token_loss(out.logits, labels)
         output = CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_CACHE_FIELD: state})
         return output if return_dict is not False else output.to_tuple()
 
@@ -196,7 +199,7 @@ class FullBandwidthForCausalLM(FeedbackForwardMixin, PreTrainedModel, Generation
         return hf.to(device=p.device, dtype=p.dtype).train(model.training)
 
     def save_pretrained(self, save_directory: str, *args: Any, **kwargs: Any) -> None:
-        """transformers' save_pretrained, plus the remote-code modules and the model card (fullband.model.hub)."""
+        """transformers' save_pretrained, plus the remote-code modules and the model card (fullband.hub)."""
         super().save_pretrained(save_directory, *args, **kwargs)
         hub.write_remote_code(save_directory)
         config = self.config.to_dict()

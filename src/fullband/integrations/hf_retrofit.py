@@ -2,7 +2,7 @@
 
 A retrofitted checkpoint (``base/`` + ``fusion.safetensors`` + ``retrofit.json``, fullband.integrations.retrofit.io)
 also holds a transformers-form ``config.json`` (``model_type="fullband_retrofit"``, ``auto_map``) and the thin
-remote-code modules (fullband.model.hub), so ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)``
+remote-code modules (fullband.hub), so ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)``
 returns a :class:`FullBandwidthRetrofitForCausalLM`: the :class:`~fullband.integrations.retrofit.lm.RetrofittedLM`
 loaded by fullband's own loader, behind the same ``forward`` / ``generate`` as the native model's wrapper
 (decoding modes, ``score_mode``, fullband's decoding state carried between steps).
@@ -18,12 +18,12 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
 
+from fullband import hub
 from fullband.generation.decoding import DecodeState
 from fullband.integrations.hf import FeedbackForwardMixin, check_decoding
 from fullband.integrations.retrofit.config import RetrofitConfig
 from fullband.integrations.retrofit.io import REMOTE_CODE
 from fullband.integrations.retrofit.lm import RetrofittedLM
-from fullband.model import hub
 
 MODEL_TYPE = RetrofittedLM.family
 _RETROFIT_FIELDS = tuple(RetrofitConfig.__dataclass_fields__)

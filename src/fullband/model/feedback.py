@@ -1,18 +1,26 @@
 """FeedbackLM: the one feedback forward, ``forward_exact``, the pass loop and the decoding hooks of every network.
 
 A subclass supplies the network: ``embed`` (token embedding), ``lm_head``, ``blocks``, ``fuse`` (the fusion as
-the loop calls it; None without feedback), ``run_stack`` (one pass through the blocks), ``depth_states`` (every
-depth of one pass), ``logits_of_top`` (logits from the top depth state), its cache (``_empty_cache``) and the
-attention mask its blocks read (``_stack_mask``), and the model-family interface of :mod:`fullband.model.family`
-(its files, cache type and parameter roles). :class:`~fullband.model.lm.FullBandwidthLM` is the native network;
-the families in ``fullband.integrations`` wrap pretrained transformers models.
+the loop calls it; None without feedback), ``run_lower`` (the blocks below the feedback target, once per position),
+``run_stack`` (one pass through the blocks above it), ``depth_states`` (every depth of one pass), ``logits_of_top``
+(logits from the top depth state), its cache (``_empty_cache``) and the attention mask its blocks read
+(``_stack_mask``), and the model-family interface of :mod:`fullband.model.family` (its files, cache type and
+parameter roles). :class:`~fullband.model.lm.FullBandwidthLM` is the native network; the families in
+``fullband.integrations`` wrap pretrained transformers models.
 
-One forward computes every execution mode of DESIGN.md §2 by running the multi-pass loop of
-:mod:`fullband.model.recurrence` over a chunk of positions. Run enough passes and the chunk is exact:
+The forward is the network's: tokens, padding (``attention_mask``), the cache, the carried state and the pass plan
+(``passes``, which positions are fused: ``plain_prefix`` and ``fused``, ``tol``) in; logits and states out. The
+training objective (labels, loss weights, jitter, truncated gradients) lives in ``fullband.training.objective`` and
+drives this forward one pass at a time. One forward computes every execution mode of DESIGN.md §2 by running the
+multi-pass loop of :mod:`fullband.model.recurrence` over a chunk of positions. Run enough passes and the chunk is
+exact:
 
-- a whole sequence with ``passes = T - p + 1``           -> multi-pass (Jacobi) == sequential;
+- a whole sequence with ``passes = |fused| + 1``          -> multi-pass (Jacobi) == sequential;
 - chunks of a prompt on top of the KV cache               -> chunked prefill;
 - chunks of one token, one pass each                      -> sequential reference == KV-cache decoding.
+
+The blocks below the feedback target (DESIGN.md §1's span) run once per forward, before its passes: every mode
+computes them once per position and writes their KV cache once.
 """
 
 from __future__ import annotations
@@ -28,16 +36,14 @@ from fullband.model.family import FamilyInterface
 from fullband.model.kv_cache import CacheSlots
 from fullband.model.recurrence import (
     LMOutput,
-    LoopOptions,
     Pass,
     PlainPrefix,
     auto_exact_method,
-    exact_pass_count,
+    exact_passes,
     fused_positions,
     pass_inputs,
     pass_loop,
     run_passes,
-    truncation,
 )
 
 
@@ -50,23 +56,32 @@ class FeedbackLM(FamilyInterface, nn.Module):
 
     @property
     def fuse(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-        """(e_t, h_{t-1}) -> the fused input x_t, as the pass loop calls it; None without feedback."""
+        """(z_t, h_{t-1}) -> the fused input at the target, as the pass loop calls it; None without feedback."""
         raise NotImplementedError
 
     @property
     def plain_input(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """e_t -> the input of a plain position in passes >= 2, or None for the raw embedding (every network but
-        the paper's literal input form in training)."""
+        """z_t -> the input of a plain position in passes >= 2, or None for the plain stream itself (every network
+        but the paper's literal input form in training)."""
         return None
+
+    def run_lower(
+        self, inputs: torch.Tensor, positions: torch.Tensor, mask: Any = None, cache: CacheSlots | None = None
+    ) -> torch.Tensor:
+        """The blocks below the feedback target over token embeddings (B, T, D) -> the plain target stream (B, T, D)
+        (the embeddings themselves at target 0); writes those blocks' cache."""
+        raise NotImplementedError
 
     def run_stack(
         self, inputs: torch.Tensor, positions: torch.Tensor, mask: Any = None, cache: CacheSlots | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass of the network over inputs (B, T, D) -> (carried states h (B, T, D), head input (B, T, D))."""
+        """One pass of the blocks above the target over its inputs (B, T, D) -> (carried states h (B, T, D), head
+        input (B, T, D))."""
         raise NotImplementedError
 
-    def depth_states(self, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """(L + 1, B, T, D): what the first block sees, then every depth, for one pass without cache or mask."""
+    def depth_states(self, tokens: torch.Tensor, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(L + 1, B, T, D): what the first block sees, then every depth, for one pass without cache or mask whose
+        inputs at the target are ``inputs`` (:meth:`stack_inputs`), the blocks below it run on ``tokens``."""
         raise NotImplementedError
 
     def logits_of_top(self, state: torch.Tensor) -> torch.Tensor:
@@ -101,6 +116,11 @@ class FeedbackLM(FamilyInterface, nn.Module):
         """1: pass k fuses h_{t-1} from pass k-1 into position t (the recurrence); 0: h_t (the looped control)."""
         return getattr(self.config, "feedback_shift", 1)  # networks whose config has no such field recur
 
+    @property
+    def feedback_target(self) -> int:
+        """k: the carried state enters the stream after k blocks (0 = at the embedding; DESIGN.md §1's span)."""
+        return getattr(self.config, "feedback_target", 0)
+
     def _refuse_looped(self, what: str) -> None:
         # With shift 0 no state moves along the sequence: there is no sequential recurrence to cache or carry.
         if self.feedback_shift == 0 and self.fuse is not None:
@@ -125,31 +145,29 @@ class FeedbackLM(FamilyInterface, nn.Module):
         tokens: torch.Tensor,  # (B, T) token ids
         passes: int = 1,
         plain_prefix: PlainPrefix = 1,
-        labels: torch.Tensor | None = None,  # (B, T), aligned with tokens; shifted here; -100 = ignore
         *,
+        fused: torch.Tensor | None = None,  # (B, T) bool, or (passes, B, T): which positions receive feedback
         attention_mask: torch.Tensor | None = None,  # (B, T) 1 = real token, 0 = left padding
         cache: CacheSlots | None = None,
-        carried_state: torch.Tensor | None = None,  # (B, D) state of the position before this chunk
+        carried_state: torch.Tensor | None = None,  # (B, D) state of the position before this chunk; or (B, T, D)
+        target_stream: torch.Tensor | None = None,  # (B, T, D) an earlier forward's target stream of these tokens
         tol: float | None = None,
-        jitter: float = 0.0,
-        detach_passes: bool = False,
-        feedback_weight: float = 1.0,
         logits_to_keep: int = 0,
-        grad_passes: int = 0,
-        fixed_point: bool | None = None,
     ) -> LMOutput:
-        """Multi-pass forward over ``tokens`` (see the module docstring).
+        """Up to ``passes`` passes over ``tokens`` (see the module docstring) -> logits and carried states of the
+        last pass.
 
-        ``plain_prefix`` counts absolute positions from the start of the sequence (cached ones included);
-        positions before it get plain embeddings. ``tol`` stops early once ``max|h^(k) - h^(k-1)| < tol``.
-        ``jitter`` adds Uniform(-jitter, jitter) noise to the states before they are fused (training).
+        Which positions receive feedback (the plan, DESIGN.md §2): those at or past ``plain_prefix`` (absolute
+        positions from the start of the sequence, cached ones included: an int, one per row (B,), or one per pass
+        and row (K, B)) and, when ``fused`` is given, where it says (chunk positions). The sequence's first position
+        is always plain. ``tol`` stops early once ``max|h^(k) - h^(k-1)| < tol``.
 
-        ``grad_passes`` m > 0 (truncated gradients, training, DESIGN.md §3): only pass 1 and the last m passes run
-        with gradients and are scored. ``fixed_point`` says whether those m passes start from the fixed point
-        (computed sequentially without gradients) instead of the passes between. None: this batch decides, its
-        passes capped at its exact count (:func:`~fullband.model.recurrence.truncation`); True or False: the caller
-        decided on a larger batch (data-parallel training, on the step's global batch), and ``passes`` runs as
-        given. A looped model (``feedback_shift`` 0) has no fixed point and always runs the passes.
+        ``carried_state`` (B, D): the state of the position before the chunk (decoding, chunked prefill). (B, T, D):
+        the states the first pass fuses into each position (h_{t-1} at t; a position's own with ``feedback_shift``
+        0), to continue a Jacobi iteration from them over a whole sequence (no cache): the training objective runs
+        its passes one at a time this way. ``target_stream``: the ``target_stream`` of an earlier forward over the
+        same tokens (and cache state), so the blocks below the target do not run again; with a cache they then do
+        not write it either (give it only to a cache that is not decoded from later, as ``forward_exact``'s own).
         """
         B, T = self._check_tokens(tokens, cache)
         if passes < 1:
@@ -157,49 +175,46 @@ class FeedbackLM(FamilyInterface, nn.Module):
         fuse = self.fuse
         if fuse is None:
             passes, carried_state = 1, None  # the baseline ignores feedback entirely
-        if carried_state is not None or (cache is not None and passes > 1):
+        per_position = carried_state is not None and carried_state.dim() == 3
+        if (carried_state is not None and not per_position) or (cache is not None and passes > 1):
             self._refuse_looped("a carried state or a multi-pass forward over a KV cache")
+        self._check_carried(carried_state, B, T, cache)
         offset = cache.length if cache is not None else 0
         positions, mask = self._positions_and_mask(B, T, attention_mask, cache, tokens.device)
-        fused = fused_positions(plain_prefix, B, T, offset, tokens.device)  # (B, T) bool
-        if carried_state is not None and carried_state.shape != (B, self.config.d_model):
-            raise ValueError(
-                f"carried_state must have shape {(B, self.config.d_model)}, got {tuple(carried_state.shape)}"
-            )
-        exact_states = None
-        if grad_passes > 0 and passes > 1:
-            passes, exact_states = self._truncation(tokens, plain_prefix, passes, grad_passes, fixed_point, cache,
-                                                    carried_state, attention_mask)
-        out = run_passes(
-            lambda inputs: self.run_stack(inputs, positions, mask, cache), self.lm_head, fuse,
-            lambda: self.embed(tokens), fused, passes, labels=labels, carried_state=carried_state,
-            options=LoopOptions(tol, jitter, detach_passes, feedback_weight, logits_to_keep, self.feedback_shift,
-                                grad_passes),
-            plain_input=self.plain_input, fixed_point=exact_states,
-        )
+        plan = fused_positions(plain_prefix, B, T, offset, tokens.device, fused)  # (B, T) bool, or (K, B, T)
+        stream = self._target_stream(tokens, target_stream, positions, mask, cache)
+        out = run_passes(lambda inputs: self.run_stack(inputs, positions, mask, cache), self.lm_head, fuse, stream,
+                         plan, passes, carried_state=carried_state, tol=tol, logits_to_keep=logits_to_keep,
+                         plain_input=self.plain_input, shift=self.feedback_shift)
         if cache is not None:
-            cache.commit(attention_mask.bool() if attention_mask is not None else torch.ones_like(fused))
+            cache.commit(attention_mask.bool() if attention_mask is not None
+                         else torch.ones(B, T, dtype=torch.bool, device=tokens.device))
         return out
 
-    def _truncation(
-        self, tokens: torch.Tensor, plain_prefix: PlainPrefix, passes: int, grad_passes: int, fixed_point: bool | None,
-        cache: CacheSlots | None, carried_state: torch.Tensor | None, attention_mask: torch.Tensor | None,
-    ) -> tuple[int, Callable[[], torch.Tensor] | None]:
-        """The passes a forward with truncated gradients runs, and what computes its fixed point (None: the passes)."""
-        if cache is not None or carried_state is not None:
-            raise ValueError("grad_passes (truncated gradients) trains on whole sequences: pass no cache or "
-                             "carried_state with it")
-        if fixed_point is None:  # else the caller decided both on a larger batch: the passes run as given
-            passes, fixed_point = truncation(plain_prefix, tokens.shape[1], passes, grad_passes)
-        if not fixed_point or self.feedback_shift == 0:
-            return passes, None
-        prefixes = plain_prefix.unique() if isinstance(plain_prefix, torch.Tensor) else torch.tensor([plain_prefix])
-        if prefixes.numel() != 1 or (isinstance(plain_prefix, torch.Tensor) and plain_prefix.dim() != 1):
-            raise ValueError("fixed_point=True needs one plain prefix for every row (the sequential fixed point "
-                             "takes one); pass fixed_point=None or False")
-        prefix = int(prefixes.item())
-        return passes, lambda: self.forward_exact(tokens, plain_prefix=prefix, method="sequential",
-                                                  attention_mask=attention_mask).hidden
+    def _target_stream(self, tokens: torch.Tensor, given: torch.Tensor | None, positions: torch.Tensor, mask: Any,
+                       cache: CacheSlots | None) -> torch.Tensor:
+        """(B, T, D): the plain stream at the target, ``given`` or computed here (once per forward, before its
+        passes: the embedding, then the blocks below the target, which write their cache)."""
+        if given is None:
+            return self.run_lower(self.embed(tokens), positions, mask, cache)
+        if given.shape != (*tokens.shape, self.config.d_model):
+            raise ValueError(f"target_stream must have shape {(*tokens.shape, self.config.d_model)}, got "
+                             f"{tuple(given.shape)}")
+        return given
+
+    def _check_carried(self, carried: torch.Tensor | None, B: int, T: int, cache: CacheSlots | None) -> None:
+        if carried is None:
+            return
+        D = self.config.d_model
+        if carried.dim() == 3:
+            if cache is not None:
+                raise ValueError("a carried state per position (B, T, D) continues a Jacobi iteration over a whole "
+                                 "sequence: pass no cache with it (a chunk on a cache takes the state before it, "
+                                 "(B, D))")
+            if carried.shape != (B, T, D):
+                raise ValueError(f"carried_state must have shape {(B, D)} or {(B, T, D)}, got {tuple(carried.shape)}")
+        elif carried.shape != (B, D):
+            raise ValueError(f"carried_state must have shape {(B, D)} or {(B, T, D)}, got {tuple(carried.shape)}")
 
     def iterate_passes(
         self,
@@ -207,6 +222,7 @@ class FeedbackLM(FamilyInterface, nn.Module):
         max_passes: int,
         plain_prefix: PlainPrefix = 1,
         *,
+        fused: torch.Tensor | None = None,
         cache: CacheSlots | None = None,
         carried_state: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
@@ -220,22 +236,27 @@ class FeedbackLM(FamilyInterface, nn.Module):
         B, T = self._check_tokens(tokens, cache)
         if carried_state is not None or (cache is not None and max_passes > 1):
             self._refuse_looped("a carried state or a multi-pass loop over a KV cache")
+        self._check_carried(carried_state, B, T, cache)
         offset = cache.length if cache is not None else 0
         positions, mask = self._positions_and_mask(B, T, attention_mask, cache, tokens.device)
-        fused = fused_positions(plain_prefix, B, T, offset, tokens.device)  # (B, T) bool
+        plan = fused_positions(plain_prefix, B, T, offset, tokens.device, fused)  # (B, T) bool
         fuse = self.fuse
-        yield from pass_loop(lambda inputs: self.run_stack(inputs, positions, mask, cache), fuse,
-                             lambda: self.embed(tokens), fused, max_passes if fuse is not None else 1,
+        stream = self._target_stream(tokens, None, positions, mask, cache)
+        yield from pass_loop(lambda inputs: self.run_stack(inputs, positions, mask, cache), fuse, stream, plan,
+                             max_passes if fuse is not None else 1,
                              carried_state=carried_state if fuse is not None else None, plain_input=self.plain_input,
                              shift=self.feedback_shift)
 
-    def stack_inputs(self, tokens: torch.Tensor, previous: torch.Tensor | None, plain_prefix: int = 1) -> torch.Tensor:
-        """The inputs (B, T, D) of the loop's pass after one whose states were ``previous`` (None: pass 1)."""
+    def stack_inputs(self, tokens: torch.Tensor, previous: torch.Tensor | None, plain_prefix: int = 1, *,
+                     fused: torch.Tensor | None = None) -> torch.Tensor:
+        """The inputs (B, T, D) at the target of the loop's pass after one whose states were ``previous`` (None:
+        pass 1)."""
         B, T = tokens.shape
-        fused = fused_positions(plain_prefix, B, T, 0, tokens.device)
-        emb = self.embed(tokens)
-        plain = self.plain_input(emb) if previous is not None and self.plain_input is not None else None
-        return pass_inputs(self.fuse, emb, fused, previous, None, plain=plain, shift=self.feedback_shift)
+        plan = fused_positions(plain_prefix, B, T, 0, tokens.device, fused)
+        positions = torch.arange(T, device=tokens.device).expand(B, T)
+        stream = self.run_lower(self.embed(tokens), positions)
+        plain = self.plain_input(stream) if previous is not None and self.plain_input is not None else None
+        return pass_inputs(self.fuse, stream, plan, previous, None, plain=plain, shift=self.feedback_shift)
 
     # ------------------------------------------------------------------ exact evaluation
 
@@ -245,22 +266,27 @@ class FeedbackLM(FamilyInterface, nn.Module):
         tokens: torch.Tensor,
         plain_prefix: PlainPrefix = 1,
         *,
+        fused: torch.Tensor | None = None,
         method: str = "auto",
         chunk_size: int = 64,
         tol: float | None = None,
         attention_mask: torch.Tensor | None = None,
+        target_stream: torch.Tensor | None = None,
     ) -> LMOutput:
         """The fully recurrent states: ``sequential`` (one position at a time through the KV cache, the
         definition), ``jacobi`` (whole-sequence passes until exact, or until ``max|Δh| < tol``), ``chunked``
         (Jacobi per chunk of ``chunk_size`` on top of the cache of earlier chunks), or ``auto``: the fastest of
-        them for this device and ``tol`` (:func:`~fullband.model.recurrence.auto_exact_method`)."""
+        them for this device and ``tol`` (:func:`~fullband.model.recurrence.auto_exact_method`). ``target_stream``
+        (B, T, D): the target stream of these tokens from an earlier forward (the blocks below the target then do
+        not run again)."""
         B, T = self._check_tokens(tokens, None)
         self._refuse_looped("forward_exact")
         if method == "auto":
             method = auto_exact_method(tokens.device, tol)
         if method == "jacobi":
-            cap = exact_pass_count(plain_prefix, T, offset=0, has_incoming=False)
-            return self(tokens, passes=cap, plain_prefix=plain_prefix, tol=tol, attention_mask=attention_mask)
+            cap = exact_passes(fused_positions(plain_prefix, B, T, 0, tokens.device, fused), has_incoming=False)
+            return self(tokens, passes=cap, plain_prefix=plain_prefix, fused=fused, tol=tol,
+                        attention_mask=attention_mask, target_stream=target_stream)
         if method == "sequential":
             chunk_size = 1
         elif method != "chunked":
@@ -268,8 +294,7 @@ class FeedbackLM(FamilyInterface, nn.Module):
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         cache = self.new_cache(B, T)
-        out = self.prefill(tokens, cache, plain_prefix, chunk_size=chunk_size, tol=tol, attention_mask=attention_mask)
-        return out
+        return self._prefill(tokens, cache, plain_prefix, fused, chunk_size, None, tol, attention_mask, target_stream)
 
     def prefill(
         self,
@@ -277,20 +302,34 @@ class FeedbackLM(FamilyInterface, nn.Module):
         cache: CacheSlots,
         plain_prefix: PlainPrefix,
         *,
+        fused: torch.Tensor | None = None,
         chunk_size: int,
         carried_state: torch.Tensor | None = None,
         tol: float | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> LMOutput:
-        """Exact (chunked) prefill into ``cache``: each chunk runs until it is exact (or ``max|Δh| < tol``)."""
+        """Exact (chunked) prefill into ``cache``: each chunk runs until it is exact (or ``max|Δh| < tol``);
+        ``fused`` (B, T) covers ``tokens``."""
+        return self._prefill(tokens, cache, plain_prefix, fused, chunk_size, carried_state, tol, attention_mask, None)
+
+    def _prefill(
+        self, tokens: torch.Tensor, cache: CacheSlots, plain_prefix: PlainPrefix, fused: torch.Tensor | None,
+        chunk_size: int, carried_state: torch.Tensor | None, tol: float | None, attention_mask: torch.Tensor | None,
+        target_stream: torch.Tensor | None,
+    ) -> LMOutput:
         self._refuse_looped("exact (sequential or chunked) prefill")
+        B = tokens.shape[0]
         logits, hidden, passes = [], [], 0
         for start in range(0, tokens.shape[1], chunk_size):
-            chunk = tokens[:, start : start + chunk_size]
-            chunk_mask = attention_mask[:, start : start + chunk_size] if attention_mask is not None else None
-            cap = exact_pass_count(plain_prefix, chunk.shape[1], cache.length, carried_state is not None)
-            out = self(chunk, passes=cap, plain_prefix=plain_prefix, cache=cache, carried_state=carried_state,
-                       tol=tol, attention_mask=chunk_mask)
+            part = slice(start, start + chunk_size)
+            chunk = tokens[:, part]
+            chunk_mask = attention_mask[:, part] if attention_mask is not None else None
+            chunk_fused = fused[..., part] if fused is not None else None
+            plan = fused_positions(plain_prefix, B, chunk.shape[1], cache.length, tokens.device, chunk_fused)
+            cap = exact_passes(plan, carried_state is not None)
+            out = self(chunk, passes=cap, plain_prefix=plain_prefix, fused=chunk_fused, cache=cache,
+                       carried_state=carried_state, tol=tol, attention_mask=chunk_mask,
+                       target_stream=target_stream[:, part] if target_stream is not None else None)
             carried_state = out.hidden[:, -1] if self.fuse is not None else None
             logits.append(out.logits)
             hidden.append(out.hidden)

@@ -75,31 +75,50 @@ class FullBandwidthLM(FeedbackLM):
 
     # ------------------------------------------------------------------ the stack
 
+    def run_lower(
+        self,
+        inputs: torch.Tensor,  # (B, T, D) token embeddings
+        positions: torch.Tensor,  # (B, T) RoPE positions
+        mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Blocks 1..k (k = feedback_target) over the embeddings -> the plain target stream z^k (B, T, D); the
+        embeddings themselves at target 0 (the stack's own input norm, if any, comes after the fusion)."""
+        k = self.config.feedback_target
+        if k == 0:
+            return inputs
+        rope = self._rope(positions, inputs.dtype)
+        return list(self._through_blocks(inputs, rope, mask, cache, 0, k))[-1]
+
     def run_stack(
         self,
-        inputs: torch.Tensor,  # (B, T, D) input vectors u_t
+        inputs: torch.Tensor,  # (B, T, D) input vectors u_t at the target (the stream, fused where the plan says)
         positions: torch.Tensor,  # (B, T) RoPE positions (unused with position_encoding="none")
         mask: torch.Tensor | None = None,  # (B, 1, T, S) bool; None = plain causal without cache
         cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass through all blocks -> (carried states h (B, T, D), final-normed states (B, T, D)).
+        """One pass through blocks k+1..L -> (carried states h (B, T, D), final-normed states (B, T, D)).
 
-        ``inputs`` are embeddings or fused states; with ``input_norm="all"`` the stack normalises them first.
-        """
+        ``inputs`` are embeddings or fused states at target 0 (with ``input_norm="all"`` the stack normalises them
+        first), the target stream above it."""
         rope = self._rope(positions, inputs.dtype)
+        k, source = self.config.feedback_target, self.config.feedback_layer
         carried = None
-        for i, x in enumerate(self._through_blocks(inputs, rope, mask, cache)):
-            if i == self.config.feedback_layer:
+        for depth, x in enumerate(self._through_blocks(inputs, rope, mask, cache, k, self.config.n_layers), k):
+            if depth == source:
                 carried = x
         normed = self.norm(x)
         if self.config.feedback_source == "normed":
             carried = normed
         return carried, normed
 
-    def depth_states(self, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """(L + 1, B, T, D): the normed inputs the first block sees, then every block's output (no mask, no cache)."""
+    def depth_states(self, tokens: torch.Tensor, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(L + 1, B, T, D): the inputs the first block sees (normed with ``input_norm="all"``), then every block's
+        output, for a pass whose inputs at the target are ``inputs`` (no mask, no cache)."""
+        k = self.config.feedback_target
         rope = self._rope(positions, inputs.dtype)
-        return torch.stack(list(self._through_blocks(inputs, rope, None, None)))
+        lower = list(self._through_blocks(self.embed(tokens), rope, None, None, 0, k))[:-1] if k else []
+        return torch.stack(lower + list(self._through_blocks(inputs, rope, None, None, k, self.config.n_layers)))
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
         """RoPE's cos/sin for ``positions``; None without a positional encoding (NoPE: the blocks never see them)."""
@@ -112,16 +131,17 @@ class FullBandwidthLM(FeedbackLM):
 
     def _through_blocks(
         self, inputs: torch.Tensor, rope: tuple[torch.Tensor, ...] | None, mask: torch.Tensor | None,
-        cache: KVCache | None,
+        cache: KVCache | None, start: int = 0, stop: int | None = None,
     ) -> Iterator[torch.Tensor]:
-        """Yield the input the first block sees (depth 0), then each block's output (depths 1..L)."""
-        x = self.input_norm(inputs) if self.config.input_norm == "all" else inputs
+        """Yield the input block ``start + 1`` sees (depth ``start``), then the outputs of blocks start+1..stop
+        (depths start+1..stop; ``stop`` None = L). At depth 0 that input is normalised with ``input_norm="all"``."""
+        x = self.input_norm(inputs) if self.config.input_norm == "all" and start == 0 else inputs
         yield x
         compiled = self.__dict__.get("_compiled_blocks")
         blocks = compiled if compiled and torch.is_grad_enabled() else self.blocks
         # Recomputing a block that writes the KV cache would write it twice: only cache-free forwards with gradients.
         recompute = self.__dict__.get("_checkpoint_blocks", False) and cache is None and torch.is_grad_enabled()
-        for block in blocks:
+        for block in blocks[start:stop]:
             if recompute:
                 x = checkpoint(block, x, rope, mask, None, use_reentrant=False)
             else:

@@ -1,7 +1,7 @@
 """save_pretrained / from_pretrained: ``model.safetensors`` + ``config.json`` in a directory.
 
 ``config.json`` is in transformers' form (the ModelConfig fields plus ``model_type``, ``auto_map``, ...) and the
-remote-code modules and a model card are written beside it (:mod:`fullband.model.hub`), so the directory also
+remote-code modules and a model card are written beside it (:mod:`fullband.hub`), so the directory also
 opens with ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)``. Older checkpoints, whose
 config.json holds the ModelConfig fields alone, still load.
 """
@@ -16,10 +16,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from fullband import rundir
+from fullband import hub, rundir
 from fullband.config import HF_PREFIX, ConfigError, ModelConfig
 from fullband.files import write_json, write_through
-from fullband.model import hub
 
 WEIGHTS_NAME = rundir.MODEL_WEIGHTS
 CONFIG_NAME = rundir.MODEL_CONFIG

@@ -10,7 +10,7 @@ _EXPORTS = {
     "CheckpointError": "errors", "CheckpointWarning": "errors", "NonFiniteLossError": "errors",
     "TrainingError": "errors", "TrainingState": "checkpoint_layout", "latest_good_checkpoint": "checkpoint_layout",
     "load_checkpoint": "checkpoint", "save_checkpoint": "checkpoint", "verify_checkpoint": "checkpoint_layout",
-    "multipass_loss": "objective", "sample_plain_prefix": "objective", "build_optimizer": "optim",
+    "MultiPassObjective": "objective", "sample_plain_prefix": "objective", "build_optimizer": "optim",
     "lr_at": "optim", "FeedbackSchedule": "schedule", "Trainer": "trainer", "loss_eval": "validation",
 }
 __all__ = sorted(_EXPORTS)

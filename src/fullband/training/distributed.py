@@ -60,12 +60,13 @@ def init_distributed(backend: str | None = None) -> DistributedEnv:
 
 
 def wrap_ddp(trainer: Trainer) -> None:
-    """Make ``trainer.model`` a DDP wrapper of ``trainer.raw_model`` (whose blocks the Trainer compiled if asked)."""
+    """Make ``trainer.model`` (the objective bound to ``trainer.raw_model``, whose blocks the Trainer compiled if asked)
+    a DDP wrapper: one forward per micro-batch, whatever its passes."""
     _check_process_group(trainer, "wrap_ddp")
     device_ids = [trainer.device.index] if trainer.device.type == "cuda" else None
     # Single-pass steps never call the fusion, so its weights get no gradient there; DDP must expect that.
     find_unused = trainer.raw_model.fusion is not None
-    trainer.model = DistributedDataParallel(trainer.raw_model, device_ids=device_ids,
+    trainer.model = DistributedDataParallel(trainer.model, device_ids=device_ids,
                                             find_unused_parameters=find_unused)
 
 
@@ -90,7 +91,8 @@ def wrap_fsdp(trainer: Trainer) -> None:
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    trainer.model = model  # fully_shard changed the module's class in place; its forward is the same
+    # trainer.model stays the objective bound to this model: fully_shard changed the module's class in place, and
+    # each pass is a forward of it, which gathers and frees the root's weights as a block's.
     # fully_shard replaced every parameter by a DTensor shard, so the optimizer Trainer.__init__ built points at
     # tensors that are no longer the model's; a new one (same groups, same settings) steps the shards.
     trainer.optimizer = build_optimizer(model, trainer.optim_cfg)

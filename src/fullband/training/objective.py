@@ -1,39 +1,59 @@
-"""The scheduled multi-pass objective (DESIGN.md §3), computed by the model's one forward.
+"""The scheduled multi-pass objective (DESIGN.md §3): one object, :class:`MultiPassObjective`, that drives the model's
+forward one pass at a time. The trainer, the studies and the retrofit's training all use it, so what a step computes
+is decided in one place.
 
     L = NTP(pass 1) + λ · mean_{k=2..K} NTP(pass k)  [+ z_loss · mean(logsumexp(logits)^2)]
+
+The model's forward is the network's (tokens, padding, cache, carried state, the pass plan); everything that makes a
+training step is here: the labels, λ (``feedback_weight``), jitter on the carried states before they are fused,
+``detach_passes``, the truncated gradient with its sequential fixed point, the passes a step really runs, and the
+z-loss. Each pass is one forward that continues the Jacobi iteration from the states the objective hands it
+(``carried_state`` (B, T, D): the previous pass's states shifted by one, jittered) and from pass 1's target stream
+(the blocks below the feedback target run once per step).
 
 Prefix mixin: each row gets its own plain prefix p ~ Uniform{1, ..., T-1}: positions 1..p keep plain
 embeddings in every pass (the prompt of Soft decoding), positions p+1..T are fused. p = T is left out
 because a fully plain row makes every later pass repeat pass 1 and so carries no feedback signal; p = 1
 (everything after the first token fused, as in Fused/Exact prefill) is one of the T-1 equally likely
 values. Drawn from a CPU ``torch.Generator`` so the draw does not depend on the device and can be
-checkpointed.
+checkpointed. A packed row may also restart the recurrence at each document (``fused``: a plan that keeps every
+document's first token plain, :func:`document_plan`).
 
 Truncated gradient (``grad_passes`` m > 0, ours): pass 1 and the last m passes run with gradients and are scored,
 the passes between run without (a forward without autograd costs about a third of one with its backward), so a
 deep iteration that reaches the recurrence's fixed point trains at a fraction of full backpropagation's cost.
-Passes past the exact count (the row length less the smallest plain prefix, plus one) cannot change any state,
-so a multi-pass batch runs at most that many; when it reaches that count with one plain prefix for every row, the
-last m passes start from the fixed point, computed sequentially (off for a looped model, which has none). The
-model's pass loop does all of it (:func:`fullband.model.recurrence.pass_loop`), jitter included (the studies that
-trained the committed recurrent reports set ``jitter=0``, as those were trained).
+Passes past the exact count (the fused positions of the plan, plus one) cannot change any state, so a multi-pass
+batch runs at most that many; when it reaches that count with one plan for every row and pass, the last m passes
+start from the fixed point, computed sequentially (off for a looped model, which has none). Jitter applies to every
+pass after the first (the studies that trained the committed recurrent reports set ``jitter=0``, as those were
+trained).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from fullband.model import IGNORE_INDEX
-from fullband.training.config import TrainConfig
+from fullband.model import IGNORE_INDEX, FeedbackLM, exact_passes, fused_positions, ntp_loss
+from fullband.model.recurrence import PlainPrefix, shifted_states
+from fullband.training.sections import OptimConfig, TrainConfig
 
 
 def sample_plain_prefix(batch_size: int, seq_len: int, generator: torch.Generator | None) -> torch.Tensor:
     """(batch_size,) int64 plain-prefix lengths, uniform in [1, seq_len - 1] (1 when seq_len < 2)."""
     high = max(2, seq_len)  # randint's upper bound is exclusive
     return torch.randint(1, high, (batch_size,), generator=generator, dtype=torch.long)
+
+
+def document_plan(tokens: torch.Tensor, separator: int) -> torch.Tensor:
+    """(B, T) bool: the plan of packed rows that restarts the recurrence at each document: every position but a
+    document's first token (the token after a ``separator``, the tokenizer's end-of-text) may be fused."""
+    starts = torch.zeros_like(tokens, dtype=torch.bool)
+    starts[:, 1:] = tokens[:, :-1] == separator
+    return ~starts
 
 
 def z_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -46,49 +66,171 @@ def z_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return (lse.square() * valid).sum() / valid.sum().clamp(min=1)
 
 
-def multipass_loss(
-    model: nn.Module,
-    inputs: torch.Tensor,  # (B, T) token ids
-    labels: torch.Tensor,  # (B, T) aligned with inputs, shifted inside the model; -100 = ignore
-    passes: int,
-    cfg: TrainConfig,
-    generator: torch.Generator | None,
-    *,
-    z_loss_weight: float = 0.0,
-    plain_prefix: torch.Tensor | None = None,  # (B,) or (passes, B) to use instead of drawing from ``generator``
-    fixed_point: bool | None = None,  # with grad_passes: decided for the global batch (None: for these rows)
-) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Loss to backpropagate and its metrics (detached tensors and ints; no host sync here).
+def first_grad_pass(passes: int, grad_passes: int) -> int:
+    """The first pass after pass 1 that runs with gradients: ``passes - grad_passes + 1``, or 2 when all do."""
+    return max(2, passes - grad_passes + 1) if grad_passes > 0 else 2
 
-    ``model`` may be wrapped (DDP, FSDP): only its forward is called. z-loss uses the last pass's
-    logits, the only ones the forward returns (the model computes each pass's NTP loss internally).
-    """
-    B, T = inputs.shape
-    if plain_prefix is None:
-        plain_prefix = sample_plain_prefix(B, T, generator) if cfg.prefix_mixin else torch.ones(B, dtype=torch.long)
-    out = model(
-        inputs,
-        passes=passes,
-        plain_prefix=plain_prefix.to(inputs.device),
-        labels=labels,
-        jitter=cfg.jitter,
-        detach_passes=cfg.detach_passes,
-        feedback_weight=cfg.feedback_weight,
-        grad_passes=cfg.grad_passes,
-        fixed_point=fixed_point,
-    )
-    loss = out.loss
-    metrics: dict[str, Any] = {
-        "pass_losses": [p.detach() for p in out.pass_losses],
-        "passes": out.passes,  # the baseline runs 1 whatever was asked
-        "tokens": inputs.numel(),
-        "token_equiv_compute": inputs.numel() * out.passes,
-    }
-    if z_loss_weight > 0:
-        z = z_loss(out.logits, labels)
-        loss = loss + z_loss_weight * z
-        metrics["z_loss"] = z.detach()
-    # What is backpropagated (the multi-pass objective, plus the z-loss term when on): about passes x the next-token
-    # loss, so it is logged as "objective", never as a loss; pass_losses holds each pass's next-token loss.
-    metrics["objective"] = loss.detach()
-    return loss, metrics
+
+@dataclass
+class ObjectiveOutput:
+    """One batch's objective: the loss to backpropagate and what the trainer logs."""
+
+    loss: torch.Tensor  # 0-d: NTP(pass 1) + λ · mean of the other scored passes' NTP (+ the z-loss term)
+    pass_losses: list[torch.Tensor]  # the NTP loss of each scored pass (pass 1 and the passes with gradients)
+    logits: torch.Tensor  # (B, T, V) of the last pass
+    passes: int  # passes run (the baseline runs 1 whatever was asked)
+    tokens: int  # input tokens of the batch
+    z_loss: torch.Tensor | None = None  # the z-loss (unweighted) when it applied
+
+    def metrics(self) -> dict[str, Any]:
+        """Detached tensors and ints (no host sync): what a training step logs."""
+        metrics: dict[str, Any] = {
+            "pass_losses": [p.detach() for p in self.pass_losses],
+            "passes": self.passes,
+            "tokens": self.tokens,
+            "token_equiv_compute": self.tokens * self.passes,
+        }
+        if self.z_loss is not None:
+            metrics["z_loss"] = self.z_loss.detach()
+        # What is backpropagated (the multi-pass objective, plus the z-loss term when on): about passes x the next-token
+        # loss, so it is logged as "objective", never as a loss; pass_losses holds each pass's next-token loss.
+        metrics["objective"] = self.loss.detach()
+        return metrics
+
+
+@dataclass(frozen=True)
+class MultiPassObjective:
+    """The multi-pass objective of DESIGN.md §3 (see the module docstring); call it on a model and a batch."""
+
+    feedback_weight: float = 1.0  # λ, the weight of the mean of the later passes' losses
+    jitter: float = 0.0  # Uniform(-jitter, jitter) noise on the carried states before they are fused
+    detach_passes: bool = False  # no gradient through the states carried from one pass to the next
+    grad_passes: int = 0  # m > 0: truncated gradients, pass 1 and the last m passes only
+    z_loss: float = 0.0  # weight of the z-loss on the last pass's logits
+    z_loss_when: str = "always"  # always, cooldown (only when the caller says the run is cooling down), off
+
+    @classmethod
+    def of(cls, train: TrainConfig, optim: OptimConfig | None = None) -> MultiPassObjective:
+        """The objective ``fullband train`` runs: [train]'s λ, jitter, detach and truncation, [optim]'s z-loss."""
+        z = dict(z_loss=optim.z_loss, z_loss_when=optim.z_loss_when) if optim is not None else {}
+        return cls(feedback_weight=train.feedback_weight, jitter=train.jitter, detach_passes=train.detach_passes,
+                   grad_passes=train.grad_passes, **z)
+
+    # ------------------------------------------------------------------ what a step runs
+
+    def step_passes(self, passes: int, T: int, plain_prefix: PlainPrefix = 1,
+                    fused: torch.Tensor | None = None) -> tuple[int, bool | None]:
+        """The passes a batch of length ``T`` with this plan runs when ``passes`` are asked, and whether its gradient
+        passes start from the fixed point (None: no truncation, every pass with gradients).
+
+        With truncated gradients a batch runs at most its exact count (later passes cannot change a state), and
+        starts the passes with gradients from the recurrence's fixed point when the passes reach that count, some
+        run without gradients, and one plan holds for every row and pass (a prefix per row or per pass, (B,) with
+        several values or (K, B), or a plan per pass, has no single sequential fixed point). Data-parallel training
+        decides this on a step's global batch, so that every process runs what one process would."""
+        if self.grad_passes == 0 or passes == 1:
+            return passes, None
+        rows = plain_prefix.shape[-1] if isinstance(plain_prefix, torch.Tensor) else (
+            fused.shape[-2] if fused is not None else 1)
+        plan = fused_positions(plain_prefix, rows, T, 0, torch.device("cpu"),
+                               fused.cpu() if fused is not None else None)
+        passes = min(passes, exact_passes(plan, has_incoming=False))
+        one_plan = plan.dim() == 2 and (not isinstance(plain_prefix, torch.Tensor) or (
+            plain_prefix.dim() == 1 and plain_prefix.unique().numel() == 1))
+        return passes, passes == exact_passes(plan, False) and first_grad_pass(passes, self.grad_passes) > 2 \
+            and one_plan
+
+    def z_loss_weight(self, cooldown: bool = False) -> float:
+        """The z-loss weight of a step (``cooldown``: whether the learning rate is cooling down)."""
+        on = self.z_loss_when == "always" or (self.z_loss_when == "cooldown" and cooldown)
+        return self.z_loss if on else 0.0
+
+    # ------------------------------------------------------------------ one batch
+
+    def __call__(
+        self,
+        model: FeedbackLM,
+        tokens: torch.Tensor,  # (B, T) token ids
+        labels: torch.Tensor,  # (B, T) aligned with tokens, shifted here; -100 = ignore
+        passes: int = 1,
+        plain_prefix: PlainPrefix = 1,  # int, (B,) or (passes, B)
+        *,
+        fused: torch.Tensor | None = None,  # (B, T) or (passes, B, T) bool: which positions may receive feedback
+        attention_mask: torch.Tensor | None = None,
+        fixed_point: bool | None = None,  # decided for a larger batch (step_passes); None: decided for these rows
+        cooldown: bool = False,  # the run's learning rate is cooling down (z_loss_when="cooldown")
+    ) -> ObjectiveOutput:
+        """The objective of one batch, every pass one forward of ``model`` (which may be wrapped by FSDP: only its
+        forward and ``forward_exact`` are called)."""
+        if fixed_point is None:
+            passes, fixed_point = self.step_passes(passes, tokens.shape[1], plain_prefix, fused)
+        first_grad = first_grad_pass(passes, self.grad_passes)
+        shift = model.feedback_shift
+        # Where the passes reach the exact count, the sequential fixed point stands in for the passes without
+        # gradients (a shift-0 model has none; nothing to stand in for when every pass has gradients).
+        restart = bool(fixed_point) and shift == 1 and first_grad > 2
+
+        def plan_of(k: int) -> dict[str, Any]:  # the plan of pass k, in the forward's arguments
+            prefix = plain_prefix[min(k, len(plain_prefix)) - 1] if _per_pass(plain_prefix) else plain_prefix
+            plan = fused[min(k, len(fused)) - 1] if fused is not None and fused.dim() == 3 else fused
+            return {"plain_prefix": prefix, "fused": plan, "attention_mask": attention_mask}
+
+        out = model(tokens, **plan_of(1))  # pass 1: plain, with gradients
+        scored = [out]
+        stream, hidden = out.target_stream, out.hidden
+        k = 2
+        if restart and passes > 1 and model.fuse is not None:
+            with torch.no_grad():
+                hidden = model.forward_exact(tokens, method="sequential", target_stream=stream.detach(),
+                                             **plan_of(1)).hidden
+            k = first_grad
+        while k <= passes and model.fuse is not None:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and k >= first_grad):
+                # At target 0 the stream is the embedding, a lookup: each pass after the fixed point embeds afresh,
+                # as the committed recurrent reports were trained (a shared one would sum the passes' gradients in
+                # another order); above it the blocks below the target run once per step.
+                again = None if restart and model.feedback_target == 0 else stream
+                out = model(tokens, carried_state=self._carried(hidden, shift), target_stream=again,
+                            logits_to_keep=0 if k >= first_grad else 1, **plan_of(k))
+            if k >= first_grad:
+                scored.append(out)
+            hidden = out.hidden
+            k += 1
+        pass_losses = [ntp_loss(o.logits, labels) for o in scored]
+        loss = pass_losses[0]
+        if len(pass_losses) > 1:
+            loss = loss + self.feedback_weight * torch.stack(pass_losses[1:]).mean()
+        weight = self.z_loss_weight(cooldown)
+        z = z_loss(out.logits, labels) if weight > 0 else None
+        if z is not None:
+            loss = loss + weight * z
+        return ObjectiveOutput(loss, pass_losses, out.logits, k - 1 if model.fuse is not None else 1,
+                               tokens.numel(), z)
+
+    def _carried(self, states: torch.Tensor, shift: int) -> torch.Tensor:
+        """(B, T, D) what the next pass fuses into each position: the states h^(k-1) shifted by one (a position's own
+        with ``shift`` 0), detached with ``detach_passes``, jittered."""
+        states = states.detach() if self.detach_passes else states
+        if shift == 1:
+            states = shifted_states(states)
+        if self.jitter > 0:  # training-time robustness noise on the states about to be fused
+            states = states + torch.empty_like(states).uniform_(-self.jitter, self.jitter)
+        return states
+
+
+def _per_pass(plain_prefix: PlainPrefix) -> bool:
+    return isinstance(plain_prefix, torch.Tensor) and plain_prefix.dim() == 2
+
+
+class BoundObjective(nn.Module):
+    """An objective bound to its model as one module: what data-parallel training wraps, so DDP sees one forward per
+    micro-batch whatever the passes; returns (loss, metrics). Its parameters are the model's."""
+
+    def __init__(self, model: FeedbackLM, objective: MultiPassObjective) -> None:
+        super().__init__()
+        self.model = model
+        self.objective = objective
+
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        out = self.objective(self.model, *args, **kwargs)
+        return out.loss, out.metrics()

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from fullband import families, rundir
+from fullband import families, hub, rundir
 from fullband.config import ConfigError, install_hint, plural
 from fullband.configio import config_to_dict, save_resolved_config
 from fullband.data import (
@@ -49,7 +49,6 @@ from fullband.data import (
 )
 from fullband.devices import resolve_device
 from fullband.families.loading import AnyLM, init_from
-from fullband.model import hub
 from fullband.training.checkpoint_layout import (
     latest_good_checkpoint,
     list_checkpoints,
@@ -209,7 +208,8 @@ def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) ->
         if cfg.data.validation_source:
             held_out = load_sft(cfg.data.validation_source, tokenizer, t.seq_len)
             val = SFTBatches(held_out, t.batch_size, pad, seed=t.seed + 1)
-            evaluate, val_tokens = loss_eval(val.batch, t.eval_batches, cfg.eval_passes), _sft_tokens(held_out)
+            evaluate = loss_eval(val.batch, t.eval_batches, cfg.eval_passes, separator=_separator(t, tokenizer))
+            val_tokens = _sft_tokens(held_out)
         return RunData(train.batch, evaluate, _sft_tokens(examples), val_tokens)
     if is_prepared(cfg.data.source):  # token shards: memory maps, the held-out split from the index
         train_split = load_prepared(cfg.data.source, "train", tokenizer)
@@ -223,7 +223,7 @@ def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) ->
         val_split = load_tokens(cfg.data.source, "validation", tokenizer, held_out=held_out)
     train = TokenBatches(train_split.tokens, t.seq_len, rows, seed=t.seed)
     val = TokenBatches(val_split.tokens, t.seq_len, t.batch_size, seed=t.seed + 1)
-    losses = loss_eval(val.batch, t.eval_batches, cfg.eval_passes)
+    losses = loss_eval(val.batch, t.eval_batches, cfg.eval_passes, separator=_separator(t, tokenizer))
 
     def evaluate(model: AnyLM, step: int) -> dict[str, float]:
         results = losses(model, step)
@@ -232,6 +232,11 @@ def build_batches(cfg: TrainRunConfig, tokenizer: Tokenizer, world_size: int) ->
         return {**results, **bpb}
 
     return RunData(train.batch, evaluate, train_split.n_tokens, val_split.n_tokens)
+
+
+def _separator(train: Any, tokenizer: Tokenizer) -> int | None:
+    """The end-of-text id at which validation restarts the recurrence (``train.restart_at_documents``), or None."""
+    return tokenizer.eos_id if train.restart_at_documents else None
 
 
 def _sft_tokens(examples: Any) -> int:
@@ -278,7 +283,7 @@ def run_train(cfg: TrainRunConfig, progress: bool = True, announce: bool = False
         trainer = Trainer(
             model, cfg.train, cfg.optim, cfg.schedule, data.batch_fn, data.eval_fn, out_dir,
             rank=env.rank, world_size=env.world_size, progress=progress and env.is_main,
-            run_config=_run_config(cfg, tokenizer), write_extra=tokenizer.save,
+            run_config=_run_config(cfg, tokenizer), write_extra=tokenizer.save, separator=tokenizer.eos_id,
         )
         if resuming:
             check_resume(cfg, trainer, env.world_size)

@@ -198,6 +198,13 @@ class TrainConfig:
         "Give each row a random plain prefix p ~ Uniform{1..seq_len-1} (prompt-then-generate, DESIGN.md §3); "
         "false = p = 1 (every position after the first fused).",
     )
+    restart_at_documents: bool = doc(
+        False,
+        "Packed data: restart the recurrence at each document, so one document's state is never fused into the next "
+        "(a document's first token, the one after the tokenizer's end-of-text, stays plain in every pass; attention "
+        "still reads across). Off by default until a study says otherwise; needs a tokenizer with an end-of-text "
+        "id. Validation then restarts at documents too.",
+    )
     prefix_per_pass: bool = doc(
         False,
         "With prefix_mixin: draw a new plain prefix for every pass after the first (as the paper's training code "
@@ -283,7 +290,8 @@ def validate_train_config(c: TrainConfig) -> None:
         word = c.compile.lower()
         c.compile = str(BOOL_WORDS[word]).lower() if word in BOOL_WORDS else word
     require(c.compile in COMPILE, "compile", c.compile, f"must be one of {COMPILE}")
-    for name in ("detach_passes", "prefix_mixin", "prefix_per_pass", "activation_checkpointing"):
+    for name in ("detach_passes", "prefix_mixin", "prefix_per_pass", "activation_checkpointing",
+                 "restart_at_documents"):
         require(isinstance(getattr(c, name), bool), name, getattr(c, name), "must be true or false")
     require(c.autocast in AUTOCAST, "autocast", c.autocast, f"must be one of {AUTOCAST}")
     require(c.parallel in PARALLEL, "parallel", c.parallel, f"must be one of {PARALLEL}")

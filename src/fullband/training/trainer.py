@@ -32,7 +32,6 @@ from fullband import rundir
 from fullband.config import ConfigError
 from fullband.configio import config_to_dict
 from fullband.model import FeedbackLM
-from fullband.model.recurrence import truncation
 from fullband.training.checkpoint import load_checkpoint, save_checkpoint, save_sharded_checkpoint, set_aside
 from fullband.training.checkpoint_layout import (
     TrainingState,
@@ -44,7 +43,7 @@ from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
 from fullband.training.errors import NonFiniteLossError, TrainingError
 from fullband.training.interrupt import Interrupted
 from fullband.training.metrics import MetricsLog, flops_per_token, peak_flops
-from fullband.training.objective import multipass_loss
+from fullband.training.objective import BoundObjective, MultiPassObjective, document_plan
 from fullband.training.optim import build_optimizer, in_cooldown, lr_at, optimizer_ns_dtype, set_lr
 from fullband.training.rng_state import capture_process_rng
 from fullband.training.schedule import FeedbackSchedule
@@ -85,6 +84,7 @@ class Trainer:
         run_config: dict[str, Any] | None = None,  # extra sections (data, ...) stored with checkpoints
         progress: bool = True,
         write_extra: Callable[[Path], None] | None = None,  # adds files (the tokenizer) to every checkpoint
+        separator: int | None = None,  # the end-of-text id between packed documents (train.restart_at_documents)
     ) -> None:
         if train_cfg.seq_len > model.config.max_seq_len:
             raise ConfigError(f"train.seq_len={train_cfg.seq_len} is invalid: must be at most the model's "
@@ -98,8 +98,14 @@ class Trainer:
         self._compile_checked = not self.compiled  # the first compiled step falls back to eager if it fails
         if train_cfg.activation_checkpointing:
             model.checkpoint_activations()
+        if train_cfg.restart_at_documents and separator is None:
+            raise ConfigError("train.restart_at_documents=true is invalid here: the tokenizer has no end-of-text id "
+                              "to find where a packed document starts; leave it false")
         self.raw_model = model
-        self.model: torch.nn.Module = model
+        # The one objective of every step (DESIGN.md §3), bound to the model: what DDP wraps (one forward a step).
+        self.objective = MultiPassObjective.of(train_cfg, optim_cfg)
+        self.model: torch.nn.Module = BoundObjective(model, self.objective)
+        self.separator = separator if train_cfg.restart_at_documents else None
         self.cfg, self.optim_cfg, self.schedule_cfg = train_cfg, optim_cfg, schedule_cfg
         self.batch_fn, self.eval_fn = batch_fn, eval_fn
         self.out_dir = Path(out_dir)
@@ -178,7 +184,7 @@ class Trainer:
         passes = self.schedule.passes_at(step)
         lr = lr_at(step, self.optim_cfg, self.total_steps)
         set_lr(self.optimizer, lr)
-        z_weight = self._z_loss_weight(step)
+        cooldown = in_cooldown(step, self.optim_cfg, self.total_steps)
 
         inputs, labels = self.batch_fn(step, self.rank, self.world_size)
         rows, seq_len = inputs.shape
@@ -197,19 +203,19 @@ class Trainer:
                                             self.world_size)  # (rows,), or (passes, rows) per pass
         if self.device.type == "cuda":  # copied now, without waiting (the forward would copy them from pageable memory)
             prefixes = prefixes.pin_memory().to(self.device, non_blocking=True)
-        # Truncated gradients: the passes and where they start are decided on the step's global batch, so every
-        # micro-batch of every process runs what one process would on all of it.
-        passes, fixed_point = (truncation(everyone, seq_len, passes, cfg.grad_passes)
-                               if cfg.grad_passes > 0 and passes > 1 else (passes, None))
+        # Truncated gradients: the passes and where they start are decided on the step's global batch (its prefixes;
+        # document starts only lower the exact count), so every micro-batch of every process runs what one would.
+        passes, fixed_point = self.objective.step_passes(passes, seq_len, everyone)
+        fused = document_plan(inputs, self.separator) if self.separator is not None else None  # (rows, T) or None
 
         totals: dict[str, Any] = {}
         for micro in range(cfg.grad_accum):
             rows_here = slice(micro * cfg.batch_size, (micro + 1) * cfg.batch_size)
             with self._grad_sync(micro == cfg.grad_accum - 1):
                 with self._autocast():
-                    loss, metrics = multipass_loss(self.model, inputs[rows_here], labels[rows_here], passes, cfg,
-                                                   None, z_loss_weight=z_weight, plain_prefix=prefixes[..., rows_here],
-                                                   fixed_point=fixed_point)
+                    loss, metrics = self.model(inputs[rows_here], labels[rows_here], passes, prefixes[..., rows_here],
+                                               fused=fused[rows_here] if fused is not None else None,
+                                               fixed_point=fixed_point, cooldown=cooldown)
                 (loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
             accumulate(totals, metrics, cfg.grad_accum)
 
@@ -261,12 +267,6 @@ class Trainer:
         self.state.loss = scalars["objective"]
         record.update(pending.record(scalars, grad_norm, self._window.per_step(), self._flops_per_token,
                                      self._peak_flops))
-
-    def _z_loss_weight(self, step: int) -> float:
-        when = self.optim_cfg.z_loss_when
-        if when == "always" or (when == "cooldown" and in_cooldown(step, self.optim_cfg, self.total_steps)):
-            return self.optim_cfg.z_loss
-        return 0.0
 
     def _grad_sync(self, last_micro: bool) -> contextlib.AbstractContextManager:
         # Under DDP only the last micro-batch's backward needs to all-reduce the gradients. FSDP2 has no no_sync:

@@ -9,6 +9,8 @@ The formula (multiply-adds count 2):
   weighted sum of values over its t keys, causal), so a causal forward over T tokens costs
   ``2·N·T + 2·L·D·T·(T+1)``.
 - A pass with gradients costs 3x its forward (forward + backward ≈ 6·N per token).
+- A model whose feedback enters after ``target`` blocks (DESIGN.md §1's span) runs those blocks once per position:
+  a pass after the first (``upper``) meets only the ``L - target`` blocks above them (and the head and fusion).
 
 Training counts every pass the objective runs, step by step (the batch plan of the run replayed: each step's
 padded batch B×T, its pass count, the passes with gradients; see :func:`step_flops`). Inference counts what an
@@ -33,40 +35,50 @@ class Shape:
     kv_dim: int  # width of k and v (kv heads x head size)
     ffn_dim: int
     vocab_size: int
+    target: int = 0  # the blocks below the feedback target, which a pass after the first does not re-run
 
     @classmethod
     def of(cls, cfg: Any) -> Shape:
         """From a ModelConfig (resolved vocabulary)."""
-        return cls(cfg.d_model, cfg.n_layers, cfg.kv_heads * cfg.head_dim, cfg.ffn_dim, cfg.vocab_size)
+        return cls(cfg.d_model, cfg.n_layers, cfg.kv_heads * cfg.head_dim, cfg.ffn_dim, cfg.vocab_size,
+                   getattr(cfg, "feedback_target", 0))
 
-    def weights(self, fused: bool) -> int:
-        """N: the weights one token meets in one pass (the fusion's at a fused position)."""
+    def layers(self, upper: bool = False) -> int:
+        """The blocks a pass runs: all of them, or (``upper``: a pass after the first) those above the target."""
+        return max(0, self.n_layers - self.target) if upper else self.n_layers
+
+    def weights(self, fused: bool, upper: bool = False) -> int:
+        """N: the weights one token meets in one pass (the fusion's at a fused position; ``upper``: the blocks above
+        the target only)."""
         D = self.d_model
         block = 2 * D * D + 2 * D * self.kv_dim + 3 * D * self.ffn_dim
-        return self.n_layers * block + self.vocab_size * D + (2 * D * D if fused else 0)
+        return self.layers(upper) * block + self.vocab_size * D + (2 * D * D if fused else 0)
 
 
-def positions_flops(shape: Shape, first: int, last: int, fused: bool) -> float:
-    """Forward FLOPs of positions first..last (1-based, inclusive) attending causally to everything before."""
+def positions_flops(shape: Shape, first: int, last: int, fused: bool, upper: bool = False) -> float:
+    """Forward FLOPs of positions first..last (1-based, inclusive) attending causally to everything before
+    (``upper``: a pass after the first, through the blocks above the feedback target only)."""
     if last < first:
         return 0.0
     count = last - first + 1
     position_sum = (first + last) * count / 2
-    return 2.0 * shape.weights(fused) * count + 4.0 * shape.n_layers * shape.d_model * position_sum
+    return 2.0 * shape.weights(fused, upper) * count + 4.0 * shape.layers(upper) * shape.d_model * position_sum
 
 
-def forward_flops(shape: Shape, T: int, fused: bool) -> float:
-    """One causal forward over T tokens: 2·N·T + 2·L·D·T·(T+1)."""
-    return positions_flops(shape, 1, T, fused)
+def forward_flops(shape: Shape, T: int, fused: bool, upper: bool = False) -> float:
+    """One causal forward over T tokens: 2·N·T + 2·L·D·T·(T+1) (``upper``: a pass after the first)."""
+    return positions_flops(shape, 1, T, fused, upper)
 
 
 def step_flops(shape: Shape, rows: int, T: int, passes: int, *, feedback: bool, grad_passes: int = 0,
                shift: int = 1, exact_passes: int | None = None) -> float:
-    """FLOPs of one training step on a padded batch (rows, T), as :func:`fullband.training.objective.multipass_loss`
-    runs it: pass 1 plain with gradients; then, with ``grad_passes`` m > 0, the passes are capped at the exact count
-    (``exact_passes``, T with plain prefix 1), the middle ones without gradients (computed sequentially, as one
-    forward, when the cap is reached and the model recurs), the last m with; with m = 0 every pass with gradients."""
-    plain, fused = forward_flops(shape, T, False), forward_flops(shape, T, True)
+    """FLOPs of one training step on a padded batch (rows, T), as
+    :class:`fullband.training.objective.MultiPassObjective` runs it: pass 1 plain with gradients; then, with
+    ``grad_passes`` m > 0, the passes are capped at the exact count (``exact_passes``, T with plain prefix 1), the
+    middle ones without gradients (computed sequentially, as one forward, when the cap is reached and the model
+    recurs), the last m with; with m = 0 every pass with gradients. Every pass after the first runs the blocks above
+    the feedback target only."""
+    plain, fused = forward_flops(shape, T, False), forward_flops(shape, T, True, upper=True)
     total = 3 * plain
     if feedback and passes > 1:
         if grad_passes > 0:
@@ -124,7 +136,7 @@ def decode_flops(shape: Shape, prompt_len: int, generated: int, mode: DecodingMo
     if not plan.carries:
         return positions_flops(shape, 1, total, False)
     prompt = (positions_flops(shape, 1, prompt_len, False)
-              + (plan.passes - 1) * positions_flops(shape, 1, prompt_len, True))
+              + (plan.passes - 1) * positions_flops(shape, 1, prompt_len, True, upper=True))
     return prompt + positions_flops(shape, prompt_len + 1, total, True)
 
 
@@ -133,7 +145,8 @@ def looped_decode_flops(shape: Shape, prompt_len: int, generated: int, passes: i
     keeps every pass's keys and values would run it, since earlier positions never change, though ours reruns the
     whole sequence per token."""
     total = prompt_len + generated - 1
-    return positions_flops(shape, 1, total, False) + (passes - 1) * positions_flops(shape, 1, total, True)
+    return positions_flops(shape, 1, total, False) + (passes - 1) * positions_flops(shape, 1, total, True,
+                                                                                    upper=True)
 
 
 def equal_flops_depth(shape: Shape, target: float, flops_of: Any) -> int:

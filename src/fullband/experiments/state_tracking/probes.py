@@ -32,7 +32,7 @@ def residual_stream(model: FeedbackLM, tokens: torch.Tensor, passes: int | None)
         # The exact states are a fixed point: one more pass from them reproduces them.
         carried = previous.hidden
     positions = torch.arange(T, device=tokens.device).expand(B, T)
-    return model.depth_states(model.stack_inputs(tokens, carried), positions)
+    return model.depth_states(tokens, model.stack_inputs(tokens, carried), positions)
 
 
 def final_token_states(

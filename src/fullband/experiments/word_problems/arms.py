@@ -54,6 +54,7 @@ from fullband.experiments.word_problems.models import (
 from fullband.model import FullBandwidthLM
 from fullband.model.recurrence import ntp_loss
 from fullband.tasks.word_problems import WordBatch, WordProblems
+from fullband.training.objective import MultiPassObjective
 from fullband.training.optim import fusion_names, param_groups
 
 POSITIONS = ("rope", "none")  # fullband.config.POSITION_ENCODINGS
@@ -165,7 +166,7 @@ class Transformer(Arm):
         return FullBandwidthLM(self.plain_config(knob))
 
     def loss(self, model: nn.Module, batch: WordBatch, knob: Any, step: int = 0) -> torch.Tensor:
-        return model(batch.tokens, labels=batch.labels).loss
+        return MultiPassObjective()(model, batch.tokens, batch.labels).loss
 
     def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any, prefix: int = 0) -> torch.Tensor:
         return model(tokens).logits
@@ -208,7 +209,10 @@ class FullBandwidth(Arm):
         return self.cfg.feedback_weights
 
     def config(self) -> ModelConfig:
-        return self.model_config(feedback=True)
+        # The study's span (eval-controls' feedback_source / feedback_target; the full-bandwidth default elsewhere)
+        span = {name: getattr(self.cfg, name) for name in ("feedback_source", "feedback_target") if hasattr(self.cfg,
+                                                                                                          name)}
+        return self.model_config(feedback=True, **span)
 
     def build(self, knob: Any) -> nn.Module:
         return FullBandwidthLM(self.config())
@@ -219,8 +223,8 @@ class FullBandwidth(Arm):
     def loss(self, model: nn.Module, batch: WordBatch, knob: Any, step: int = 0) -> torch.Tensor:
         # The start cup and what comes before it are plain; passes beyond the exact count change nothing.
         exact = batch.tokens.shape[1] - batch.prefix
-        return model(batch.tokens, passes=exact, plain_prefix=batch.prefix + 1, labels=batch.labels,
-                     grad_passes=self.cfg.grad_passes, feedback_weight=knob).loss
+        objective = MultiPassObjective(feedback_weight=knob, grad_passes=self.cfg.grad_passes)
+        return objective(model, batch.tokens, batch.labels, exact, batch.prefix + 1).loss
 
     def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any, prefix: int = 0) -> torch.Tensor:
         return model.forward_exact(tokens, plain_prefix=prefix + 1, method="sequential").logits
@@ -479,8 +483,8 @@ class FullBandwidthPaper(FullBandwidth):
         return max(PAPER_PASS_MIX)
 
     def loss(self, model: nn.Module, batch: WordBatch, knob: Any, step: int = 0) -> torch.Tensor:
-        return model(batch.tokens, passes=self.passes_at(step), plain_prefix=batch.prefix + 1, labels=batch.labels,
-                     feedback_weight=knob, jitter=PAPER_JITTER).loss
+        objective = MultiPassObjective(feedback_weight=knob, jitter=PAPER_JITTER)
+        return objective(model, batch.tokens, batch.labels, self.passes_at(step), batch.prefix + 1).loss
 
     def train_flops(self, knob: Any) -> float:
         mean = sum(passes * share for passes, share in PAPER_PASS_MIX.items())  # step_flops is linear in the passes

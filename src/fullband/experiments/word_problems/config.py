@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from fullband.config import (
+    ModelConfig,
     device_field,
     doc,
     is_int,
@@ -78,6 +79,11 @@ class ControlsConfig(StudyConfig):
                                               "passes' mean loss against pass 1's.")
     grad_passes: int = doc(8, "fullband: gradients through pass 1 and the last this many passes (the recipe's).")
     fusion_lr_mult: float = doc(3.0, "fullband: the fusion's learning rate over the others' (the recipe's).")
+    feedback_source: str = doc("residual", "fullband's span (DESIGN.md section 1): the state fed back, 'residual' (the "
+                               "top block's output), 'normed' or 'layer:N' (N in 1..n_layers); every committed run "
+                               "used the default.")
+    feedback_target: int = doc(0, "fullband's span: the state enters after this many blocks, below the source (0 = "
+                               "the embedding, the full-bandwidth model of every committed run).")
     seeds: int = doc(5, "Seeds 0..seeds-1 (training data and initial weights); the first one tunes every arm.")
     validation_problems: int = doc(1000, "Held-out problems of the trained lengths that choose each arm's setting.")
     # Why the study has a second selection (what seed 0's grid showed) is in docs/evaluation.md, not in --help.
@@ -123,6 +129,9 @@ class ControlsConfig(StudyConfig):
                                                    and self.extrapolation_length > self.train_length),
                 "extrapolation_length", self.extrapolation_length,
                 f"must be 0 (no second selection) or an integer > train_length={self.train_length}")
+        # The span as ModelConfig checks it, in the one line that names the fields.
+        ModelConfig(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
+                    feedback_source=self.feedback_source, feedback_target=self.feedback_target)
 
 
 def validate_training_grid(cfg: Any, names: dict[str, tuple[str, ...]], ints: dict[str, int]) -> None:

@@ -30,9 +30,16 @@ class RetrofitCache(CacheSlots):
         except TypeError:  # pragma: no cover - releases whose DynamicCache takes no config
             self.kv = DynamicCache()
 
-    def rewind(self) -> None:
-        """Drop what an earlier pass over the pending chunk appended, so this pass takes its place."""
-        crop_cache(self.kv, self.length)
+    def rewind(self, from_layer: int = 0) -> None:
+        """Drop what an earlier pass over the pending chunk appended, so this pass takes its place: in every layer, or
+        (a retrofit with a feedback target, whose pass re-runs the layers above it) in layers ``from_layer`` on."""
+        if from_layer == 0:
+            crop_cache(self.kv, self.length)
+            return
+        for layer in self.kv.layers[from_layer:]:
+            extra = layer.get_seq_length() - self.length
+            if extra > 0:
+                layer.crop(-extra)  # a negative count removes that many (see crop_cache)
 
     def can_gather_rows(self) -> bool:
         """Only when every layer keeps every token: a sliding-window layer keeps a cropped window whose slots do not

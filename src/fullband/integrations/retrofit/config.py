@@ -37,6 +37,7 @@ class RetrofitConfig:
     norm_eps: float  # of the fusion's RMSNorms (the base model's norm epsilon)
     init_std: float  # of the fusion's projections (the base model's initializer_range)
     feedback: bool = True
+    feedback_target: int = 0  # the state enters after this many blocks (0 = the input embeddings; DESIGN.md §1)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,7 +59,17 @@ class RetrofitOptions:
         'config file: feedback_source = "2").',
     )
 
+    feedback_target: int = doc(
+        0,
+        "Where the state enters (DESIGN.md section 1's span): 0 = the input embeddings; k = the residual stream after "
+        "block k, below the source (1..N-1 with feedback_source N, 1..n_layers-1 with last_hidden), the blocks below "
+        "it run once per position. k > 0 for Llama, Qwen2 and GPT-2.",
+    )
+
     def __post_init__(self) -> None:
+        require(isinstance(self.feedback_target, int) and not isinstance(self.feedback_target, bool)
+                and self.feedback_target >= 0, "feedback_target", self.feedback_target,
+                "must be an integer >= 0 (below the source; 0 = the input embeddings)")
         source = self.feedback_source
         ok = isinstance(source, str) and (source == LAST_HIDDEN or (source.isdigit() and int(source) >= 1))
         require(ok, "feedback_source", source, "must be 'last_hidden' or a block index N >= 1 (at most the "
@@ -79,3 +90,6 @@ class RetrofitOptions:
         require(hf or self.feedback_source == LAST_HIDDEN, "retrofit.feedback_source", self.feedback_source,
                 "applies only to init_from='hf:PATH' (a retrofitted model's directory keeps the source it was "
                 "built with)")
+        require(hf or self.feedback_target == 0, "retrofit.feedback_target", self.feedback_target,
+                "applies only to init_from='hf:PATH' (a retrofitted model's directory keeps the span it was built "
+                "with)")

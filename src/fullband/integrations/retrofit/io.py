@@ -1,7 +1,7 @@
 """Checkpoints of retrofitted models: the base in its own format, the fusion beside it, and what ties them (the
 layout: :mod:`fullband.integrations.retrofit.config`).
 
-Beside them, a transformers-form ``config.json``, the remote-code modules and a model card (fullband.model.hub) let
+Beside them, a transformers-form ``config.json``, the remote-code modules and a model card (fullband.hub) let
 ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` open the whole retrofitted model
 (fullband.integrations.hf_retrofit). The base stays a plain transformers checkpoint:
 ``AutoModelForCausalLM.from_pretrained(dir / "base")`` loads the pretrained network alone, fine-tuned weights
@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from fullband import rundir
+from fullband import hub, rundir
 from fullband.files import write_json, write_through
 from fullband.integrations._hf_compat import no_progress_bars
 from fullband.integrations.retrofit.config import (
@@ -33,7 +33,6 @@ from fullband.integrations.retrofit.config import (
     RetrofitConfig,
     is_retrofit_checkpoint,
 )
-from fullband.model import hub
 from fullband.model.serialization import CONFIG_NAME, CheckpointError
 
 MODEL_TYPE = RETROFIT_FAMILY
@@ -64,14 +63,22 @@ def save_retrofitted(model: nn.Module, directory: str | Path, **decoding: Any) -
     hub.write_model_card(directory, config, architecture=(
         f"a pretrained `{config.get('base_architecture')}` ({config.get('n_layers')} layers, width "
         f"{config.get('d_model')}) retrofitted with latent feedback: the fed-back state is "
-        f"`{config.get('feedback_source')}`; the base model is in `base/`, the fusion in `fusion.safetensors`"))
+        f"`{config.get('feedback_source')}`{_target_words(config)}; the base model is in `base/`, the fusion in "
+        "`fusion.safetensors`"))
     write_json(directory / CONFIG_NAME, config)
+
+
+def _target_words(config: dict[str, Any]) -> str:
+    """The card's words for a span's target (none at the default, the input embeddings)."""
+    target = config.get("feedback_target") or 0
+    return f", fused into the residual stream after block {target}" if target else ""
 
 
 def load_retrofit_config(directory: str | Path) -> RetrofitConfig:
     """The config a checkpoint's model was built with (what a trainer compares with ``model.config``)."""
     meta = _read_meta(Path(directory))
-    return RetrofitConfig(**{f.name: meta[f.name] for f in fields(RetrofitConfig)})
+    # A field a checkpoint predates (feedback_target) keeps its default: the span it was built with.
+    return RetrofitConfig(**{f.name: meta[f.name] for f in fields(RetrofitConfig) if f.name in meta})
 
 
 def load_weights_into(model: nn.Module, directory: str | Path) -> None:
@@ -94,7 +101,8 @@ def load_retrofitted(cls: type[Retrofitted], directory: str | Path, **base_kwarg
     if type(base).__name__ != meta["base_architecture"]:
         raise CheckpointError(f"{directory}: base loads as {type(base).__name__}, but {RETROFIT_CONFIG} says "
                               f"{meta['base_architecture']}")
-    model = cls(base, meta["feedback_source"], init_std=meta["init_std"])
+    model = cls(base, meta["feedback_source"], init_std=meta["init_std"],
+                feedback_target=meta.get("feedback_target", 0))
     try:
         fusion = load_file(str(directory / FUSION_WEIGHTS))
     except (SafetensorError, OSError) as err:

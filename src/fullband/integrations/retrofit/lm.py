@@ -18,6 +18,11 @@ Which state feeds back (``feedback_source``):
 - an int ``k`` in 1..L-1: ``hidden_states[k]``, the residual stream after block ``k`` (before any norm): the
   native ``"layer:k"``. The top block's pre-norm output is not among transformers' hidden states (their last
   entry is the normed one), so ``k = L`` is refused rather than silently meaning the normed state.
+
+Where it enters (``feedback_target``, DESIGN.md §1's span): 0 (the default) fuses it into the input embeddings and
+runs the pretrained model's own forward; ``k`` in 1..source-1 fuses it into the residual stream after block ``k``,
+and the decoder layers are then run by fullband (:mod:`.span`: the blocks below the target once per forward, the
+ones above per pass), for Llama, Qwen2 and GPT-2 (others are refused at ``k > 0``).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from fullband.integrations._hf_compat import cache_argument
 from fullband.integrations.retrofit import io
 from fullband.integrations.retrofit.cache import RetrofitCache
 from fullband.integrations.retrofit.config import LAST_HIDDEN, FeedbackSource, RetrofitConfig, RetrofitOptions
+from fullband.integrations.retrofit.span import DecoderSpan, span_problem
 from fullband.model import LatentFusion
 from fullband.model.feedback import FeedbackLM
 from fullband.model.serialization import CheckpointError
@@ -46,7 +52,8 @@ class RetrofittedLM(FeedbackLM):
     train_dtype: ClassVar[torch.dtype | None] = torch.float32  # a pretrained network is often saved in half precision
 
     def __init__(
-        self, base: PreTrainedModel, feedback_source: FeedbackSource = "last_hidden", *, init_std: float | None = None
+        self, base: PreTrainedModel, feedback_source: FeedbackSource = "last_hidden", *, init_std: float | None = None,
+        feedback_target: int = 0,
     ) -> None:
         super().__init__()
         _check_supported(base)
@@ -61,8 +68,11 @@ class RetrofittedLM(FeedbackLM):
             max_seq_len=cfg.max_position_embeddings,
             norm_eps=_norm_eps(cfg),
             init_std=init_std if init_std is not None else (getattr(cfg, "initializer_range", None) or 0.02),
+            feedback_target=feedback_target,
         )
         _check_feedback_source(feedback_source, self.config.n_layers)
+        _check_feedback_target(feedback_target, feedback_source, self.config.n_layers, base)
+        self._span = DecoderSpan(base) if feedback_target > 0 else None
         p = self.embed.weight
         # The pretrained network keeps its own plain inputs, so fused inputs start at its embeddings' scale.
         embed_rms = float(p.detach().float().pow(2).mean().sqrt())
@@ -111,14 +121,34 @@ class RetrofittedLM(FeedbackLM):
     def _empty_cache(self, batch_size: int, max_len: int) -> RetrofitCache:
         return RetrofitCache(self.base.config, batch_size, max_len, self.embed.weight.device)
 
+    def run_lower(
+        self,
+        inputs: torch.Tensor,  # (B, T, D) token embeddings
+        positions: torch.Tensor,  # (B, T)
+        mask: torch.Tensor | None = None,  # (B, S) 1 = real token, over cached + new positions; None = causal
+        cache: RetrofitCache | None = None,
+    ) -> torch.Tensor:
+        """The decoder layers below the feedback target, once per forward -> the plain target stream (B, T, D); the
+        embeddings themselves at target 0 (the pretrained forward takes them as ``inputs_embeds``)."""
+        if self._span is None:
+            return inputs
+        if cache is not None:
+            cache.rewind()  # every layer back to the committed positions: this forward's chunk starts here
+        first = self._span.embedded(inputs, positions)
+        kv = cache.kv if cache is not None else None
+        return list(self._span.run(first, positions, mask, kv, 0, self.config.feedback_target))[-1]
+
     def run_stack(
         self,
-        inputs: torch.Tensor,  # (B, T, D) input vectors u_t
+        inputs: torch.Tensor,  # (B, T, D) input vectors u_t at the target
         positions: torch.Tensor,  # (B, T)
         mask: torch.Tensor | None = None,  # (B, S) 1 = real token, over cached + new positions; None = causal
         cache: RetrofitCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass of the pretrained network -> (carried states h (B, T, D), head input (B, T, D))."""
+        """One pass of the pretrained network above the target -> (carried states h (B, T, D), head input
+        (B, T, D))."""
+        if self._span is not None:
+            return self._run_upper(inputs, positions, mask, cache)
         cache_kwargs = {}
         if cache is not None:
             cache.rewind()
@@ -131,11 +161,31 @@ class RetrofittedLM(FeedbackLM):
         carried = top if source == "last_hidden" else out.hidden_states[source]
         return carried.to(inputs.device), top  # the fusion sits with the embedding (a model split over devices)
 
-    def depth_states(self, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """(L + 1, B, T, D): the pretrained network's own hidden states for ``inputs``, whose last entry is after
-        its final norm (Llama, Qwen2, GPT-2), the head's input."""
-        out = self.base.base_model(inputs_embeds=inputs, position_ids=positions, output_hidden_states=True)
-        return torch.stack(out.hidden_states)
+    def _run_upper(self, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+                   cache: RetrofitCache | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layers target+1..L from the target's inputs (a pass; the layers below ran once in run_lower)."""
+        k, source = self.config.feedback_target, self.config.feedback_source
+        if cache is not None:
+            cache.rewind(from_layer=k)  # an earlier pass over this chunk appended to these layers: this one replaces it
+        carried, hidden = None, inputs
+        for depth, hidden in enumerate(self._span.run(inputs, positions, mask, cache.kv if cache is not None else None,
+                                                      k, self.config.n_layers), k + 1):
+            if depth == source:
+                carried = hidden
+        top = self._span.final_norm(hidden)
+        return (top if source == LAST_HIDDEN else carried).to(inputs.device), top
+
+    def depth_states(self, tokens: torch.Tensor, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(L + 1, B, T, D): the pretrained network's own hidden states for a pass whose inputs at the target are
+        ``inputs``; the last entry is after its final norm (Llama, Qwen2, GPT-2), the head's input."""
+        if self._span is None:
+            out = self.base.base_model(inputs_embeds=inputs, position_ids=positions, output_hidden_states=True)
+            return torch.stack(out.hidden_states)
+        k = self.config.feedback_target
+        first = self._span.embedded(self.embed(tokens), positions)
+        lower = [first, *self._span.run(first, positions, None, None, 0, k)][:k]
+        upper = list(self._span.run(inputs, positions, None, None, k, self.config.n_layers))
+        return torch.stack([*lower, inputs, *upper[:-1], self._span.final_norm(upper[-1])])
 
     def logits_of_top(self, state: torch.Tensor) -> torch.Tensor:
         return self.lm_head(state)  # transformers' last hidden state is already normed
@@ -180,19 +230,23 @@ class RetrofittedLM(FeedbackLM):
                     name: str = "") -> RetrofittedLM:
         """``retrofit(AutoModelForCausalLM.from_pretrained(path))`` from local files, fusion weights drawn from
         torch's global RNG. Loading problems raise CheckpointError whose message starts with ``name`` (default: the
-        quoted path); a bad ``options.feedback_source`` a ConfigError naming it; an unsupported architecture (or a
-        bad source without ``options``) retrofit's own ValueError / NotImplementedError."""
+        quoted path); a bad ``options.feedback_source`` or ``feedback_target`` a ConfigError naming it; an
+        unsupported architecture (or a bad source without ``options``) retrofit's own ValueError /
+        NotImplementedError."""
         base = io.load_base(path, dtype, name or repr(str(path)))
         try:
-            return cls(base, options.resolve() if options is not None else LAST_HIDDEN)
+            if options is None:
+                return cls(base, LAST_HIDDEN)
+            return cls(base, options.resolve(), feedback_target=options.feedback_target)
         except ValueError as err:
-            if options is not None and str(err).startswith("feedback_source"):
+            if options is not None and str(err).startswith(("feedback_source", "feedback_target")):
                 raise ConfigError(f"retrofit.{str(err).splitlines()[0]}") from None
             raise
 
 
 def retrofit(model: PreTrainedModel, feedback_source: FeedbackSource = "last_hidden", **kwargs: Any) -> RetrofittedLM:
-    """Wrap a transformers causal LM with latent feedback; see :mod:`fullband.integrations.retrofit.lm`."""
+    """Wrap a transformers causal LM with latent feedback; see :mod:`fullband.integrations.retrofit.lm`
+    (``feedback_target=k`` fuses the state after block k, Llama, Qwen2 and GPT-2)."""
     return RetrofittedLM(model, feedback_source, **kwargs)
 
 
@@ -217,6 +271,15 @@ def _check_feedback_source(source: FeedbackSource, n_layers: int) -> None:
         f"index 1..{n_layers - 1} (the residual stream after that block); transformers does not expose the top "
         "block's pre-norm output"
     )
+
+
+def _check_feedback_target(target: int, source: FeedbackSource, n_layers: int, base: PreTrainedModel) -> None:
+    top = n_layers if source == LAST_HIDDEN else source
+    if not (isinstance(target, int) and not isinstance(target, bool) and 0 <= target < top):
+        raise ValueError(f"feedback_target={target!r} is invalid with feedback_source={source!r}: the target must lie "
+                         f"below the source, 0..{top - 1} (0 = the input embeddings)")
+    if target > 0 and (problem := span_problem(base)) is not None:
+        raise ValueError(f"feedback_target={target} is invalid: {problem}; use feedback_target=0 (the embeddings)")
 
 
 def _norm_eps(cfg: Any) -> float:

@@ -168,11 +168,13 @@ def native_architecture(config: dict[str, Any]) -> str:
     """The card's architecture line for a native model's config.json."""
     # RoPE is the default and goes unsaid (cards written before the option read the same); NoPE is named.
     nope = ", no positional encoding (NoPE)" if config.get("position_encoding") == "none" else ""
+    # The default span (the state fused into the embeddings) goes unsaid, as cards written before the option read.
+    target = f" fused after block {config['feedback_target']}" if config.get("feedback_target") else ""
     return (f"decoder-only transformer, {config.get('n_layers')} layers, width {config.get('d_model')}, "
             f"{config.get('n_heads')} heads ({config.get('n_kv_heads') or config.get('n_heads')} key/value){nope}, "
             f"vocabulary {config.get('vocab_size')}, context {config.get('max_seq_len')}; latent feedback "
             f"{'on' if config.get('feedback') else 'off (the plain baseline)'}, carried state "
-            f"`{config.get('feedback_source')}`, fusion `{config.get('fusion')}`")
+            f"`{config.get('feedback_source')}`{target}, fusion `{config.get('fusion')}`")
 
 
 def read_architecture(directory: str | Path) -> str | None:
