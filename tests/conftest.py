@@ -32,6 +32,7 @@ def pytest_configure(config):
     os.environ["PIP_CACHE_DIR"] = str(SESSION_CACHE / "pip")  # the corpus download
     if (users_corpus / "MANIFEST.json").is_file():
         shutil.copytree(users_corpus, corpus_dir())
+    config._fullband_threads = worker_threads(config)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which turns these options into workers
@@ -44,6 +45,28 @@ def pytest_cmdline_main(config):
         option.numprocesses = "auto"
         option.maxprocesses = option.maxprocesses or 4
         option.dist = "loadfile" if option.dist == "no" else option.dist
+
+
+def worker_threads(config) -> int:
+    """torch threads for this test process: the usable cores shared out over the pytest-xdist workers (1 each with
+    one worker per core), all of them in one process (``-n 0``); at most OMP_NUM_THREADS when that is set."""
+    from fullband.devices import usable_cores
+
+    workers = int(config.workerinput["workercount"]) if hasattr(config, "workerinput") else 1
+    threads = max(1, usable_cores() // workers)
+    limit = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return min(threads, int(limit)) if limit.isdigit() and int(limit) > 0 else threads
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads_of_this_worker(request):
+    """Every test module starts on this process's share of the cores (:func:`worker_threads`), whatever an earlier
+    module set (an in-process ``fullband`` command applies ``--threads auto``, which reads the load of the moment).
+    Threads beyond the cores are not free: 2 workers of 2 threads each on 2 cores wait for one another in every
+    parallel op of these tiny models (tests/model/test_recurrence.py in one process beside a 2-core study: 2 min
+    20 s with 2 threads, 16 s with 1). Module-scoped, so a module's own ``one_thread_per_module`` still applies."""
+    torch.set_num_threads(request.config._fullband_threads)
+    yield
 
 
 def pytest_unconfigure(config):

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from fullband.bench.config import SECTIONS, BenchConfig, BenchOptimConfig
+from fullband.bench.config import SECTIONS, BenchConfig, BenchDecodeConfig, BenchOptimConfig
 from fullband.bench.steps import baseline_twin, timed_optimizer_step, train_model, training_products, without_onednn
 from fullband.bench.workers import combined_share
 from fullband.cli import main
@@ -41,7 +41,7 @@ def test_quick_bench_prints_one_table_and_writes_json(tmp_path, capsys, restore_
     assert set(printed[header + 1]) == {"-"}
     results = json.loads(out.read_text())
     rows = results["rows"]
-    body = [line for line in printed[header + 2:] if not line.startswith("results:")]
+    body = [line for line in printed[header + 2:] if not line.startswith(("results:", "# decoding:"))]
     assert len(body) == len(rows) and [line.split()[0] for line in body] == [r["section"] for r in rows]
     assert {r["section"] for r in rows} == set(SECTIONS)
     assert results["limits"]["memory_gb_s"] > 0 and results["limits"]["matmul_gflop_s"] > 0
@@ -94,8 +94,15 @@ def test_quick_bench_prints_one_table_and_writes_json(tmp_path, capsys, restore_
     for case in (f"Muon (NS {ns}) / AdamW step time", f"NorMuon (NS {ns}) / AdamW step time"):
         assert cases[case]["ratio"] > 0 and cases[case]["target"] == "<= 1.2"
     assert results["machine_at_start"]["cpu_features"] == [f for f in CPU_FEATURES if f in cpu_flags()]
+    for batch in (1, 8):  # the same step with its fused products off, in the same rounds: the same tokens
+        assert cases[f"speed fused / unfused inference, batch {batch}"]["ratio"] > 0
+        assert cases[f"speed fused / unfused inference, batch {batch}"]["check"] == "identical tokens"
     checked = [r for r in rows if r["ok"] is not None]
-    assert len(checked) == 3 and all(r["ok"] for r in checked), checked  # same loss; identical tokens at 1 and 8
+    assert len(checked) == 5 and all(r["ok"] for r in checked), checked  # same loss; identical tokens at 1 and 8
+    summary = printed[header + 2 + len(rows)]  # the decoding figures the targets name, after the table
+    one = cases["fullband greedy (standard), batch 1"]["of_limit"].replace(" mem bw", "")
+    assert summary.startswith(f"# decoding: batch-1 greedy (standard) {one} of the copy bandwidth (target >= 60%); "
+                              "soft/standard ") and "at batch 8 (target >= 0.98); fullband/generate" in summary
     assert all(float(r["check"].split()[-1]) < 1e-3 for r in rows if r["section"] == "exact")
     auto = cases["forward_exact auto, tol 0.0001 (= sequential here)"]  # a CPU: sequential even with a tolerance
     assert auto["figure"] == "16 passes" and auto["ratio"] == 1.0
@@ -105,6 +112,9 @@ def test_sections_are_checked():
     with pytest.raises(ValueError, match=r"sections=.*must be one or more of"):
         BenchConfig(sections=("speed",))
     assert BenchConfig(preset="quick").train.d_model == 32
+    assert BenchConfig().decode.steps == () and BenchDecodeConfig(steps=["static"]).steps == ("static",)
+    with pytest.raises(ValueError, match=r"decode\.steps=\('eager',\)"):
+        BenchDecodeConfig(steps=("eager",))  # the step every row runs already
 
 
 def test_optim_section_runs_the_compare_defaults_model_and_batch():

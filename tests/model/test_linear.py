@@ -8,6 +8,7 @@ from fullband import FullBandwidthLM, ModelConfig
 from fullband.generation import generate
 from fullband.model import linear
 from fullband.model.linear import ONEDNN_MIN_WEIGHT, Linear, onednn_min_rows
+from fullband.training import MultiPassObjective
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -109,3 +110,95 @@ def test_a_torch_without_the_kernel_falls_back_with_one_warning(onednn_on, monke
     with pytest.warns(UserWarning, match="oneDNN linear unavailable"), torch.no_grad():
         got = layer(x)
     assert torch.equal(got, F.linear(x, layer.weight)) and not linear.onednn_enabled()
+
+
+# ---------------------------------------------------------------- fused products of one input (decoding steps)
+
+
+@pytest.fixture
+def fused_on():
+    previous = linear.set_fused_inference(True)
+    yield
+    linear.set_fused_inference(previous)
+
+
+def decode_logits(model, tokens, steps: int = 6):
+    """The logits and carried states of ``steps`` one-token decoding steps after a plain prefill of ``tokens``."""
+    cache = model.new_cache(tokens.shape[0], tokens.shape[1] + steps)
+    with torch.no_grad():
+        out = model(tokens, cache=cache)
+        logits, carried = [out.logits[:, -1]], out.hidden[:, -1]
+        for t in range(steps):
+            step = torch.full((tokens.shape[0], 1), t + 3)
+            out = model(step, plain_prefix=tokens.shape[1], cache=cache, carried_state=carried)
+            logits.append(out.logits[:, -1])
+            carried = out.hidden[:, -1]
+    return torch.stack(logits, 1), carried
+
+
+@pytest.mark.parametrize("position_encoding", ["rope", "none"])
+def test_fused_inference_decodes_the_same_numbers(fused_on, position_encoding):
+    """A decoding step runs q/k/v and gate/up as one product each (and one mask, one RMSNorm op): float64 logits
+    and carried states within 1e-12 of the unfused step's, the same greedy tokens in every mode; a forward of more
+    rows, or with gradients, never fuses."""
+    from conftest import make_model
+
+    model = make_model(n_kv_heads=2, position_encoding=position_encoding)
+    tokens = torch.randint(0, 61, (3, 5), generator=torch.Generator().manual_seed(2))
+    fused = decode_logits(model, tokens)
+    held = {name: linear._FUSED[m][1] for name, m in model.named_modules() if m in linear._FUSED}
+    c = model.config
+    assert {name: tuple(w.shape) for name, w in held.items()} == {  # q|k|v and gate|up of every block
+        **{f"blocks.{i}.attn": ((c.n_heads + 2 * c.kv_heads) * c.head_dim, c.d_model) for i in range(c.n_layers)},
+        **{f"blocks.{i}.mlp": (2 * c.ffn_dim, c.d_model) for i in range(c.n_layers)}}
+    decode_logits(model, tokens)
+    assert all(linear._FUSED[model.get_submodule(name)][1] is w for name, w in held.items())  # kept, not rebuilt
+    linear.set_fused_inference(False)
+    unfused = decode_logits(model, tokens)
+    for a, b in zip(fused, unfused, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    for mode in ("standard", "soft", "fused:2", "exact"):
+        off = generate(model, tokens, max_new_tokens=8, mode=mode)
+        linear.set_fused_inference(True)
+        assert torch.equal(generate(model, tokens, max_new_tokens=8, mode=mode), off), mode
+        linear.set_fused_inference(False)
+    linear.set_fused_inference(True)
+    x = torch.randn(17, 1, model.config.d_model, dtype=torch.float64)  # more rows than FUSE_MAX_ROWS
+    y = torch.randn(2, 1, model.config.d_model, dtype=torch.float64)
+    with torch.no_grad():
+        assert not linear.fuses(x) and linear.fuses(y)
+    assert not linear.fuses(y)  # gradients on
+
+
+def test_the_fused_weight_follows_the_weights(fused_on):
+    """Changed in place (an optimizer step, a load), replaced (.to) or released: the next step uses the weights the
+    parameters hold now."""
+    from conftest import make_model
+
+    model = make_model()
+    tokens = torch.randint(0, 61, (2, 4), generator=torch.Generator().manual_seed(3))
+
+    def unfused():
+        previous = linear.set_fused_inference(False)
+        try:
+            return decode_logits(model, tokens)[0]
+        finally:
+            linear.set_fused_inference(previous)
+
+    before = decode_logits(model, tokens)[0]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    MultiPassObjective()(model, tokens, tokens, 1).loss.backward()
+    optimizer.step()  # in place: the version counters move
+    after = decode_logits(model, tokens)[0]
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after, unfused(), rtol=0, atol=1e-12)
+    model.load_state_dict(make_model(seed=4).state_dict())  # copied in place too
+    torch.testing.assert_close(decode_logits(model, tokens)[0], unfused(), rtol=0, atol=1e-12)
+    model.float()  # new storages
+    torch.testing.assert_close(decode_logits(model, tokens)[0], unfused(), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data.mul_(0.5)  # through .data: no check sees it
+    linear.release_fused_weights(model)
+    torch.testing.assert_close(decode_logits(model, tokens)[0], unfused(), rtol=1e-5, atol=1e-6)
+    assert not any("fused" in name for name in model.state_dict())  # the parameters and checkpoints are as before

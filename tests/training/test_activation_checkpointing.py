@@ -1,20 +1,15 @@
-"""train.activation_checkpointing: recomputing the blocks in backward trains to the same numbers as storing them."""
+"""train.activation_checkpointing: recomputing the blocks in backward trains to the same numbers as storing them
+(under FSDP: tests/training/test_data_parallel.py, whose one spawn of two processes trains both)."""
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import ADAMW, make_model
-from test_fsdp_training import STEPS, T, rank_rows
+from conftest import make_model
 from test_trainer import make_trainer, records
 
 from fullband.config import ConfigError
-from fullband.training import Trainer
-from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
-from fullband.training.distributed import wrap_fsdp
+from fullband.training.config import TrainConfig
 from fullband.training.objective import MultiPassObjective
 
 
@@ -95,30 +90,3 @@ def test_a_retrofitted_model_checkpoints_through_transformers_and_keeps_its_grad
     assert len(grads[0]) == len(grads[1]) > 0
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
-
-
-def _fsdp_worker(rank: int, init_file: str, root: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        for recompute in (False, True):
-            train = TrainConfig(max_steps=STEPS, batch_size=1, grad_accum=2, seq_len=T, log_every=1,
-                                checkpoint_every=0, jitter=0.0, parallel="fsdp", compile="false",
-                                activation_checkpointing=recompute)
-            schedule = ScheduleConfig(feedback_start=0.5, pass_mix=(0.5, 0.5), ramp_steps=2)  # 1- to 3-pass steps
-            trainer = Trainer(make_model(seed=0, dtype=torch.float32).train(), train,
-                              OptimConfig(**ADAMW, lr=3e-3, warmup_steps=1), schedule, rank_rows,
-                              out_dir=Path(root) / str(recompute), rank=rank, world_size=2, progress=False)
-            wrap_fsdp(trainer)  # each block its own FSDP unit: recomputing one gathers its weights again
-            trainer.fit()
-    finally:
-        dist.destroy_process_group()
-
-
-def test_checkpointed_blocks_under_fsdp_train_to_the_same_losses(tmp_path):
-    mp.spawn(_fsdp_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2)
-    stored, recomputed = (records(tmp_path / name) for name in ("False", "True"))
-    assert max(r["passes"] for r in stored) == 3
-    for a, b in zip(stored, recomputed, strict=True):
-        assert (b["objective"], b["passes"]) == pytest.approx((a["objective"], a["passes"]), rel=1e-6)
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)

@@ -82,6 +82,9 @@ class BenchDecodeConfig:
     prompt_len: int = doc(16, "Prompt tokens (random ids, the same for every case).")
     new_tokens: int = doc(32, "Greedy tokens generated per call.")
     batch_sizes: tuple[int, ...] = doc((1, 8), "Batch sizes to decode at.")
+    steps: tuple[str, ...] = doc((), "Also decode with these decode steps (DecodeOptions.step: static, compiled) "
+                                 "in the same rounds, each against the eager step; none by default (compiled "
+                                 "compiles first, which takes a while on a CPU).")
 
     def __post_init__(self) -> None:
         _require_counts(self, ("d_model", "n_layers", "n_heads", "vocab_size", "prompt_len", "new_tokens"))
@@ -89,6 +92,9 @@ class BenchDecodeConfig:
         require(len(self.batch_sizes) > 0 and all(is_int(b) and b >= 1 for b in self.batch_sizes),
                 "decode.batch_sizes", self.batch_sizes, "must be one or more integers >= 1")
         require(self.d_model % self.n_heads == 0, "decode.n_heads", self.n_heads, "must divide decode.d_model")
+        self.steps = tuple(self.steps)
+        require(all(s in ("static", "compiled") for s in self.steps) and len(set(self.steps)) == len(self.steps),
+                "decode.steps", self.steps, "must name each of static, compiled at most once")
 
 
 @dataclass

@@ -21,6 +21,7 @@ from fullband.bench.timing import copy_case, interleaved, machine_limits, machin
 from fullband.bench.workers import combined_share, time_in_workers
 from fullband.devices import CPU_FEATURES, resolve_device
 from fullband.files import write_json
+from fullband.model.linear import fused_inference_enabled
 from fullband.model.recurrence import auto_exact_method
 from fullband.training.config import COMPILE_MIN_CPU_STEPS
 from fullband.training.metrics import flops_per_token
@@ -261,6 +262,7 @@ class Bench:
         config = ModelConfig(vocab_size=c.vocab_size, d_model=c.d_model, n_layers=c.n_layers, n_heads=c.n_heads,
                              max_seq_len=c.prompt_len + c.new_tokens, feedback=True)
         model = FullBandwidthLM(config).to(self.device).eval()
+        fuses_here = self.device.type == "cpu" and fused_inference_enabled()
         llama = steps.llama_twin(model).eval()
         weight_bytes = sum(p.numel() * p.element_size() for p in steps.baseline_twin(model).parameters())
         # The machine's bandwidth drifts (other tenants): a copy in every round, each round's share against it.
@@ -272,14 +274,25 @@ class Bench:
                      "soft": lambda p=prompts: steps.greedy_fullband(model, p, c.new_tokens, "soft"),
                      "products": steps.weight_products(model, batch, c.new_tokens),
                      "copy": copy}
+            variants = {}  # the step with one of its optimisations off, in the same rounds
+            if fuses_here:
+                variants["unfused"] = (steps.without_fused_inference, "fullband greedy, fused inference off",
+                                       "speed fused / unfused inference")
+            for step in c.steps:
+                variants[step] = (contextlib.nullcontext, f"fullband greedy, {step} step",
+                                  f"speed eager / {step} step")
+            for name, (context, _, _) in variants.items():
+                cases[name] = (lambda p=prompts, context=context, step=name if name in c.steps else "eager":
+                               steps.greedy_fullband(model, p, c.new_tokens, "standard", step=step, context=context))
             with torch.no_grad():
-                tokens = {name: cases[name]() for name in ("standard", "generate", "soft")}  # also the warm-up
+                tokens = {name: cases[name]() for name in ("standard", "generate", "soft", *variants)}  # the warm-up
                 times = self.times[f"decode-batch{batch}"] = interleaved(cases, self.cfg.rounds, self.device,
                                                                          warmup=0)
             same = torch.equal(tokens["standard"], tokens["generate"])
             generated = batch * c.new_tokens
             for name, label in (("standard", "fullband greedy (standard)"), ("generate", "LlamaForCausalLM.generate"),
                                 ("soft", "fullband greedy (soft)"),
+                                *((name, label) for name, (_, label, _) in variants.items()),
                                 ("products", "its weights' matrix products alone (ceiling)")):
                 seconds = statistics.median(times[name])
                 # Each decoding step reads every weight once: a bandwidth bound at small batches. The share is
@@ -295,6 +308,10 @@ class Bench:
                                  check="identical tokens" if same else "TOKENS DIFFER", ok=same))
             self.rows.append(Row("decode", f"speed soft / standard, batch {batch}",
                                  ratio=ratio(times, "standard", "soft"), target=">= 0.98"))
+            for name, (_, _, label) in variants.items():
+                identical = torch.equal(tokens[name], tokens["standard"])
+                self.rows.append(Row("decode", f"{label}, batch {batch}", ratio=ratio(times, name, "standard"),
+                                     check="identical tokens" if identical else "TOKENS DIFFER", ok=identical))
             self.rows.append(Row("decode", f"standard step beyond its matrix products, batch {batch}",
                                  1000 * statistics.median((t - g) / c.new_tokens for t, g in zip(
                                      times["standard"], times["products"], strict=True)),
@@ -386,4 +403,22 @@ def table(results: dict[str, Any]) -> str:
         cells = {**row, "ms": "" if row["ms"] is None else f"{row['ms']:.1f}",
                  "ratio": "" if row["ratio"] is None else f"{row['ratio']:.2f}"}
         lines.append(" ".join(f"{cells[name]!s:{align}{width}}" for name, width, align in COLUMNS).rstrip())
-    return "\n".join(lines)
+    return "\n".join([*lines, *decode_summary(results["rows"])])
+
+
+def decode_summary(rows: list[dict[str, Any]]) -> list[str]:
+    """The decoding figures the speed targets name, from the decode rows (none without them): batch-1 greedy
+    decoding's share of the copy bandwidth, soft/standard and fullband/generate speed at each batch size."""
+    cases = {r["case"]: r for r in rows if r["section"] == "decode"}
+    batches = [int(case.rsplit(" ", 1)[1]) for case in cases if case.startswith("speed soft / standard, batch ")]
+    if not batches:
+        return []
+    parts = []
+    if (one := cases.get("fullband greedy (standard), batch 1")) is not None:
+        parts.append(f"batch-1 greedy (standard) {one['of_limit'].replace(' mem bw', '')} of the copy bandwidth "
+                     "(target >= 60%)")
+    parts.append("soft/standard " + ", ".join(f"{cases[f'speed soft / standard, batch {b}']['ratio']:.2f} at batch "
+                                             f"{b}" for b in batches) + " (target >= 0.98)")
+    parts.append("fullband/generate " + ", ".join(f"{cases[f'speed fullband / generate, batch {b}']['ratio']:.2f} at "
+                                                 f"batch {b}" for b in batches))
+    return [f"# decoding: {'; '.join(parts)}"]

@@ -202,28 +202,61 @@ def training_products(model: FullBandwidthLM, rows: int) -> tuple[Callable[[], N
 def weight_products(model: FullBandwidthLM, batch: int, new_tokens: int) -> Callable[[], None]:
     """What ``new_tokens`` decoding steps of ``batch`` rows spend in the weights' matrix products alone: every
     projection and the head (the fusion's aside: standard decoding skips it) applied to one row per sequence,
-    through the model's own :class:`~fullband.model.linear.Linear` (the same kernel), in the order a step
-    runs them. Nothing else of a step (norms, attention, cache, sampling) runs: the ceiling the GEMVs allow."""
-    layers = projection_layers(model)
+    through the model's own kernel choice (:func:`fullband.model.linear.linear`), as a step runs them (q/k/v and
+    gate/up as one product each where fused inference is on) and in its order. Nothing else of a step (norms,
+    attention, cache, sampling) runs: the ceiling the GEMVs allow."""
+    from fullband.model.linear import fused_weight, fuses, linear
+
     p = model.embed.weight
-    inputs = {m.in_features: torch.randn(batch, 1, m.in_features, device=p.device, dtype=p.dtype) for m in layers}
+    x = torch.randn(batch, 1, model.config.d_model, device=p.device, dtype=p.dtype)
+    with torch.no_grad():
+        fused = fuses(x)
+    products: list[tuple[Callable[[], torch.Tensor], int]] = []  # (the weight a product reads, its input size)
+    for block in model.blocks:
+        attn, mlp = block.attn, block.mlp
+        if fused:  # as the fused step runs them (fullband.model.linear): q/k/v and gate/up one product each
+            products += [(lambda a=attn: fused_weight(a, (a.q_proj, a.k_proj, a.v_proj)), attn.q_proj.in_features),
+                         (lambda a=attn: a.o_proj.weight, attn.o_proj.in_features),
+                         (lambda m=mlp: fused_weight(m, (m.gate_proj, m.up_proj)), mlp.gate_proj.in_features),
+                         (lambda m=mlp: m.down_proj.weight, mlp.down_proj.in_features)]
+        else:
+            products += [(lambda m=m: m.weight, m.in_features) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
+                                                                         attn.o_proj, mlp.gate_proj, mlp.up_proj,
+                                                                         mlp.down_proj)]
+    products.append((lambda: model.lm_head.weight, model.lm_head.in_features))
+    inputs = {size: torch.randn(batch, 1, size, device=p.device, dtype=p.dtype) for _, size in products}
 
     def run() -> None:
         with torch.no_grad():
             for _ in range(new_tokens):
-                for layer in layers:
-                    layer(inputs[layer.in_features])
+                for weight, size in products:
+                    linear(inputs[size], weight())
 
     return run
 
 
 def greedy_fullband(model: FullBandwidthLM, prompts: torch.Tensor, new_tokens: int, mode: str,
-                    step: str = "eager") -> torch.Tensor:
+                    step: str = "eager", context: Callable[[], Any] = contextlib.nullcontext) -> torch.Tensor:
     """The ``new_tokens`` greedy tokens fullband decodes after ``prompts`` in ``mode``, (B, new_tokens); ``step``:
-    the decode step (DecodeOptions.step: eager, static, compiled)."""
+    the decode step (DecodeOptions.step: eager, static, compiled); ``context``: entered around the decode (e.g.
+    :func:`without_fused_inference`)."""
     from fullband.generation.decoding import generate
 
-    return generate(model, prompts, max_new_tokens=new_tokens, mode=mode, step=step)[:, prompts.shape[1]:]
+    with context():
+        return generate(model, prompts, max_new_tokens=new_tokens, mode=mode, step=step)[:, prompts.shape[1]:]
+
+
+@contextlib.contextmanager
+def without_fused_inference() -> Iterator[None]:
+    """Decoding steps without ``fullband.model.linear``'s fused inference (q/k/v and gate/up as separate products,
+    the blocks' small ops one by one), as they ran before it, for a comparison in the same process."""
+    from fullband.model.linear import set_fused_inference
+
+    previous = set_fused_inference(False)
+    try:
+        yield
+    finally:
+        set_fused_inference(previous)
 
 
 def greedy_transformers(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ from torch import nn
 
 from fullband.config import ModelConfig
 from fullband.model.kv_cache import KVCache
-from fullband.model.linear import Linear
+from fullband.model.linear import Linear, cpu_inference, fused_weight, fuses, linear
 
 
 class RMSNorm(nn.Module):
@@ -19,6 +19,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.full((dim,), float(init)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype in (torch.float32, torch.float64) and self.weight.dtype == x.dtype and cpu_inference(x):
+            # One op, the same numbers (torch's RMSNorm computes this formula in x's dtype).
+            return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in at least float32 so bf16 activations keep their precision here.
         dtype = torch.promote_types(x.dtype, torch.float32)
         xf = x.to(dtype)
@@ -64,11 +67,18 @@ class Attention(nn.Module):
         cache: KVCache | None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if fuses(x):  # a decoding step: q, k and v in one product, q and k rotated together (the same numbers)
+            H, Hkv = self.n_heads, self.n_kv_heads
+            qkv = linear(x, fused_weight(self, (self.q_proj, self.k_proj, self.v_proj)))
+            qkv = qkv.view(B, T, H + 2 * Hkv, self.head_dim).transpose(1, 2)  # (B, H + 2 Hkv, T, hd)
+            qk = qkv[:, : H + Hkv] if rope is None else apply_rope(qkv[:, : H + Hkv], *rope)
+            q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]
+        else:
+            q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+            k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+            v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+            if rope is not None:
+                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             # Writes at the pending positions; a later pass over the same chunk overwrites them.
             k, v = cache.write(self.layer_index, k, v)  # (B, Hkv, S, hd)
@@ -90,6 +100,9 @@ class SwiGLU(nn.Module):
         self.down_proj = Linear(cfg.ffn_dim, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fuses(x):  # a decoding step: gate and up in one product (the same numbers)
+            gate, up = linear(x, fused_weight(self, (self.gate_proj, self.up_proj))).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -14,12 +14,25 @@ CPUs products of fewer than 4 rows (batch-1 and batch-2 decoding) keep F.linear 
 measures both on a machine; docs/LOG.md, 2026-12-04).
 
 ``FULLBAND_ONEDNN=0`` in the environment turns it off; a torch build without the kernel falls back by itself.
+
+Fused inference on a CPU (no gradients, outside torch.compile; :func:`cpu_inference`): a decoding step of at most
+:data:`FUSE_MAX_ROWS` rows runs the products that read the same input as one, q/k/v and the MLP's gate/up, each
+through one weight that concatenates theirs (:func:`fused_weight`), and rotates q and k together. A GEMV reads its
+weight once either way; one longer product saves the kernel's per-call cost and runs nearer the memory's speed.
+Every such forward also normalises with torch's one-op RMSNorm and makes the additive attention mask once for all
+blocks, which give the same numbers in fewer ops. The concatenated weight is a copy kept beside the parameters
+(their names, checkpoints and the Llama conversion do not change): built on the first decoding step and again
+whenever a weight was replaced or changed in place since (its storage or autograd version counter moved; a write
+through ``.data`` moves neither: :func:`release_fused_weights` then), it costs the memory of those weights once more
+while the model lives. ``FULLBAND_FUSED_INFERENCE=0`` or :func:`set_fused_inference` turns all of it off.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+import weakref
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -56,13 +69,70 @@ def set_onednn(enabled: bool) -> bool:
 
 class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        # Under torch.compile (the static decode step) inductor picks the kernel: the branch would break the graph.
-        if _onednn and not torch.is_grad_enabled() and x.dtype == torch.float32 and x.device.type == "cpu" \
-                and not torch.compiler.is_compiling() and w.dtype == torch.float32 and w.numel() >= _min_weight() \
-                and x.numel() >= _min_rows * w.shape[1]:
-            return _onednn_linear(x, w, self.bias)
-        return F.linear(x, w, self.bias)
+        return linear(x, self.weight, self.bias)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, bias)`` through the kernel :class:`Linear` picks for it (see the module doc)."""
+    # Under torch.compile (the static decode step) inductor picks the kernel: the branch would break the graph.
+    if _onednn and not torch.is_grad_enabled() and x.dtype == torch.float32 and x.device.type == "cpu" \
+            and not torch.compiler.is_compiling() and w.dtype == torch.float32 and w.numel() >= _min_weight() \
+            and x.numel() >= _min_rows * w.shape[1]:
+        return _onednn_linear(x, w, bias)
+    return F.linear(x, w, bias)
+
+
+# ---------------------------------------------------------------- fused inference (decoding)
+
+FUSE_MAX_ROWS = 16  # rows (tokens in the call) up to which decoding fuses products: batch-1..16 decoding steps
+_fused = os.environ.get("FULLBAND_FUSED_INFERENCE", "1") != "0"
+# owner module -> (the weights' storages and versions, their concatenation); weak, so a dropped model takes its copy
+_FUSED: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def fused_inference_enabled() -> bool:
+    """Whether CPU inference takes the fused path in this process (see the module doc)."""
+    return _fused
+
+
+def set_fused_inference(enabled: bool) -> bool:
+    """Turn the fused inference path on or off (benchmarks compare both in one process); returns the previous
+    setting. The concatenated weights are kept (:func:`release_fused_weights` frees them)."""
+    global _fused
+    previous, _fused = _fused, bool(enabled)
+    return previous
+
+
+def cpu_inference(x: torch.Tensor) -> bool:
+    """Whether ``x`` is in a CPU forward without gradients, outside torch.compile (inductor fuses what it compiles
+    itself), with the decoding shortcuts on: the blocks then take the shortcuts that give the same numbers in fewer
+    ops (one RMSNorm op, one attention mask for every block)."""
+    return _fused and x.device.type == "cpu" and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
+def fuses(x: torch.Tensor) -> bool:
+    """Whether a product of ``x`` (..., in) runs fused: :func:`cpu_inference` with at most :data:`FUSE_MAX_ROWS`
+    rows (decoding steps; a product of many rows gains nothing from it)."""
+    return x.numel() <= FUSE_MAX_ROWS * x.shape[-1] and cpu_inference(x)
+
+
+def fused_weight(owner: nn.Module, layers: Sequence[nn.Linear]) -> torch.Tensor:
+    """The weights of ``layers`` (bias-free, one input size) concatenated along their outputs, kept for ``owner`` and
+    built again when any of them was replaced or changed in place since (its storage or version counter)."""
+    weights = [layer.weight for layer in layers]
+    key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+    held = _FUSED.get(owner)
+    if held is None or held[0] != key:
+        with torch.no_grad():
+            held = _FUSED[owner] = (key, torch.cat(weights))
+    return held[1]
+
+
+def release_fused_weights(model: nn.Module) -> None:
+    """Free the concatenated weights of ``model``'s modules (after writing to its weights through ``.data``, which
+    no check can see)."""
+    for module in model.modules():
+        _FUSED.pop(module, None)
 
 
 def _min_weight() -> int:

@@ -22,7 +22,7 @@ from fullband.model.feedback import FeedbackLM
 from fullband.model.fusion import LatentFusion
 from fullband.model.kv_cache import KVCache
 from fullband.model.layers import Block, RMSNorm, rope_angles, rope_inv_freq
-from fullband.model.linear import Linear
+from fullband.model.linear import Linear, cpu_inference
 from fullband.model.serialization import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -103,6 +103,10 @@ class FullBandwidthLM(FeedbackLM):
         first), the target stream above it."""
         rope = self._rope(positions, inputs.dtype)
         k, source = self.config.feedback_target, self.config.feedback_layer
+        if mask is not None and mask.dtype == torch.bool and cpu_inference(inputs):
+            # The additive mask every block's attention would make of the boolean one, made once (what
+            # scaled_dot_product_attention does with a boolean mask: 0 where it attends, -inf elsewhere).
+            mask = torch.zeros(mask.shape, dtype=inputs.dtype, device=mask.device).masked_fill_(~mask, -math.inf)
         carried = None
         for depth, x in enumerate(self._through_blocks(inputs, rope, mask, cache, k, self.config.n_layers), k):
             if depth == source:

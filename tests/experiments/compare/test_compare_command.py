@@ -160,6 +160,30 @@ def test_parallel_workers_give_the_numbers_of_one_process(tmp_path):
                            progress=False) for w in (1, 2)]
     serial, parallel = ([(r["name"], r["test"], r["validation"], r.get("validation_history")) for r in res["runs"]]
                         for res in results)
-    assert serial == parallel  # == on floats: the same runs, bit for bit
+    assert serial == parallel  # == on floats: the same runs, bit for bit (the workers took them longest first)
     assert [r["step"] for r in results[0]["runs"][-1]["validation_history"]] == [4, 9]
     assert results[1]["machine"]["workers"] == 2
+
+
+def test_workers_take_the_costliest_runs_first_and_return_them_in_plan_order(monkeypatch):
+    """Several at a time, the feedback runs (twice a baseline's cost a token) and larger budgets start first, so no
+    worker waits for one long run at the end; the results keep the plan's order."""
+    from fullband.experiments.core.lm import runs
+
+    cfg = preset_config("smoke", {"budgets": (0.5, 1.0, 1.5), "seeds": 2, "stability_ablation": True})
+    jobs = [(cfg, spec, None) for spec in runs.plan_runs(cfg)]
+    started = []
+
+    def fake_map(fn, arguments, workers):
+        for job, index, *_ in arguments:
+            started.append(job[1].name)
+            yield {"name": job[1].name, "seed": job[1].seed, "index": index, "train_seconds": 0.0}, []
+
+    monkeypatch.setattr(runs, "map_jobs", fake_map)
+    done = runs.run_jobs(jobs, workers=2, progress=False)
+    assert [record["index"] for record, _ in done] == list(range(1, len(jobs) + 1))  # plan order, as numbered
+    assert started == ["feedback", "feedback-2pass"] * 2 + ["baseline-1.5x"] * 2 + ["baseline-1x"] * 2 + [
+        "baseline-0.5x"] * 2
+    started.clear()
+    runs.run_jobs(jobs, workers=1, progress=False)
+    assert started == [spec.name for _, spec, _ in jobs]  # one at a time: the plan's order

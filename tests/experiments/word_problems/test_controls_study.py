@@ -4,6 +4,7 @@ here, and the study end to end with resume."""
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -30,6 +31,27 @@ from fullband.training.objective import MultiPassObjective
 @pytest.fixture
 def smoke() -> ControlsConfig:
     return ControlsConfig(preset="smoke", progress=False, workers=1)
+
+
+SMOKE_STUDY = ["eval-controls", "--preset", "smoke", "--workers", "1", "--progress", "false"]
+
+
+@pytest.fixture(scope="module")
+def smoke_study(tmp_path_factory):
+    """``fullband eval-controls --preset smoke``, run once for the tests of the finished study (read it, or copy it
+    with :func:`study_copy` to change it)."""
+    from fullband.cli import main
+
+    out = tmp_path_factory.mktemp("controls_smoke") / "controls"
+    assert main([*SMOKE_STUDY, "--out_dir", str(out)]) in (0, None)
+    return out
+
+
+def study_copy(study, tmp_path):
+    """A copy of the finished study to resume or extend (file times kept, so a rerun that rewrites a run shows)."""
+    out = tmp_path / "controls"
+    shutil.copytree(study, out)
+    return out
 
 
 def test_looped_reads_each_step_after_its_own_loop_count():
@@ -124,12 +146,10 @@ def test_analysis_numbers():
     assert failed_to_train(cells, "looped", 2) == ["1"]  # 0.79 is within the tolerance of 0.8; 0.97 is not of 1.0
 
 
-def test_study_end_to_end_and_resume(tmp_path, capsys):
+def test_study_end_to_end_and_resume(smoke_study, tmp_path):
     from fullband.cli import main
 
-    out = tmp_path / "controls"
-    assert main(["eval-controls", "--preset", "smoke", "--out_dir", str(out), "--workers", "1",
-                 "--progress", "false"]) in (0, None)
+    out = study_copy(smoke_study, tmp_path)
     results = json.loads((out / "results.json").read_text())
     group = results["groups"]["s5"]
     assert set(group["cells"]) == {"baseline", "equal_flops", "looped", "rnn", "fullband", "shift0"}
@@ -146,21 +166,19 @@ def test_study_end_to_end_and_resume(tmp_path, capsys):
         assert row.split("|")[2:4] == [f" {v:.2f} " for v in best]
     results_files = sorted(out.glob("runs/**/" + RESULT))
     stamps = {p: p.stat().st_mtime_ns for p in results_files}
-    assert main(["eval-controls", "--preset", "smoke", "--out_dir", str(out), "--workers", "1", "--progress", "false",
-                 "--resume", "true"]) in (0, None)
+    assert main([*SMOKE_STUDY, "--out_dir", str(out), "--resume", "true"]) in (0, None)
     assert {p: p.stat().st_mtime_ns for p in sorted(out.glob("runs/**/" + RESULT))} == stamps  # nothing retrained
     again = json.loads((out / "results.json").read_text())
     assert again["groups"]["s5"]["cells"] == group["cells"]
     assert again["groups"]["s5"]["extrapolation"]["cells"] == group["extrapolation"]["cells"]
 
 
-def test_second_selection_keeps_each_arms_best_at_unseen_lengths_and_trains_fresh_seeds(tmp_path):
+def test_second_selection_keeps_each_arms_best_at_unseen_lengths_and_trains_fresh_seeds(smoke_study, tmp_path):
     from fullband.cli import main
     from fullband.experiments.word_problems.train import EXTRAPOLATION
 
-    out = tmp_path / "controls"
-    args = ["eval-controls", "--preset", "smoke", "--out_dir", str(out), "--workers", "1", "--progress", "false"]
-    main(args)
+    out = study_copy(smoke_study, tmp_path)
+    args = [*SMOKE_STUDY, "--out_dir", str(out)]
     group = json.loads((out / "results.json").read_text())["groups"]["s5"]
     second = group["extrapolation"]
     for arm, pick in second["chosen"].items():  # each arm's grid point with the best selection score
@@ -192,16 +210,15 @@ def test_second_selection_keeps_each_arms_best_at_unseen_lengths_and_trains_fres
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/**/" + EXTRAPOLATION)}
     main([*args, "--resume", "true"])
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/**/" + EXTRAPOLATION)} == stamps  # read back
-    main([*args[:-4], "--workers", "1", "--progress", "false", "--resume", "true", "--extrapolation_length", "0"])
+    main([*args, "--resume", "true", "--extrapolation_length", "0"])
     assert "extrapolation" not in json.loads((out / "results.json").read_text())["groups"]["s5"]
 
 
-def test_cpu_spread_retrains_a_seed_with_avx2_kernels_and_the_report_shows_it(tmp_path, capsys):
+def test_cpu_spread_retrains_a_seed_with_avx2_kernels_and_the_report_shows_it(smoke_study, tmp_path, capsys):
     from fullband.cli import main
     from fullband.experiments.word_problems import cpu_spread
 
-    out = tmp_path / "controls"
-    main(["eval-controls", "--preset", "smoke", "--out_dir", str(out), "--workers", "1", "--progress", "false"])
+    out = study_copy(smoke_study, tmp_path)
     assert cpu_spread.main(["--out_dir", str(out), "--seed", "1"]) == 0
     spread = json.loads((out / cpu_spread.SPREAD_FILE).read_text())
     assert spread["environment"]["ATEN_CPU_CAPABILITY"] == "avx2"
@@ -216,8 +233,7 @@ def test_cpu_spread_retrains_a_seed_with_avx2_kernels_and_the_report_shows_it(tm
     with pytest.raises(SystemExit):
         cpu_spread.main(["--out_dir", str(out), "--arms", "gru"])
     assert "--arms: gru not in this study" in capsys.readouterr().err
-    main(["eval-controls", "--preset", "smoke", "--out_dir", str(out), "--workers", "1", "--progress", "false",
-          "--resume", "true"])
+    main([*SMOKE_STUDY, "--out_dir", str(out), "--resume", "true"])
     assert "## Across CPU kinds" in (out / "report.md").read_text()
 
 

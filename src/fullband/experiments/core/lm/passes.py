@@ -8,7 +8,7 @@ cost N(N+1)/2 passes); pass ``k`` here is bit for bit ``model(tokens, passes=k, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +21,16 @@ class PassStep:
     passes: int  # k: passes run so far (1 = the plain pass = standard mode; k = fused prefill with k-1 extra)
     hidden: torch.Tensor  # (B, T, D) carried states h^(k)
     previous: torch.Tensor | None  # (B, T, D) h^(k-1); None after pass 1
-    logits: torch.Tensor  # (B, T, V) of pass k
+    head: Callable[[], torch.Tensor]  # () -> pass k's logits (B, T, V)
+    _logits: torch.Tensor | None = None
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """(B, T, V) of pass k, computed when first read: a caller scoring some passes only (fused(1), fused(2),
+        fused(4) of a 5-pass loop) skips the head of the others."""
+        if self._logits is None:
+            self._logits = self.head()
+        return self._logits
 
 
 @torch.no_grad()
@@ -37,7 +46,7 @@ def iterate_passes(model: FeedbackLM, tokens: torch.Tensor, max_passes: int,
     if model.config.max_seq_len < T:
         raise ValueError(f"windows of {T} tokens exceed the model's max_seq_len={model.config.max_seq_len}")
     for step in model.iterate_passes(tokens, max_passes, plain_prefix):
-        yield PassStep(step.k, step.hidden, step.previous, model.lm_head(step.head_input))
+        yield PassStep(step.k, step.hidden, step.previous, lambda step=step: model.lm_head(step.head_input))
 
 
 def token_nll_sum(logits: torch.Tensor, tokens: torch.Tensor) -> float:
