@@ -117,9 +117,8 @@ def test_a_torch_without_the_kernel_falls_back_with_one_warning(onednn_on, monke
 
 @pytest.fixture
 def fused_on():
-    previous = linear.set_fused_inference(True)
-    yield
-    linear.set_fused_inference(previous)
+    with linear.fused_inference(True):
+        yield
 
 
 def decode_logits(model, tokens, steps: int = 6):
@@ -179,11 +178,8 @@ def test_the_fused_weight_follows_the_weights(fused_on):
     tokens = torch.randint(0, 61, (2, 4), generator=torch.Generator().manual_seed(3))
 
     def unfused():
-        previous = linear.set_fused_inference(False)
-        try:
+        with linear.fused_inference(False):
             return decode_logits(model, tokens)[0]
-        finally:
-            linear.set_fused_inference(previous)
 
     before = decode_logits(model, tokens)[0]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -45,21 +45,27 @@ SEPARATOR = 3  # the end-of-text id between packed documents (regime span)
 GP_KEYS = ("step", "passes", "tokens", "objective", "pass_losses", "grad_norm")
 
 
-def rank_rows(step: int, rank: int, world_size: int):
-    """This rank's contiguous share of the global batch of ``step`` (rank 0 of 1 gets all of it)."""
-    tokens = torch.randint(0, 61, (GLOBAL_ROWS, T), generator=torch.Generator().manual_seed(step))
+def global_batch(step: int, seq_len: int) -> torch.Tensor:
+    """The global batch of ``step``: GLOBAL_ROWS random rows of ``seq_len`` tokens."""
+    return torch.randint(0, 61, (GLOBAL_ROWS, seq_len), generator=torch.Generator().manual_seed(step))
+
+
+def share_of(tokens: torch.Tensor, rank: int, world_size: int):
+    """This rank's contiguous share of a global batch (rank 0 of 1 gets all of it), as inputs and labels."""
     rows = GLOBAL_ROWS // world_size
     share = tokens[rank * rows : (rank + 1) * rows]
     return share, share.clone()
+
+
+def rank_rows(step: int, rank: int, world_size: int):
+    return share_of(global_batch(step, T), rank, world_size)
 
 
 def grad_passes_rows(step: int, rank: int, world_size: int):
-    """``rank_rows`` of length GP_T with a document starting in a row of each process."""
-    tokens = torch.randint(0, 61, (GLOBAL_ROWS, GP_T), generator=torch.Generator().manual_seed(step))
+    """Rows of length GP_T with a document starting in a row of each process."""
+    tokens = global_batch(step, GP_T)
     tokens[0, 4] = tokens[2, 6] = SEPARATOR
-    rows = GLOBAL_ROWS // world_size
-    share = tokens[rank * rows : (rank + 1) * rows]
-    return share, share.clone()
+    return share_of(tokens, rank, world_size)
 
 
 def probe_tokens() -> torch.Tensor:

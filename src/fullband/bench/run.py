@@ -21,7 +21,7 @@ from fullband.bench.timing import copy_case, interleaved, machine_limits, machin
 from fullband.bench.workers import combined_share, time_in_workers
 from fullband.devices import CPU_FEATURES, resolve_device
 from fullband.files import write_json
-from fullband.model.linear import fused_inference_enabled
+from fullband.model.linear import fused_inference, fused_inference_enabled
 from fullband.model.recurrence import auto_exact_method
 from fullband.training.config import COMPILE_MIN_CPU_STEPS
 from fullband.training.metrics import flops_per_token
@@ -276,7 +276,7 @@ class Bench:
                      "copy": copy}
             variants = {}  # the step with one of its optimisations off, in the same rounds
             if fuses_here:
-                variants["unfused"] = (steps.without_fused_inference, "fullband greedy, fused inference off",
+                variants["unfused"] = (lambda: fused_inference(False), "fullband greedy, fused inference off",
                                        "speed fused / unfused inference")
             for step in c.steps:
                 variants[step] = (contextlib.nullcontext, f"fullband greedy, {step} step",

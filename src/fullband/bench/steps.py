@@ -239,24 +239,11 @@ def greedy_fullband(model: FullBandwidthLM, prompts: torch.Tensor, new_tokens: i
                     step: str = "eager", context: Callable[[], Any] = contextlib.nullcontext) -> torch.Tensor:
     """The ``new_tokens`` greedy tokens fullband decodes after ``prompts`` in ``mode``, (B, new_tokens); ``step``:
     the decode step (DecodeOptions.step: eager, static, compiled); ``context``: entered around the decode (e.g.
-    :func:`without_fused_inference`)."""
+    ``lambda: fused_inference(False)``, :func:`fullband.model.linear.fused_inference`)."""
     from fullband.generation.decoding import generate
 
     with context():
         return generate(model, prompts, max_new_tokens=new_tokens, mode=mode, step=step)[:, prompts.shape[1]:]
-
-
-@contextlib.contextmanager
-def without_fused_inference() -> Iterator[None]:
-    """Decoding steps without ``fullband.model.linear``'s fused inference (q/k/v and gate/up as separate products,
-    the blocks' small ops one by one), as they ran before it, for a comparison in the same process."""
-    from fullband.model.linear import set_fused_inference
-
-    previous = set_fused_inference(False)
-    try:
-        yield
-    finally:
-        set_fused_inference(previous)
 
 
 def greedy_transformers(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:

@@ -29,10 +29,11 @@ while the model lives. ``FULLBAND_FUSED_INFERENCE=0`` or :func:`set_fused_infere
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +102,16 @@ def set_fused_inference(enabled: bool) -> bool:
     global _fused
     previous, _fused = _fused, bool(enabled)
     return previous
+
+
+@contextlib.contextmanager
+def fused_inference(enabled: bool) -> Iterator[None]:
+    """:func:`set_fused_inference` for a block of code, the previous setting restored after it."""
+    previous = set_fused_inference(enabled)
+    try:
+        yield
+    finally:
+        set_fused_inference(previous)
 
 
 def cpu_inference(x: torch.Tensor) -> bool:
