@@ -103,6 +103,12 @@ def prefill(
 @torch.no_grad()
 def decode_step(model: FullBandwidthLM, state: DecodeState, tokens: torch.Tensor) -> None:
     """Feed the chosen tokens (B,) and advance ``state`` by one position."""
+    if state.plain_rows is None and state.cache.length >= max(state.prompt_len, 1):  # all rows fused or none
+        out = model.decode_token(tokens, state.cache, state.carried)
+        state.next_logits = out.logits[:, -1]
+        if state.carried is not None:
+            state.carried = out.hidden[:, -1]
+        return
     ones = torch.ones(tokens.shape[0], 1, dtype=torch.long, device=tokens.device)
     plain_prefix: int | torch.Tensor = state.prompt_len
     if state.plain_rows is not None:  # a plain row's prefix lies past every position the cache can hold

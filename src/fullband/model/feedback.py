@@ -191,6 +191,31 @@ class FeedbackLM(FamilyInterface, nn.Module):
                          else torch.ones(B, T, dtype=torch.bool, device=tokens.device))
         return out
 
+    @torch.no_grad()
+    def decode_token(self, tokens: torch.Tensor, cache: CacheSlots, carried_state: torch.Tensor | None) -> LMOutput:
+        """One decoding step: ``self(tokens[:, None], plain_prefix=cache.length, cache=cache,
+        carried_state=carried_state)`` for tokens (B,) of valid ids, every row fused when a state is carried in.
+        The same numbers without the general forward's checks and plan, whose fixed cost is a large share of a
+        step on a CPU (docs/benchmarks.md)."""
+        B = tokens.shape[0]
+        cache.check_room(1)
+        fuse = self.fuse
+        if carried_state is not None and fuse is not None:
+            self._refuse_looped("a carried state")
+        positions = cache.next_position[:, None]  # (B, 1): the new token's RoPE position (real tokens so far)
+        here = torch.ones(B, 1, dtype=torch.bool, device=tokens.device)
+        mask = self._decode_mask(cache, here)
+        stream = self.run_lower(self.embed(tokens[:, None]), positions, mask, cache)
+        inputs = stream if carried_state is None or fuse is None else fuse(stream[:, 0], carried_state)[:, None]
+        hidden, head_input = self.run_stack(inputs, positions, mask, cache)
+        out = LMOutput(logits=self.lm_head(head_input), hidden=hidden, target_stream=stream)
+        cache.commit(here)
+        return out
+
+    def _decode_mask(self, cache: CacheSlots, here: torch.Tensor) -> Any:
+        """The blocks' mask for one new token per row (``here`` (B, 1), all True) after the cached ones."""
+        return self._stack_mask(torch.cat((cache.valid[:, : cache.length], here), 1), 1)
+
     def _target_stream(self, tokens: torch.Tensor, given: torch.Tensor | None, positions: torch.Tensor, mask: Any,
                        cache: CacheSlots | None) -> torch.Tensor:
         """(B, T, D): the plain stream at the target, ``given`` or computed here (once per forward, before its

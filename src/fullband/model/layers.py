@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,9 +21,18 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.full((dim,), float(init)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype in (torch.float32, torch.float64) and self.weight.dtype == x.dtype and cpu_inference(x):
-            # One op, the same numbers (torch's RMSNorm computes this formula in x's dtype).
+        if cpu_inference(x):
+            return self.one_op(x)
+        return self.formula(x)
+
+    def one_op(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`formula` in one op where that gives the same numbers: float32 or float64 x and weight (torch's
+        RMSNorm computes this formula in x's dtype)."""
+        if x.dtype in (torch.float32, torch.float64) and self.weight.dtype == x.dtype:
             return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.formula(x)
+
+    def formula(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in at least float32 so bf16 activations keep their precision here.
         dtype = torch.promote_types(x.dtype, torch.float32)
         xf = x.to(dtype)
@@ -31,6 +42,17 @@ class RMSNorm(nn.Module):
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     """RoPE inverse frequencies (head_dim/2,), in float32 as Hugging Face Llama computes them."""
     return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+
+
+class RopeTables(tuple):
+    """RoPE's (cos, sin) for one forward, as :func:`apply_rope` takes them (``*rope`` unpacks it), with the
+    full-width tables :func:`rotate` needs, made once for every block that reads them."""
+
+    @functools.cached_property
+    def full(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) over the whole head, the sine signed as rotate-half needs it."""
+        cos, sin = self
+        return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
 
 def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -49,6 +71,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def rotate(x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """:func:`apply_rope` in four ops instead of nine, the same numbers (x1 cos - x2 sin is x1 cos + x2 (-sin) in
+    floating point): the fused decoding step's, where each op's fixed cost counts."""
+    cos, sin = (rope if isinstance(rope, RopeTables) else RopeTables(rope)).full
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
         super().__init__()
@@ -63,22 +92,38 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,  # (B, T, D)
         rope: tuple[torch.Tensor, ...] | None,  # RoPE's (cos, sin); None = no positional encoding (NoPE)
-        mask: torch.Tensor | None,  # (B, 1, T, S) bool, None = plain causal
+        mask: torch.Tensor | None,  # (B, 1, T, S) bool or additive, None = plain causal
         cache: KVCache | None,
     ) -> torch.Tensor:
+        if fuses(x):
+            return self.fused(x, rope, mask, cache)
         B, T, _ = x.shape
-        if fuses(x):  # a decoding step: q, k and v in one product, q and k rotated together (the same numbers)
-            H, Hkv = self.n_heads, self.n_kv_heads
-            qkv = linear(x, fused_weight(self, (self.q_proj, self.k_proj, self.v_proj)))
-            qkv = qkv.view(B, T, H + 2 * Hkv, self.head_dim).transpose(1, 2)  # (B, H + 2 Hkv, T, hd)
-            qk = qkv[:, : H + Hkv] if rope is None else apply_rope(qkv[:, : H + Hkv], *rope)
-            q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]
-        else:
-            q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-            k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-            v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-            if rope is not None:
-                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return self.o_proj(self.attend(q, k, v, mask, cache))
+
+    def fused(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None, mask: torch.Tensor | None, cache: KVCache | None
+    ) -> torch.Tensor:
+        """:meth:`forward` of a decoding step on a CPU (:func:`~fullband.model.linear.fuses`): q, k and v in one
+        product, q and k rotated together in fewer ops, the projections as their weights' products (no module
+        calls); the same numbers."""
+        B, T, _ = x.shape
+        H, Hkv = self.n_heads, self.n_kv_heads
+        qkv = linear(x, fused_weight(self, (self.q_proj, self.k_proj, self.v_proj)))
+        qkv = qkv.view(B, T, H + 2 * Hkv, self.head_dim).transpose(1, 2)  # (B, H + 2 Hkv, T, hd)
+        qk = qkv[:, : H + Hkv] if rope is None else rotate(qkv[:, : H + Hkv], rope)
+        return linear(self.attend(qk[:, :H], qk[:, H:], qkv[:, H + Hkv :], mask, cache), self.o_proj.weight)
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None
+    ) -> torch.Tensor:
+        """Attention of q (B, H, T, hd) over the cached keys/values and k, v (B, Hkv, T, hd) -> (B, T, H hd), the
+        heads side by side (o_proj's input)."""
+        B, _, T, _ = q.shape
         if cache is not None:
             # Writes at the pending positions; a later pass over the same chunk overwrites them.
             k, v = cache.write(self.layer_index, k, v)  # (B, Hkv, S, hd)
@@ -89,7 +134,7 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+        return y.transpose(1, 2).reshape(B, T, -1)
 
 
 class SwiGLU(nn.Module):
@@ -100,10 +145,15 @@ class SwiGLU(nn.Module):
         self.down_proj = Linear(cfg.ffn_dim, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if fuses(x):  # a decoding step: gate and up in one product (the same numbers)
-            gate, up = linear(x, fused_weight(self, (self.gate_proj, self.up_proj))).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
+        if fuses(x):
+            return self.fused(x)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` of a decoding step on a CPU: gate and up in one product, the projections as their weights'
+        products (no module calls); the same numbers."""
+        gate, up = linear(x, fused_weight(self, (self.gate_proj, self.up_proj))).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.down_proj.weight)
 
 
 class Block(nn.Module):
@@ -118,5 +168,8 @@ class Block(nn.Module):
         self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None, mask: torch.Tensor | None,
         cache: KVCache | None,
     ) -> torch.Tensor:
+        if fuses(x):  # a decoding step on a CPU: the fused paths, without the submodules' calls
+            x = x + self.attn.fused(self.attn_norm.one_op(x), rope, mask, cache)
+            return x + self.mlp.fused(self.mlp_norm.one_op(x))
         x = x + self.attn(self.attn_norm(x), rope, mask, cache)
         return x + self.mlp(self.mlp_norm(x))

@@ -17,8 +17,10 @@ measures both on a machine; docs/LOG.md, 2026-12-04).
 
 Fused inference on a CPU (no gradients, outside torch.compile; :func:`cpu_inference`): a decoding step of at most
 :data:`FUSE_MAX_ROWS` rows runs the products that read the same input as one, q/k/v and the MLP's gate/up, each
-through one weight that concatenates theirs (:func:`fused_weight`), and rotates q and k together. A GEMV reads its
-weight once either way; one longer product saves the kernel's per-call cost and runs nearer the memory's speed.
+through one weight that concatenates theirs (:func:`fused_weight`), rotates q and k together in four ops
+(:func:`fullband.model.layers.rotate`), and calls the projections as their weights' products, not as modules (no
+module hooks run there). A GEMV reads its weight once either way; one longer product saves the kernel's per-call cost
+and runs nearer the memory's speed, and at batch 1 each op's fixed cost is a visible share of a step.
 Every such forward also normalises with torch's one-op RMSNorm and makes the additive attention mask once for all
 blocks, which give the same numbers in fewer ops. The concatenated weight is a copy kept beside the parameters
 (their names, checkpoints and the Llama conversion do not change): built on the first decoding step and again
@@ -131,7 +133,7 @@ def fused_weight(owner: nn.Module, layers: Sequence[nn.Linear]) -> torch.Tensor:
     """The weights of ``layers`` (bias-free, one input size) concatenated along their outputs, kept for ``owner`` and
     built again when any of them was replaced or changed in place since (its storage or version counter)."""
     weights = [layer.weight for layer in layers]
-    key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+    key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)  # a move to another device moves data_ptr
     held = _FUSED.get(owner)
     if held is None or held[0] != key:
         with torch.no_grad():

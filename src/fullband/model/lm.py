@@ -20,8 +20,8 @@ from torch.utils.checkpoint import checkpoint
 from fullband.config import ModelConfig
 from fullband.model.feedback import FeedbackLM
 from fullband.model.fusion import LatentFusion
-from fullband.model.kv_cache import KVCache
-from fullband.model.layers import Block, RMSNorm, rope_angles, rope_inv_freq
+from fullband.model.kv_cache import CacheSlots, KVCache
+from fullband.model.layers import Block, RMSNorm, RopeTables, rope_angles, rope_inv_freq
 from fullband.model.linear import Linear, cpu_inference
 from fullband.model.serialization import (
     CONFIG_NAME,
@@ -128,7 +128,9 @@ class FullBandwidthLM(FeedbackLM):
         """RoPE's cos/sin for ``positions``; None without a positional encoding (NoPE: the blocks never see them)."""
         if self.config.position_encoding == "none":
             return None
-        return rope_angles(positions, self.inv_freq, dtype)
+        rope = rope_angles(positions, self.inv_freq, dtype)
+        # Inference keeps the fused decoding step's tables beside them (made once per forward, for every block).
+        return RopeTables(rope) if cpu_inference(positions) else rope
 
     def logits_of_top(self, state: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(state))  # the top block's output is before the final norm
@@ -237,6 +239,13 @@ class FullBandwidthLM(FeedbackLM):
         return model.to(device=device, dtype=dtype).eval()
 
     # ------------------------------------------------------------------ attention mask
+
+    def _decode_mask(self, cache: CacheSlots, here: torch.Tensor) -> torch.Tensor | None:
+        # On a CPU, where reading it back costs nothing: no mask when no cached slot is padding (one token per row
+        # attends to every cached key, as the mask of all True would say).
+        if cache.valid.device.type == "cpu" and bool(cache.valid[:, : cache.length].all()):
+            return None
+        return super()._decode_mask(cache, here)
 
     def _stack_mask(self, key_valid: torch.Tensor, T: int) -> torch.Tensor:
         """(B, 1, T, S) bool: causal over the cached and new positions, real keys only."""
