@@ -232,7 +232,7 @@ class FeedbackLM(FamilyInterface, nn.Module):
             return
         D = self.config.d_model
         if carried.dim() == 3:
-            if cache is not None:
+            if cache is not None and not cache.per_position_states:
                 raise ValueError("a carried state per position (B, T, D) continues a Jacobi iteration over a whole "
                                  "sequence: pass no cache with it (a chunk on a cache takes the state before it, "
                                  "(B, D))")

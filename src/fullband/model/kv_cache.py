@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 
@@ -10,6 +11,10 @@ import torch
 class CacheSlots:
     """The bookkeeping every decoding cache shares: committed ``length``, which slots hold real tokens
     (``valid``, for left padding) and each row's ``next_position`` (its RoPE position)."""
+
+    # Whether a forward over a chunk on this cache may take a carried state per position (B, T, D): a Jacobi pass over
+    # the chunk after a cached prefix (PrefixKV); a decoding cache takes the state before the chunk only.
+    per_position_states: ClassVar[bool] = False
 
     def __init__(self, batch_size: int, max_len: int, device: torch.device | str) -> None:
         self.valid = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)  # real token (not pad)
@@ -108,3 +113,45 @@ class KVCache(CacheSlots):
                 raise TypeError(f"a KVCache gathers rows of KVCaches, not of a {type(src).__name__}")
             self.keys[:, new_row, :, L - n : L] = src.keys[:, i, :, src.length - n : src.length]
             self.values[:, new_row, :, L - n : L] = src.values[:, i, :, src.length - n : src.length]
+
+
+class PrefixKV(CacheSlots):
+    """The keys and values one forward over whole sequences wrote, kept as that forward made them (with their
+    autograd graph, for training): later passes over the positions after a plain prefix attend to the prefix's
+    without computing the prefix again (``MultiPassObjective(reuse_prefix=True)``).
+
+    Empty, it records: a forward over the sequences (B, T) stores what each layer writes. :meth:`prefix` gives a
+    read-only view of its first ``P`` positions, on which a forward over positions ``P..`` attends to them and stores
+    nothing (nor commits), so every later pass reads the same prefix."""
+
+    per_position_states: ClassVar[bool] = True
+
+    def __init__(self, batch_size: int, max_len: int, device: torch.device | str) -> None:
+        super().__init__(batch_size, max_len, device)
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.read_only = False
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.read_only:
+            return torch.cat((self.keys[layer], k), 2), torch.cat((self.values[layer], v), 2)
+        if self.length:
+            raise ValueError("a PrefixKV records one forward over whole sequences; take prefix() to read it")
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+    def commit(self, chunk_valid: torch.Tensor) -> None:
+        if not self.read_only:
+            super().commit(chunk_valid)
+
+    def prefix(self, length: int) -> PrefixKV:
+        """The first ``length`` recorded positions, read-only."""
+        if not 0 < length <= self.length:
+            raise ValueError(f"a prefix of {length} positions of a record of {self.length}")
+        view = PrefixKV(self.batch_size, self.max_len, self.valid.device)
+        view.keys = {layer: k[:, :, :length] for layer, k in self.keys.items()}
+        view.values = {layer: v[:, :, :length] for layer, v in self.values.items()}
+        view.valid[:, :length] = self.valid[:, :length]
+        view.next_position[:] = self.valid[:, :length].sum(dim=1)
+        view.length, view.read_only = length, True
+        return view

@@ -38,7 +38,8 @@ import torch
 from torch import nn
 
 from fullband.model import IGNORE_INDEX, FeedbackLM, exact_passes, fused_positions, ntp_loss
-from fullband.model.recurrence import PlainPrefix, shifted_states
+from fullband.model.kv_cache import KVCache, PrefixKV
+from fullband.model.recurrence import LMOutput, PlainPrefix, shifted_states
 from fullband.training.sections import OptimConfig, TrainConfig
 
 
@@ -108,6 +109,11 @@ class MultiPassObjective:
     grad_passes: int = 0  # m > 0: truncated gradients, pass 1 and the last m passes only
     z_loss: float = 0.0  # weight of the z-loss on the last pass's logits
     z_loss_when: str = "always"  # always, cooldown (only when the caller says the run is cooling down), off
+    # Passes >= 2 run only the positions after a plain prefix shared by every row, attending to pass 1's keys and
+    # values of the prefix (whose states no pass changes): the same objective and gradients to float rounding, the
+    # prefix's share of each pass saved. For batches that start with a long plain prefix (the recall study's
+    # tables); off by default, so a trained model's numbers do not move.
+    reuse_prefix: bool = False
 
     @classmethod
     def of(cls, train: TrainConfig, optim: OptimConfig | None = None) -> MultiPassObjective:
@@ -175,8 +181,11 @@ class MultiPassObjective:
             plan = fused[min(k, len(fused)) - 1] if fused is not None and fused.dim() == 3 else fused
             return {"plain_prefix": prefix, "fused": plan, "attention_mask": attention_mask}
 
-        out = model(tokens, **plan_of(1))  # pass 1: plain, with gradients
+        P = plain_prefix if self._reuses_prefix(model, tokens, plain_prefix, fused, attention_mask) else 0
+        record = PrefixKV(*tokens.shape, tokens.device) if P else None
+        out = model(tokens, cache=record, **plan_of(1))  # pass 1: plain, with gradients
         scored = [out]
+        first = out
         stream, hidden = out.target_stream, out.hidden
         k = 2
         if restart and passes > 1 and model.fuse is not None:
@@ -190,8 +199,12 @@ class MultiPassObjective:
                 # as the committed recurrent reports were trained (a shared one would sum the passes' gradients in
                 # another order); above it the blocks below the target run once per step.
                 again = None if restart and model.feedback_target == 0 else stream
-                out = model(tokens, carried_state=self._carried(hidden, shift), target_stream=again,
-                            logits_to_keep=0 if k >= first_grad else 1, **plan_of(k))
+                keep = 0 if k >= first_grad else 1
+                if record is not None:
+                    out = self._after_prefix(model, tokens, P, record, first, hidden, again, keep, shift)
+                else:
+                    out = model(tokens, carried_state=self._carried(hidden, shift), target_stream=again,
+                                logits_to_keep=keep, **plan_of(k))
             if k >= first_grad:
                 scored.append(out)
             hidden = out.hidden
@@ -206,6 +219,26 @@ class MultiPassObjective:
             loss = loss + weight * z
         return ObjectiveOutput(loss, pass_losses, out.logits, k - 1 if model.fuse is not None else 1,
                                tokens.numel(), z)
+
+    def _reuses_prefix(self, model: FeedbackLM, tokens: torch.Tensor, plain_prefix: PlainPrefix,
+                       fused: torch.Tensor | None, attention_mask: torch.Tensor | None) -> bool:
+        """Whether this batch's passes reuse pass 1's prefix (``reuse_prefix``): one plain prefix P > 1 for every row
+        and pass, no padding, the native network's cache, the recurrence along positions, and plain positions fed the
+        same in every pass (not the paper's literal input form, which normalises them from pass 2 on)."""
+        return (self.reuse_prefix and isinstance(plain_prefix, int) and 1 < plain_prefix < tokens.shape[1]
+                and fused is None and attention_mask is None and model.fuse is not None
+                and model.feedback_shift == 1 and model.plain_input is None and model.cache_type is KVCache)
+
+    def _after_prefix(self, model: FeedbackLM, tokens: torch.Tensor, P: int, record: PrefixKV, first: LMOutput,
+                      hidden: torch.Tensor, stream: torch.Tensor | None, keep: int, shift: int) -> LMOutput:
+        """A pass over positions P.. only, attending to pass 1's keys and values of the plain prefix; its logits and
+        states over the whole sequence. The prefix's are pass 1's, which no pass changes: the same values, and in a
+        pass with gradients the same gradient paths as the prefix a whole pass would compute again."""
+        part = model(tokens[:, P:], plain_prefix=P, cache=record.prefix(P),
+                     carried_state=self._carried(hidden, shift)[:, P:],
+                     target_stream=stream[:, P:] if stream is not None else None, logits_to_keep=keep)
+        logits = part.logits if keep else torch.cat((first.logits[:, :P], part.logits), 1)
+        return LMOutput(logits=logits, hidden=torch.cat((first.hidden[:, :P], part.hidden), 1), passes=1)
 
     def _carried(self, states: torch.Tensor, shift: int) -> torch.Tensor:
         """(B, T, D) what the next pass fuses into each position: the states h^(k-1) shifted by one (a position's own

@@ -11,6 +11,8 @@ The formula (multiply-adds count 2):
 - A pass with gradients costs 3x its forward (forward + backward ≈ 6·N per token).
 - A model whose feedback enters after ``target`` blocks (DESIGN.md §1's span) runs those blocks once per position:
   a pass after the first (``upper``) meets only the ``L - target`` blocks above them (and the head and fusion).
+- An objective that reuses a plain prefix of P positions (``reuse_prefix``) runs a pass after the first over the
+  positions after it only (each still attending to every key before it).
 
 Training counts every pass the objective runs, step by step (the batch plan of the run replayed: each step's
 padded batch B×T, its pass count, the passes with gradients; see :func:`step_flops`). Inference counts what an
@@ -71,14 +73,17 @@ def forward_flops(shape: Shape, T: int, fused: bool, upper: bool = False) -> flo
 
 
 def step_flops(shape: Shape, rows: int, T: int, passes: int, *, feedback: bool, grad_passes: int = 0,
-               shift: int = 1, exact_passes: int | None = None) -> float:
+               shift: int = 1, exact_passes: int | None = None, reused_prefix: int = 0) -> float:
     """FLOPs of one training step on a padded batch (rows, T), as
     :class:`fullband.training.objective.MultiPassObjective` runs it: pass 1 plain with gradients; then, with
     ``grad_passes`` m > 0, the passes are capped at the exact count (``exact_passes``, T with plain prefix 1), the
     middle ones without gradients (computed sequentially, as one forward, when the cap is reached and the model
     recurs), the last m with; with m = 0 every pass with gradients. Every pass after the first runs the blocks above
-    the feedback target only."""
-    plain, fused = forward_flops(shape, T, False), forward_flops(shape, T, True, upper=True)
+    the feedback target only, and (``reused_prefix`` P: the objective's ``reuse_prefix`` on a plain prefix of P
+    positions) only the positions after the prefix."""
+    plain = forward_flops(shape, T, False)
+    whole = forward_flops(shape, T, True, upper=True)
+    fused = positions_flops(shape, reused_prefix + 1, T, True, upper=True) if reused_prefix > 1 else whole
     total = 3 * plain
     if feedback and passes > 1:
         if grad_passes > 0:
@@ -86,7 +91,7 @@ def step_flops(shape: Shape, rows: int, T: int, passes: int, *, feedback: bool, 
             passes = min(passes, exact)
             first_grad = max(2, passes - grad_passes + 1)
             if shift == 1 and passes == exact and first_grad > 2:
-                total += fused  # the fixed point, sequentially: one forward over the positions
+                total += whole  # the fixed point, sequentially: one forward over the positions
             else:
                 total += (first_grad - 2) * fused
             total += 3 * (passes - first_grad + 1) * fused

@@ -223,7 +223,7 @@ class FullBandwidth(Arm):
     def loss(self, model: nn.Module, batch: WordBatch, knob: Any, step: int = 0) -> torch.Tensor:
         # The start cup and what comes before it are plain; passes beyond the exact count change nothing.
         exact = batch.tokens.shape[1] - batch.prefix
-        objective = MultiPassObjective(feedback_weight=knob, grad_passes=self.cfg.grad_passes)
+        objective = MultiPassObjective(feedback_weight=knob, grad_passes=self.cfg.grad_passes, reuse_prefix=True)
         return objective(model, batch.tokens, batch.labels, exact, batch.prefix + 1).loss
 
     def logits(self, model: nn.Module, tokens: torch.Tensor, knob: Any, prefix: int = 0) -> torch.Tensor:
@@ -241,7 +241,14 @@ class FullBandwidth(Arm):
         T = self.train_T
         exact = T - round(self.train_prefix)
         return step_flops(self.shape(knob), self.cfg.batch_size, T, exact, feedback=True,
-                          grad_passes=self.cfg.grad_passes, exact_passes=exact)
+                          grad_passes=self.cfg.grad_passes, exact_passes=exact, reused_prefix=self.reused_prefix)
+
+    @property
+    def reused_prefix(self) -> int:
+        """The plain prefix whose keys and values the passes after the first reuse (MultiPassObjective's
+        ``reuse_prefix``: a table before the start cup; none in plain word problems, whose prefix is 1)."""
+        prefix = round(self.train_prefix) + 1
+        return prefix if prefix > 1 else 0
 
     def inference_flops(self, knob: Any, n: int, prefix: int = 0) -> float:
         s = self.shape(knob)  # the plain prefix and the start cup once, then each step fused
@@ -483,14 +490,14 @@ class FullBandwidthPaper(FullBandwidth):
         return max(PAPER_PASS_MIX)
 
     def loss(self, model: nn.Module, batch: WordBatch, knob: Any, step: int = 0) -> torch.Tensor:
-        objective = MultiPassObjective(feedback_weight=knob, jitter=PAPER_JITTER)
+        objective = MultiPassObjective(feedback_weight=knob, jitter=PAPER_JITTER, reuse_prefix=True)
         return objective(model, batch.tokens, batch.labels, self.passes_at(step), batch.prefix + 1).loss
 
     def train_flops(self, knob: Any) -> float:
         mean = sum(passes * share for passes, share in PAPER_PASS_MIX.items())  # step_flops is linear in the passes
-        T = self.train_T
+        T, reused = self.train_T, self.reused_prefix
         return step_flops(self.shape(knob), self.cfg.batch_size, T, 1, feedback=True) + (mean - 1) * (
-            step_flops(self.shape(knob), self.cfg.batch_size, T, 2, feedback=True)
+            step_flops(self.shape(knob), self.cfg.batch_size, T, 2, feedback=True, reused_prefix=reused)
             - step_flops(self.shape(knob), self.cfg.batch_size, T, 1, feedback=True))
 
 
