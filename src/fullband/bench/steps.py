@@ -215,9 +215,9 @@ def weight_products(model: FullBandwidthLM, batch: int, new_tokens: int) -> Call
     for block in model.blocks:
         attn, mlp = block.attn, block.mlp
         if fused:  # as the fused step runs them (fullband.model.linear): q/k/v and gate/up one product each
-            products += [(lambda a=attn: fused_weight(a, (a.q_proj, a.k_proj, a.v_proj)), attn.q_proj.in_features),
+            products += [(lambda a=attn: fused_weight(a, ("q_proj", "k_proj", "v_proj")), attn.q_proj.in_features),
                          (lambda a=attn: a.o_proj.weight, attn.o_proj.in_features),
-                         (lambda m=mlp: fused_weight(m, (m.gate_proj, m.up_proj)), mlp.gate_proj.in_features),
+                         (lambda m=mlp: fused_weight(m, ("gate_proj", "up_proj")), mlp.gate_proj.in_features),
                          (lambda m=mlp: m.down_proj.weight, mlp.down_proj.in_features)]
         else:
             products += [(lambda m=m: m.weight, m.in_features) for m in (attn.q_proj, attn.k_proj, attn.v_proj,

@@ -129,16 +129,23 @@ def fuses(x: torch.Tensor) -> bool:
     return x.numel() <= FUSE_MAX_ROWS * x.shape[-1] and cpu_inference(x)
 
 
-def fused_weight(owner: nn.Module, layers: Sequence[nn.Linear]) -> torch.Tensor:
-    """The weights of ``layers`` (bias-free, one input size) concatenated along their outputs, kept for ``owner`` and
-    built again when any of them was replaced or changed in place since (its storage or version counter)."""
-    weights = [layer.weight for layer in layers]
+def fused_weight(owner: nn.Module, names: Sequence[str]) -> torch.Tensor:
+    """The weights of ``owner``'s bias-free linear submodules ``names`` (one input size) concatenated along their
+    outputs, kept for ``owner`` and built again when any of them was replaced or changed in place since (its storage,
+    version counter or dtype)."""
+    weights = [weight_of(owner, name) for name in names]
     key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)  # a move to another device moves data_ptr
     held = _FUSED.get(owner)
     if held is None or held[0] != key:
         with torch.no_grad():
             held = _FUSED[owner] = (key, torch.cat(weights))
     return held[1]
+
+
+def weight_of(owner: nn.Module, name: str) -> torch.Tensor:
+    """``getattr(owner, name).weight`` by the modules' own tables: a decoding step reads every block's weights, and
+    ``nn.Module.__getattr__`` costs about a microsecond a call, several times that between a step's GEMVs."""
+    return owner._modules[name]._parameters["weight"]  # type: ignore[index]
 
 
 def release_fused_weights(model: nn.Module) -> None:
