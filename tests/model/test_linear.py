@@ -170,8 +170,8 @@ def test_fused_inference_decodes_the_same_numbers(fused_on, position_encoding):
 
 
 def test_the_fused_weight_follows_the_weights(fused_on):
-    """Changed in place (an optimizer step, a load), replaced (.to) or released: the next step uses the weights the
-    parameters hold now."""
+    """Changed in place (an optimizer step, a load), replaced (a new submodule, .to) or released: the next step uses
+    the weights the parameters hold now."""
     from conftest import make_model
 
     model = make_model()
@@ -189,6 +189,9 @@ def test_the_fused_weight_follows_the_weights(fused_on):
     assert not torch.allclose(after, before)
     torch.testing.assert_close(after, unfused(), rtol=0, atol=1e-12)
     model.load_state_dict(make_model(seed=4).state_dict())  # copied in place too
+    torch.testing.assert_close(decode_logits(model, tokens)[0], unfused(), rtol=0, atol=1e-12)
+    replaced = Linear(model.config.d_model, model.blocks[0].attn.q_proj.out_features, bias=False).double()
+    model.blocks[0].attn.q_proj = replaced  # a submodule replaced: its weight is read from the module tables
     torch.testing.assert_close(decode_logits(model, tokens)[0], unfused(), rtol=0, atol=1e-12)
     model.float()  # new storages
     torch.testing.assert_close(decode_logits(model, tokens)[0], unfused(), rtol=1e-5, atol=1e-6)
