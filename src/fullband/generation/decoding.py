@@ -105,16 +105,13 @@ def decode_step(model: FullBandwidthLM, state: DecodeState, tokens: torch.Tensor
     """Feed the chosen tokens (B,) and advance ``state`` by one position."""
     if state.plain_rows is None and state.cache.length >= max(state.prompt_len, 1):  # all rows fused or none
         out = model.decode_token(tokens, state.cache, state.carried)
-        state.next_logits = out.logits[:, -1]
-        if state.carried is not None:
-            state.carried = out.hidden[:, -1]
-        return
-    ones = torch.ones(tokens.shape[0], 1, dtype=torch.long, device=tokens.device)
-    plain_prefix: int | torch.Tensor = state.prompt_len
-    if state.plain_rows is not None:  # a plain row's prefix lies past every position the cache can hold
-        plain_prefix = torch.where(state.plain_rows, state.cache.max_len + 1, max(state.prompt_len, 1))
-    out = model(tokens[:, None], plain_prefix=plain_prefix, cache=state.cache, carried_state=state.carried,
-                attention_mask=ones)
+    else:
+        ones = torch.ones(tokens.shape[0], 1, dtype=torch.long, device=tokens.device)
+        plain_prefix: int | torch.Tensor = state.prompt_len
+        if state.plain_rows is not None:  # a plain row's prefix lies past every position the cache can hold
+            plain_prefix = torch.where(state.plain_rows, state.cache.max_len + 1, max(state.prompt_len, 1))
+        out = model(tokens[:, None], plain_prefix=plain_prefix, cache=state.cache, carried_state=state.carried,
+                    attention_mask=ones)
     state.next_logits = out.logits[:, -1]
     if state.carried is not None:
         state.carried = out.hidden[:, -1]

@@ -95,8 +95,6 @@ class Attention(nn.Module):
         mask: torch.Tensor | None,  # (B, 1, T, S) bool or additive, None = plain causal
         cache: KVCache | None,
     ) -> torch.Tensor:
-        if fuses(x):
-            return self.fused(x, rope, mask, cache)
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
@@ -108,9 +106,9 @@ class Attention(nn.Module):
     def fused(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None, mask: torch.Tensor | None, cache: KVCache | None
     ) -> torch.Tensor:
-        """:meth:`forward` of a decoding step on a CPU (:func:`~fullband.model.linear.fuses`): q, k and v in one
-        product, q and k rotated together in fewer ops, the projections as their weights' products (no module
-        calls); the same numbers."""
+        """:meth:`forward` of a decoding step on a CPU (:func:`~fullband.model.linear.fuses`; the block decides): q,
+        k and v in one product, q and k rotated together in fewer ops, the projections as their weights' products
+        (no module calls); the same numbers."""
         B, T, _ = x.shape
         H, Hkv = self.n_heads, self.n_kv_heads
         qkv = linear(x, fused_weight(self, ("q_proj", "k_proj", "v_proj")))
@@ -145,13 +143,11 @@ class SwiGLU(nn.Module):
         self.down_proj = Linear(cfg.ffn_dim, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if fuses(x):
-            return self.fused(x)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
-        """:meth:`forward` of a decoding step on a CPU: gate and up in one product, the projections as their weights'
-        products (no module calls); the same numbers."""
+        """:meth:`forward` of a decoding step on a CPU (the block decides): gate and up in one product, the
+        projections as their weights' products (no module calls); the same numbers."""
         gate, up = linear(x, fused_weight(self, ("gate_proj", "up_proj"))).chunk(2, dim=-1)
         return linear(F.silu(gate) * up, weight_of(self, "down_proj"))
 

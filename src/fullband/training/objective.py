@@ -184,6 +184,7 @@ class MultiPassObjective:
         P = plain_prefix if self._reuses_prefix(model, tokens, plain_prefix, fused, attention_mask) else 0
         record = PrefixKV(*tokens.shape, tokens.device) if P else None
         out = model(tokens, cache=record, **plan_of(1))  # pass 1: plain, with gradients
+        prefix = record.prefix(P) if record is not None else None  # what every later pass reads
         scored = [out]
         first = out
         stream, hidden = out.target_stream, out.hidden
@@ -200,8 +201,8 @@ class MultiPassObjective:
                 # another order); above it the blocks below the target run once per step.
                 again = None if restart and model.feedback_target == 0 else stream
                 keep = 0 if k >= first_grad else 1
-                if record is not None:
-                    out = self._after_prefix(model, tokens, P, record, first, hidden, again, keep, shift)
+                if prefix is not None:
+                    out = self._after_prefix(model, tokens, prefix, first, hidden, again, keep, shift)
                 else:
                     out = model(tokens, carried_state=self._carried(hidden, shift), target_stream=again,
                                 logits_to_keep=keep, **plan_of(k))
@@ -229,12 +230,13 @@ class MultiPassObjective:
                 and fused is None and attention_mask is None and model.fuse is not None
                 and model.feedback_shift == 1 and model.plain_input is None and model.cache_type is KVCache)
 
-    def _after_prefix(self, model: FeedbackLM, tokens: torch.Tensor, P: int, record: PrefixKV, first: LMOutput,
+    def _after_prefix(self, model: FeedbackLM, tokens: torch.Tensor, prefix: PrefixKV, first: LMOutput,
                       hidden: torch.Tensor, stream: torch.Tensor | None, keep: int, shift: int) -> LMOutput:
         """A pass over positions P.. only, attending to pass 1's keys and values of the plain prefix; its logits and
         states over the whole sequence. The prefix's are pass 1's, which no pass changes: the same values, and in a
         pass with gradients the same gradient paths as the prefix a whole pass would compute again."""
-        part = model(tokens[:, P:], plain_prefix=P, cache=record.prefix(P),
+        P = prefix.length
+        part = model(tokens[:, P:], plain_prefix=P, cache=prefix,
                      carried_state=self._carried(hidden, shift)[:, P:],
                      target_stream=stream[:, P:] if stream is not None else None, logits_to_keep=keep)
         logits = part.logits if keep else torch.cat((first.logits[:, :P], part.logits), 1)

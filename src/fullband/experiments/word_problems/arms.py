@@ -246,9 +246,8 @@ class FullBandwidth(Arm):
     @property
     def reused_prefix(self) -> int:
         """The plain prefix whose keys and values the passes after the first reuse (MultiPassObjective's
-        ``reuse_prefix``: a table before the start cup; none in plain word problems, whose prefix is 1)."""
-        prefix = round(self.train_prefix) + 1
-        return prefix if prefix > 1 else 0
+        ``reuse_prefix``: a table before the start cup; 1 in plain word problems, where nothing is reused)."""
+        return round(self.train_prefix) + 1
 
     def inference_flops(self, knob: Any, n: int, prefix: int = 0) -> float:
         s = self.shape(knob)  # the plain prefix and the start cup once, then each step fused
