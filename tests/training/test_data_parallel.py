@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 from conftest import ADAMW, make_model
 
 from fullband import FullBandwidthLM
+from fullband.model import linear as linear_module
 from fullband.training import CheckpointError, Trainer, build_optimizer, load_checkpoint
 from fullband.training.checkpoint_layout import checkpoint_path, list_checkpoints
 from fullband.training.config import OptimConfig, ScheduleConfig, TrainConfig
@@ -117,9 +118,8 @@ def _worker(rank: int, init_file: str, root: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         root = Path(root)
-        # The truncated-gradient runs first: after the float32 runs below, the float64 fixed-regime FSDP run came out
-        # different from run to run (objective 8.23822-8.23830 against one process's 8.23830, two runs in four);
-        # first, in fresh processes, it repeats.
+        # The truncated-gradient runs first. (The fixed-regime FSDP run once came out different from run to run: the
+        # fused decoding path kept copies of sharded weights; test_sharded_blocks_keep_no_fused_copy_of_their_weights.)
         for regime in REGIMES:
             for kind in KINDS:
                 trainer = grad_passes_trainer(root / f"{regime}-{kind}", rank, 2, regime, kind)
@@ -281,5 +281,41 @@ def test_fsdp_refuses_a_plain_checkpoint_and_wrapping_after_training(tmp_path):
         wrap_fsdp(trainer)
         with pytest.raises(CheckpointError, match=r"without FSDP .*parallel='ddp'"):
             trainer.fit(resume=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_blocks_keep_no_fused_copy_of_their_weights(tmp_path):
+    """FSDP2 gathers a block's weights into memory it frees after each use and writes them without moving their
+    version counters; a concatenated copy kept by the fused decoding path (fullband.model.linear) could then pass for
+    the weights after an optimizer step whenever the memory came back at the same address. The fixed regime's fixed
+    point is such a forward inside training: its FSDP run differed from one process's about once in 30 spawns
+    (docs/LOG.md, 2026-12-07). Sharded blocks run unfused, the same numbers, and nothing is kept."""
+    def kept(model):
+        return [m for m in model.modules() if m in linear_module._FUSED]
+
+    def full(tensor):
+        return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+    tokens = probe_tokens()[:1]
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        trainer = grad_passes_trainer(tmp_path / "run", 0, 1, "fixed", "fsdp")
+        model = trainer.raw_model
+        with torch.no_grad():
+            model.forward_exact(tokens, method="sequential")  # a decoding-sized forward: the fused path keeps copies
+        assert kept(model)
+        wrap_fsdp(trainer)
+        assert not kept(model)  # released with the wrap
+        trainer.fit()  # every multi-pass step computes the fixed point without gradients
+        assert not kept(model)
+        unsharded = make_model(dtype=torch.float64, vocab_size=61)
+        with torch.no_grad():
+            for mine, theirs in zip(unsharded.parameters(), model.parameters(), strict=True):
+                mine.copy_(full(theirs))
+            got = model.eval().forward_exact(tokens, method="sequential").logits
+            want = unsharded.forward_exact(tokens, method="sequential").logits
+        assert not kept(model)
+        assert torch.equal(got, want)  # unfused under FSDP == fused in one process, bit for bit
     finally:
         dist.destroy_process_group()

@@ -10,7 +10,7 @@ from torch import nn
 
 from fullband.config import ModelConfig
 from fullband.model.kv_cache import KVCache
-from fullband.model.linear import Linear, cpu_inference, fused_weight, fuses, linear, weight_of
+from fullband.model.linear import Linear, cpu_inference, fsdp_managed, fused_weight, fuses, linear, weight_of
 
 
 class RMSNorm(nn.Module):
@@ -164,7 +164,7 @@ class Block(nn.Module):
         self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None, mask: torch.Tensor | None,
         cache: KVCache | None,
     ) -> torch.Tensor:
-        if fuses(x):  # a decoding step on a CPU: the fused paths, without the submodules' calls
+        if fuses(x) and not fsdp_managed(self):  # a decoding step on a CPU: the fused paths, no submodule calls
             x = x + self.attn.fused(self.attn_norm.one_op(x), rope, mask, cache)
             return x + self.mlp.fused(self.mlp_norm.one_op(x))
         x = x + self.attn(self.attn_norm(x), rope, mask, cache)

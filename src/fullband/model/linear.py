@@ -26,13 +26,17 @@ blocks, which give the same numbers in fewer ops. The concatenated weight is a c
 (their names, checkpoints and the Llama conversion do not change): built on the first decoding step and again
 whenever a weight was replaced or changed in place since (its storage or autograd version counter moved; a write
 through ``.data`` moves neither: :func:`release_fused_weights` then), it costs the memory of those weights once more
-while the model lives. ``FULLBAND_FUSED_INFERENCE=0`` or :func:`set_fused_inference` turns all of it off.
+while the model lives. A block that FSDP2 shards (``fully_shard``) never takes the fused path (:func:`fsdp_managed`):
+FSDP gathers its weights into memory it frees after each use and writes them there without moving their version
+counters, so after an optimizer step they can come back at the same address and a kept copy would pass for them.
+``FULLBAND_FUSED_INFERENCE=0`` or :func:`set_fused_inference` turns all of it off.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
@@ -127,6 +131,12 @@ def fuses(x: torch.Tensor) -> bool:
     """Whether a product of ``x`` (..., in) runs fused: :func:`cpu_inference` with at most :data:`FUSE_MAX_ROWS`
     rows (decoding steps; a product of many rows gains nothing from it)."""
     return x.numel() <= FUSE_MAX_ROWS * x.shape[-1] and cpu_inference(x)
+
+
+def fsdp_managed(module: nn.Module) -> bool:
+    """Whether FSDP2 (``fully_shard``) manages ``module``'s weights, which no kept copy may stand for (module doc)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # not imported: nothing is sharded, and the import stays unpaid
+    return fsdp is not None and isinstance(module, fsdp.FSDPModule)
 
 
 def fused_weight(owner: nn.Module, names: Sequence[str]) -> torch.Tensor:

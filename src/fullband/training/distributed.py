@@ -21,6 +21,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from fullband.config import ConfigError
+from fullband.model.linear import release_fused_weights
 from fullband.training.optim import build_optimizer
 from fullband.training.trainer import Trainer
 
@@ -87,6 +88,7 @@ def wrap_fsdp(trainer: Trainer) -> None:
         raise RuntimeError("wrap_fsdp must come before training: the optimizer already holds state for the "
                            "unsharded parameters")
     model = trainer.raw_model
+    release_fused_weights(model)  # sharded blocks decode unfused (fullband.model.linear): no copy to keep
     mesh = init_device_mesh(trainer.device.type, (trainer.world_size,))
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
