@@ -97,8 +97,11 @@ def test_quick_bench_prints_one_table_and_writes_json(tmp_path, capsys, restore_
     for batch in (1, 8):  # the same step with its fused products off, in the same rounds: the same tokens
         assert cases[f"speed fused / unfused inference, batch {batch}"]["ratio"] > 0
         assert cases[f"speed fused / unfused inference, batch {batch}"]["check"] == "identical tokens"
+    # packed weights at batch 8 only (from PACK_MIN_ROWS rows), against the plain layout: the same tokens
+    assert cases["speed packed / plain weight layout, batch 8"]["check"] == "identical tokens"
+    assert "speed packed / plain weight layout, batch 1" not in cases
     checked = [r for r in rows if r["ok"] is not None]
-    assert len(checked) == 5 and all(r["ok"] for r in checked), checked  # same loss; identical tokens at 1 and 8
+    assert len(checked) == 6 and all(r["ok"] for r in checked), checked  # same loss; identical tokens at 1 and 8
     summary = printed[header + 2 + len(rows)]  # the decoding figures the targets name, after the table
     one = cases["fullband greedy (standard), batch 1"]["of_limit"].replace(" mem bw", "")
     assert summary.startswith(f"# decoding: batch-1 greedy (standard) {one} of the copy bandwidth (target >= 60%); "

@@ -201,3 +201,70 @@ def test_the_fused_weight_follows_the_weights(fused_on):
     linear.release_fused_weights(model)
     torch.testing.assert_close(decode_logits(model, tokens)[0], unfused(), rtol=1e-5, atol=1e-6)
     assert not any("fused" in name for name in model.state_dict())  # the parameters and checkpoints are as before
+
+
+# ---------------------------------------------------------------- packed weights (fused steps of several rows)
+
+
+@pytest.fixture
+def packing_on():
+    previous = linear.set_packed_weights(True)
+    yield
+    linear.set_packed_weights(previous)
+
+
+def onednn_sized_model() -> FullBandwidthLM:
+    """float32, every product (q|k|v, o, gate|up, down, the head) at or above oneDNN's threshold with one thread."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=1024, d_model=768, n_layers=1, n_heads=6, max_seq_len=32)
+    model = FullBandwidthLM(config).eval()
+    assert min(p.numel() for p in model.parameters() if p.dim() == 2) >= max(ONEDNN_MIN_WEIGHT.values())
+    return model
+
+
+@needs_onednn
+def test_steps_of_several_rows_multiply_packed_weights_to_the_same_numbers(onednn_on, fused_on, packing_on):
+    """From PACK_MIN_ROWS rows a fused step reads every block weight and the head in oneDNN's packed layout (kept,
+    like the concatenations, and packed again when a weight changes); the logits are the plain layout's to float32
+    rounding (bit for bit on the AMD EPYC measured) and the greedy tokens the same. One row keeps the plain layout
+    (a prefill of up to FUSE_MAX_ROWS tokens is a fused step of that many rows)."""
+    model = onednn_sized_model()
+    tokens = torch.randint(0, 1024, (linear.PACK_ROWS, 4), generator=torch.Generator().manual_seed(5))
+
+    def both():
+        packed = decode_logits(model, tokens, steps=3), generate(model, tokens, max_new_tokens=3, mode="soft")
+        with_plain = linear.set_packed_weights(False)
+        plain = decode_logits(model, tokens, steps=3), generate(model, tokens, max_new_tokens=3, mode="soft")
+        linear.set_packed_weights(with_plain)
+        for a, b in zip(packed[0], plain[0], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert torch.equal(packed[1], plain[1])
+
+    generate(model, tokens[:1, :1], max_new_tokens=2, mode="soft")
+    assert not any(m in linear._PACKED for m in model.modules())  # one row at a time: the plain layout
+    both()
+    attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
+    assert set(linear._PACKED[attn]) == {("q_proj", "k_proj", "v_proj"), ("o_proj",)}
+    assert set(linear._PACKED[mlp]) == {("gate_proj", "up_proj"), ("down_proj",)}
+    assert set(linear._PACKED[model]) == {("lm_head",)}  # the head of decode_token
+    held = linear._PACKED[mlp][("down_proj",)][1]
+    with torch.no_grad():
+        mlp.down_proj.weight.mul_(0.5)  # in place: its version counter moves
+    both()
+    assert linear._PACKED[mlp][("down_proj",)][1] is not held
+    linear.release_fused_weights(model)
+    assert not any(m in linear._PACKED for m in model.modules())
+
+
+def test_a_torch_without_packed_weights_falls_back_with_one_warning(onednn_on, fused_on, packing_on, monkeypatch):
+    def missing(*args):
+        raise RuntimeError("mkldnn::_reorder_linear_weight is not available")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", missing, raising=False)
+    model = onednn_sized_model()
+    x = torch.randn(linear.PACK_ROWS, 1, 768)
+    with pytest.warns(UserWarning, match="packed weights unavailable"), torch.no_grad():
+        got = linear.product(x, model.blocks[0].attn, ("o_proj",))
+    with torch.no_grad():
+        assert torch.equal(got, linear.linear(x, model.blocks[0].attn.o_proj.weight))
+    assert not linear._packing

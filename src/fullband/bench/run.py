@@ -21,7 +21,13 @@ from fullband.bench.timing import copy_case, interleaved, machine_limits, machin
 from fullband.bench.workers import combined_share, time_in_workers
 from fullband.devices import CPU_FEATURES, resolve_device
 from fullband.files import write_json
-from fullband.model.linear import fused_inference, fused_inference_enabled
+from fullband.model.linear import (
+    PACK_MIN_ROWS,
+    fused_inference,
+    fused_inference_enabled,
+    packed_weights,
+    packed_weights_enabled,
+)
 from fullband.model.recurrence import auto_exact_method
 from fullband.training.config import COMPILE_MIN_CPU_STEPS
 from fullband.training.metrics import flops_per_token
@@ -278,6 +284,9 @@ class Bench:
             if fuses_here:
                 variants["unfused"] = (lambda: fused_inference(False), "fullband greedy, fused inference off",
                                        "speed fused / unfused inference")
+                if packed_weights_enabled() and batch >= PACK_MIN_ROWS:
+                    variants["unpacked"] = (lambda: packed_weights(False), "fullband greedy, packed weights off",
+                                            "speed packed / plain weight layout")
             for step in c.steps:
                 variants[step] = (contextlib.nullcontext, f"fullband greedy, {step} step",
                                   f"speed eager / {step} step")

@@ -202,35 +202,39 @@ def training_products(model: FullBandwidthLM, rows: int) -> tuple[Callable[[], N
 def weight_products(model: FullBandwidthLM, batch: int, new_tokens: int) -> Callable[[], None]:
     """What ``new_tokens`` decoding steps of ``batch`` rows spend in the weights' matrix products alone: every
     projection and the head (the fusion's aside: standard decoding skips it) applied to one row per sequence,
-    through the model's own kernel choice (:func:`fullband.model.linear.linear`), as a step runs them (q/k/v and
-    gate/up as one product each where fused inference is on) and in its order. Nothing else of a step (norms,
+    through the model's own kernel choice (:func:`fullband.model.linear.linear`), as a step runs them (where fused
+    inference is on, :func:`fullband.model.linear.product`: q/k/v and gate/up one product each, packed weights for
+    several rows) and in its order. Nothing else of a step (norms,
     attention, cache, sampling) runs: the ceiling the GEMVs allow."""
-    from fullband.model.linear import fused_weight, fuses, linear
+    from fullband.model.linear import fuses, linear, product, weight_of
 
     p = model.embed.weight
     x = torch.randn(batch, 1, model.config.d_model, device=p.device, dtype=p.dtype)
     with torch.no_grad():
         fused = fuses(x)
-    products: list[tuple[Callable[[], torch.Tensor], int]] = []  # (the weight a product reads, its input size)
+    products: list[tuple[torch.nn.Module, tuple[str, ...], int]] = []  # (owner, its weights' names, input size)
     for block in model.blocks:
         attn, mlp = block.attn, block.mlp
         if fused:  # as the fused step runs them (fullband.model.linear): q/k/v and gate/up one product each
-            products += [(lambda a=attn: fused_weight(a, ("q_proj", "k_proj", "v_proj")), attn.q_proj.in_features),
-                         (lambda a=attn: a.o_proj.weight, attn.o_proj.in_features),
-                         (lambda m=mlp: fused_weight(m, ("gate_proj", "up_proj")), mlp.gate_proj.in_features),
-                         (lambda m=mlp: m.down_proj.weight, mlp.down_proj.in_features)]
+            products += [(attn, ("q_proj", "k_proj", "v_proj"), attn.q_proj.in_features),
+                         (attn, ("o_proj",), attn.o_proj.in_features),
+                         (mlp, ("gate_proj", "up_proj"), mlp.gate_proj.in_features),
+                         (mlp, ("down_proj",), mlp.down_proj.in_features)]
         else:
-            products += [(lambda m=m: m.weight, m.in_features) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
-                                                                         attn.o_proj, mlp.gate_proj, mlp.up_proj,
-                                                                         mlp.down_proj)]
-    products.append((lambda: model.lm_head.weight, model.lm_head.in_features))
-    inputs = {size: torch.randn(batch, 1, size, device=p.device, dtype=p.dtype) for _, size in products}
+            products += [(owner, (name,), owner.get_submodule(name).in_features)
+                         for owner, names in ((attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                                              (mlp, ("gate_proj", "up_proj", "down_proj"))) for name in names]
+    products.append((model, ("lm_head",), model.lm_head.in_features))
+    inputs = {size: torch.randn(batch, 1, size, device=p.device, dtype=p.dtype) for _, _, size in products}
 
     def run() -> None:
         with torch.no_grad():
             for _ in range(new_tokens):
-                for weight, size in products:
-                    linear(inputs[size], weight())
+                for owner, names, size in products:
+                    if fused:  # the fused step's own products (packed weights for several rows)
+                        product(inputs[size], owner, names)
+                    else:
+                        linear(inputs[size], weight_of(owner, names[0]))
 
     return run
 

@@ -34,6 +34,7 @@ from torch import nn
 from fullband.config import EXACT_METHODS
 from fullband.model.family import FamilyInterface
 from fullband.model.kv_cache import CacheSlots
+from fullband.model.linear import fsdp_managed, fuses, product
 from fullband.model.recurrence import (
     LMOutput,
     Pass,
@@ -208,9 +209,17 @@ class FeedbackLM(FamilyInterface, nn.Module):
         stream = self.run_lower(self.embed(tokens[:, None]), positions, mask, cache)
         inputs = stream if carried_state is None or fuse is None else fuse(stream[:, 0], carried_state)[:, None]
         hidden, head_input = self.run_stack(inputs, positions, mask, cache)
-        out = LMOutput(logits=self.lm_head(head_input), hidden=hidden, target_stream=stream)
+        out = LMOutput(logits=self._step_head(head_input), hidden=hidden, target_stream=stream)
         cache.commit(here)
         return out
+
+    def _step_head(self, x: torch.Tensor) -> torch.Tensor:
+        """The output head of a decoding step: a bias-free ``nn.Linear`` head as the fused blocks run their
+        projections (:func:`~fullband.model.linear.product`: packed for several rows), any other head as called."""
+        head = self.lm_head
+        if fuses(x) and not fsdp_managed(self) and isinstance(head, nn.Linear) and head.bias is None:
+            return product(x, self, ("lm_head",))
+        return head(x)
 
     def _decode_mask(self, cache: CacheSlots, here: torch.Tensor) -> Any:
         """The blocks' mask for one new token per row (``here`` (B, 1), all True) after the cached ones."""

@@ -10,7 +10,7 @@ from torch import nn
 
 from fullband.config import ModelConfig
 from fullband.model.kv_cache import KVCache
-from fullband.model.linear import Linear, cpu_inference, fsdp_managed, fused_weight, fuses, linear, weight_of
+from fullband.model.linear import Linear, cpu_inference, fsdp_managed, fuses, product
 
 
 class RMSNorm(nn.Module):
@@ -111,10 +111,10 @@ class Attention(nn.Module):
         (no module calls); the same numbers."""
         B, T, _ = x.shape
         H, Hkv = self.n_heads, self.n_kv_heads
-        qkv = linear(x, fused_weight(self, ("q_proj", "k_proj", "v_proj")))
+        qkv = product(x, self, ("q_proj", "k_proj", "v_proj"))
         qkv = qkv.view(B, T, H + 2 * Hkv, self.head_dim).transpose(1, 2)  # (B, H + 2 Hkv, T, hd)
         qk = qkv[:, : H + Hkv] if rope is None else rotate(qkv[:, : H + Hkv], rope)
-        return linear(self.attend(qk[:, :H], qk[:, H:], qkv[:, H + Hkv :], mask, cache), weight_of(self, "o_proj"))
+        return product(self.attend(qk[:, :H], qk[:, H:], qkv[:, H + Hkv :], mask, cache), self, ("o_proj",))
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None
@@ -148,8 +148,8 @@ class SwiGLU(nn.Module):
     def fused(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` of a decoding step on a CPU (the block decides): gate and up in one product, the
         projections as their weights' products (no module calls); the same numbers."""
-        gate, up = linear(x, fused_weight(self, ("gate_proj", "up_proj"))).chunk(2, dim=-1)
-        return linear(F.silu(gate) * up, weight_of(self, "down_proj"))
+        gate, up = product(x, self, ("gate_proj", "up_proj")).chunk(2, dim=-1)
+        return product(F.silu(gate) * up, self, ("down_proj",))
 
 
 class Block(nn.Module):
