@@ -252,6 +252,13 @@ def test_steps_of_several_rows_multiply_packed_weights_to_the_same_numbers(onedn
         mlp.down_proj.weight.mul_(0.5)  # in place: its version counter moves
     both()
     assert linear._PACKED[mlp][("down_proj",)][1] is not held
+    # Kept against the parameters, not the concatenation: one-row steps rebuild q|k|v after each change (a freed
+    # concatenation's address can come back) and pack nothing; the next step of several rows packs the weights now.
+    for _ in range(2):
+        with torch.no_grad():
+            attn.q_proj.weight.mul_(0.9)
+        generate(model, tokens[:1, :1], max_new_tokens=1, mode="soft")
+    both()
     linear.release_fused_weights(model)
     assert not any(m in linear._PACKED for m in model.modules())
 

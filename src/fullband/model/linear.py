@@ -183,19 +183,42 @@ def product(x: torch.Tensor, owner: nn.Module, names: Sequence[str]) -> torch.Te
     """``x`` times the weights of ``owner``'s bias-free linear submodules ``names``, concatenated along their outputs
     (:func:`fused_weight`; one name: its weight), as a fused decoding step runs it: from :data:`PACK_MIN_ROWS` rows,
     where oneDNN runs the product, through a kept copy of the weight in oneDNN's packed layout (module doc)."""
-    weight = fused_weight(owner, names) if len(names) > 1 else weight_of(owner, names[0])
+    weights = [weight_of(owner, name) for name in names]
+    key = _key(weights)
+    weight = _concatenated(owner, weights, key) if len(weights) > 1 else weights[0]
     if _packing and x.numel() >= PACK_MIN_ROWS * x.shape[-1] and takes_onednn(x, weight):
-        packed = _packed_weight(owner, tuple(names), weight)
+        packed = _packed(owner, tuple(names), key, weight)
         if packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     return linear(x, weight)
 
 
-def _packed_weight(owner: nn.Module, names: tuple[str, ...], weight: torch.Tensor) -> torch.Tensor | None:
-    """``weight`` (of ``owner``'s ``names``) in oneDNN's layout packed for :data:`PACK_ROWS` rows, kept for ``owner``
-    and packed again when ``weight`` moved (:func:`fused_weight`'s check); None when this torch build cannot."""
+def fused_weight(owner: nn.Module, names: Sequence[str]) -> torch.Tensor:
+    """The weights of ``owner``'s bias-free linear submodules ``names`` (one input size) concatenated along their
+    outputs, kept for ``owner`` and built again when any of them was replaced or changed in place since (its storage,
+    version counter or dtype)."""
+    weights = [weight_of(owner, name) for name in names]
+    return _concatenated(owner, weights, _key(weights))
+
+
+def _key(weights: Sequence[torch.Tensor]) -> tuple:
+    """What a kept copy of ``weights`` is checked against: their storages, versions and dtypes (a move to another
+    device moves the storage). Always the parameters', never a copy's: a freed copy's address can come back."""
+    return tuple((w.data_ptr(), w._version, w.dtype) for w in weights)
+
+
+def _concatenated(owner: nn.Module, weights: Sequence[torch.Tensor], key: tuple) -> torch.Tensor:
+    held = _FUSED.get(owner)
+    if held is None or held[0] != key:
+        with torch.no_grad():
+            held = _FUSED[owner] = (key, torch.cat(weights))
+    return held[1]
+
+
+def _packed(owner: nn.Module, names: tuple[str, ...], key: tuple, weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` (``owner``'s ``names``, whose parameters' :func:`_key` is ``key``) in oneDNN's layout packed for
+    :data:`PACK_ROWS` rows, kept and packed again when ``key`` moved; None when this torch build cannot."""
     global _packing
-    key = (weight.data_ptr(), weight._version, weight.dtype)
     kept = _PACKED.setdefault(owner, {})
     held = kept.get(names)
     if held is None or held[0] != key:
@@ -206,19 +229,6 @@ def _packed_weight(owner: nn.Module, names: tuple[str, ...], weight: torch.Tenso
             _packing = False
             warnings.warn(f"oneDNN's packed weights unavailable ({error}); using the plain layout", stacklevel=3)
             return None
-    return held[1]
-
-
-def fused_weight(owner: nn.Module, names: Sequence[str]) -> torch.Tensor:
-    """The weights of ``owner``'s bias-free linear submodules ``names`` (one input size) concatenated along their
-    outputs, kept for ``owner`` and built again when any of them was replaced or changed in place since (its storage,
-    version counter or dtype)."""
-    weights = [weight_of(owner, name) for name in names]
-    key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)  # a move to another device moves data_ptr
-    held = _FUSED.get(owner)
-    if held is None or held[0] != key:
-        with torch.no_grad():
-            held = _FUSED[owner] = (key, torch.cat(weights))
     return held[1]
 
 
