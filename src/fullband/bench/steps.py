@@ -204,8 +204,8 @@ def weight_products(model: FullBandwidthLM, batch: int, new_tokens: int) -> Call
     projection and the head (the fusion's aside: standard decoding skips it) applied to one row per sequence,
     through the model's own kernel choice (:func:`fullband.model.linear.linear`), as a step runs them (where fused
     inference is on, :func:`fullband.model.linear.product`: q/k/v and gate/up one product each, packed weights for
-    several rows) and in its order. Nothing else of a step (norms,
-    attention, cache, sampling) runs: the ceiling the GEMVs allow."""
+    several rows) and in its order. Nothing else of a step (norms, attention, cache, sampling) runs: the ceiling the
+    GEMVs allow."""
     from fullband.model.linear import fuses, linear, product, weight_of
 
     p = model.embed.weight

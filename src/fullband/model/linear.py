@@ -33,10 +33,11 @@ counters, so after an optimizer step they can come back at the same address and 
 
 A fused step of :data:`PACK_MIN_ROWS` to :data:`FUSE_MAX_ROWS` rows whose products oneDNN runs (batch decoding)
 multiplies each block weight and the output head in oneDNN's layout packed for :data:`PACK_ROWS` rows
-(:func:`product`): 1.2-1.4x the plain layout's speed at 8-16 rows on an AMD EPYC, and the same numbers bit for bit
-from 2 rows (a single row gains nothing and rounds differently, so batch-1 steps keep the plain layout; docs/LOG.md,
-2026-12-07). The packed copies are kept and checked as the concatenated ones, and cost the memory of those weights
-once more. ``FULLBAND_PACKED_WEIGHTS=0`` or :func:`set_packed_weights` turns them off.
+(:func:`product`): on an AMD EPYC 1.2-1.4x the plain layout's speed at 8-16 rows, and the same numbers bit for bit
+from 2 rows with AVX-512 and AVX2 kernels (a single row gains nothing and rounds differently, so batch-1 steps keep
+the plain layout; docs/LOG.md, 2026-12-07). The packed copies are kept and checked against the parameters as the
+concatenated ones are, and cost the memory of those weights once more. ``FULLBAND_PACKED_WEIGHTS=0`` or
+:func:`set_packed_weights` turns them off.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ _fused = os.environ.get("FULLBAND_FUSED_INFERENCE", "1") != "0"
 _packing = os.environ.get("FULLBAND_PACKED_WEIGHTS", "1") != "0"
 # owner module -> (the weights' storages and versions, their concatenation); weak, so a dropped model takes its copy
 _FUSED: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, torch.Tensor]] = weakref.WeakKeyDictionary()
-# owner module -> {names: (the weight's storage and version, its packed layout)}
+# owner module -> {names: (their parameters' storages and versions, their weight in oneDNN's packed layout)}
 _PACKED: weakref.WeakKeyDictionary[nn.Module, dict[tuple[str, ...], tuple[tuple, torch.Tensor]]] = \
     weakref.WeakKeyDictionary()
 
