@@ -263,6 +263,7 @@ def test_steps_of_several_rows_multiply_packed_weights_to_the_same_numbers(onedn
     assert not any(m in linear._PACKED for m in model.modules())
 
 
+@needs_onednn
 def test_a_torch_without_packed_weights_falls_back_with_one_warning(onednn_on, fused_on, packing_on, monkeypatch):
     def missing(*args):
         raise RuntimeError("mkldnn::_reorder_linear_weight is not available")
