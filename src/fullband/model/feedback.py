@@ -214,10 +214,12 @@ class FeedbackLM(FamilyInterface, nn.Module):
         return out
 
     def _step_head(self, x: torch.Tensor) -> torch.Tensor:
-        """The output head of a decoding step: a bias-free ``nn.Linear`` head as the fused blocks run their
-        projections (:func:`~fullband.model.linear.product`: packed for several rows), any other head as called."""
+        """The output head of a decoding step: the model's own bias-free ``nn.Linear`` head as the fused blocks run
+        their projections (:func:`~fullband.model.linear.product`: packed for several rows), any other head (a
+        retrofit's lives in the wrapped model) as called."""
         head = self.lm_head
-        if fuses(x) and not fsdp_managed(self) and isinstance(head, nn.Linear) and head.bias is None:
+        if fuses(x) and self._modules.get("lm_head") is head and isinstance(head, nn.Linear) and head.bias is None \
+                and not fsdp_managed(self):
             return product(x, self, ("lm_head",))
         return head(x)
 
