@@ -17,7 +17,7 @@ measures both on a machine; docs/LOG.md, 2026-12-04).
 
 Fused inference on a CPU (no gradients, outside torch.compile; :func:`cpu_inference`): a decoding step of at most
 :data:`FUSE_MAX_ROWS` rows runs the products that read the same input as one, q/k/v and the MLP's gate/up, each
-through one weight that concatenates theirs (:func:`fused_weight`), rotates q and k together in four ops
+through one weight that concatenates theirs (:func:`product`), rotates q and k together in four ops
 (:func:`fullband.model.layers.rotate`), and calls the projections as their weights' products, not as modules (no
 module hooks run there). A GEMV reads its weight once either way; one longer product saves the kernel's per-call cost
 and runs nearer the memory's speed, and at batch 1 each op's fixed cost is a visible share of a step.
@@ -182,7 +182,7 @@ def fsdp_managed(module: nn.Module) -> bool:
 
 def product(x: torch.Tensor, owner: nn.Module, names: Sequence[str]) -> torch.Tensor:
     """``x`` times the weights of ``owner``'s bias-free linear submodules ``names``, concatenated along their outputs
-    (:func:`fused_weight`; one name: its weight), as a fused decoding step runs it: from :data:`PACK_MIN_ROWS` rows,
+    (a kept copy; one name: its weight), as a fused decoding step runs it: from :data:`PACK_MIN_ROWS` rows,
     where oneDNN runs the product, through a kept copy of the weight in oneDNN's packed layout (module doc)."""
     weights = [weight_of(owner, name) for name in names]
     key = _key(weights)
@@ -194,14 +194,6 @@ def product(x: torch.Tensor, owner: nn.Module, names: Sequence[str]) -> torch.Te
     return linear(x, weight)
 
 
-def fused_weight(owner: nn.Module, names: Sequence[str]) -> torch.Tensor:
-    """The weights of ``owner``'s bias-free linear submodules ``names`` (one input size) concatenated along their
-    outputs, kept for ``owner`` and built again when any of them was replaced or changed in place since (its storage,
-    version counter or dtype)."""
-    weights = [weight_of(owner, name) for name in names]
-    return _concatenated(owner, weights, _key(weights))
-
-
 def _key(weights: Sequence[torch.Tensor]) -> tuple:
     """What a kept copy of ``weights`` is checked against: their storages, versions and dtypes (a move to another
     device moves the storage). Always the parameters', never a copy's: a freed copy's address can come back."""
@@ -209,6 +201,8 @@ def _key(weights: Sequence[torch.Tensor]) -> tuple:
 
 
 def _concatenated(owner: nn.Module, weights: Sequence[torch.Tensor], key: tuple) -> torch.Tensor:
+    """``owner``'s ``weights`` (one input size) concatenated along their outputs, kept for ``owner`` and built again
+    when any of them was replaced or changed in place since (``key`` moved: :func:`_key`)."""
     held = _FUSED.get(owner)
     if held is None or held[0] != key:
         with torch.no_grad():
