@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fullband.bench.config import SECTIONS, BenchConfig, BenchDecodeConfig, BenchOptimConfig
+from fullband.bench.run import decode_summary
 from fullband.bench.steps import baseline_twin, timed_optimizer_step, train_model, training_products, without_onednn
 from fullband.bench.workers import combined_share
 from fullband.cli import main
@@ -115,7 +116,8 @@ def test_sections_are_checked():
     with pytest.raises(ValueError, match=r"sections=.*must be one or more of"):
         BenchConfig(sections=("speed",))
     assert BenchConfig(preset="quick").train.d_model == 32
-    assert BenchConfig().decode.steps == () and BenchDecodeConfig(steps=["static"]).steps == ("static",)
+    assert BenchConfig().decode.steps == ("compiled",) and BenchConfig(preset="quick").decode.steps == ()
+    assert BenchDecodeConfig(steps=["static"]).steps == ("static",)
     with pytest.raises(ValueError, match=r"decode\.steps=\('eager',\)"):
         BenchDecodeConfig(steps=("eager",))  # the step every row runs already
 
@@ -168,3 +170,15 @@ def test_an_error_in_the_side_by_side_workers_reaches_the_bench():
     with pytest.raises(AttributeError):  # no optimizer config: build_optimizer fails in each worker
         time_in_workers({"adamw": None}, BenchConfig(preset="quick").optim, compiled=False, workers=2, rounds=1,
                         seed=0)
+
+
+def test_the_decoding_summary_names_the_compiled_steps_share_when_timed():
+    def row(case, of_limit="", ratio=None):
+        return {"section": "decode", "case": case, "of_limit": of_limit, "ratio": ratio}
+
+    rows = [row("fullband greedy (standard), batch 1", "55.0% mem bw"),
+            row("speed soft / standard, batch 1", ratio=1.0), row("speed fullband / generate, batch 1", ratio=1.6)]
+    assert decode_summary(rows)[0].startswith("# decoding: batch-1 greedy (standard) 55.0% of the copy bandwidth")
+    rows.append(row("fullband greedy, compiled step, batch 1", "80.0% mem bw"))
+    assert decode_summary(rows)[0].startswith("# decoding: batch-1 greedy (standard) 55.0%, compiled step 80.0% of "
+                                              "the copy bandwidth (target >= 60%); soft/standard 1.00 at batch 1")

@@ -272,8 +272,9 @@ class DecodeOptions:
                                    "or 0).")
     step: str = doc("eager", "How each token is decoded after the prefill: eager (the model's forward), static (a "
                     "preallocated KV cache and carried state written in place, one shape per decode) or compiled "
-                    "(static, through torch.compile; on CUDA replayed as a CUDA graph). Native models; others decode "
-                    "eagerly. In `fullband serve` the engine's setting for every decode step.")
+                    "(static, through torch.compile; on CUDA replayed as a CUDA graph; on a CPU the fastest at batch "
+                    "1, after seconds of compiling). Native models; others decode eagerly. In `fullband serve` the "
+                    "engine's setting for every decode step.")
 
     def __post_init__(self) -> None:
         mode = str(self.mode) if isinstance(self.mode, DecodingMode) else self.mode

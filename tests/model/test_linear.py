@@ -276,3 +276,27 @@ def test_a_torch_without_packed_weights_falls_back_with_one_warning(onednn_on, f
     with torch.no_grad():
         assert torch.equal(got, linear.linear(x, model.blocks[0].attn.o_proj.weight))
     assert not linear._packing
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 8])
+def test_a_traced_decoding_product_streams_one_row_and_keeps_onednn_for_several(onednn_on, fused_on, rows):
+    """Under torch.compile (the compiled decode step) a CPU product of one row is a reduction inductor makes one
+    kernel of (no matrix-multiply call in the generated code), several rows stay oneDNN's opaque kernel; both are
+    F.linear's numbers to float32 rounding. With gradients (training) inductor gets F.linear."""
+    from torch._inductor.utils import run_and_get_code
+
+    layer = large_layer()
+    x = torch.randn(rows, 1, 512)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got, code = run_and_get_code(torch.compile(layer, fullgraph=True), x)
+    torch.testing.assert_close(got, F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+    code = "\n".join(code)
+    if rows == 1:
+        assert "_linear_pointwise" not in code and "extern_kernels.mm" not in code and "addmm" not in code
+    else:
+        assert "onednn_product" in code
+    torch._dynamo.reset()
+    _, code = run_and_get_code(torch.compile(layer, fullgraph=True), x.requires_grad_())
+    assert "onednn_product" not in "\n".join(code)

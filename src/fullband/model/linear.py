@@ -38,6 +38,14 @@ from 2 rows with AVX-512 and AVX2 kernels (a single row gains nothing and rounds
 the plain layout; docs/LOG.md, 2026-12-07). The packed copies are kept and checked against the parameters as the
 concatenated ones are, and cost the memory of those weights once more. ``FULLBAND_PACKED_WEIGHTS=0`` or
 :func:`set_packed_weights` turns them off.
+
+A decoding step that torch.compile traces on a CPU (the compiled static step, ``DecodeOptions.step = "compiled"``)
+writes each float32 product of oneDNN's size without gradients (:func:`traced_decoding`) so that inductor runs it
+well: a product of one row as a multiply-and-sum over the input, which inductor makes one vectorised kernel that
+streams the weight (its own matrix-multiply lowering and oneDNN's GEMV read a one-row product's weight at about 55%
+and 70% of a copy's bandwidth, the reduction at 75-90%), and a product of several rows through oneDNN's kernel as an
+opaque op (:func:`onednn_product`; inductor's lowering of that op wants frozen weights). Batch-1 greedy decoding at
+GPT-2-small dimensions then took 0.57-0.68 of the eager step's time on an AMD EPYC (docs/LOG.md, 2026-12-07).
 """
 
 from __future__ import annotations
@@ -91,6 +99,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     """``F.linear(x, w, bias)`` through the kernel :class:`Linear` picks for it (see the module doc)."""
     if takes_onednn(x, w):
         return _onednn_linear(x, w, bias)
+    if traced_decoding(x, w):
+        return _traced_product(x, w, bias)
     return F.linear(x, w, bias)
 
 
@@ -100,6 +110,36 @@ def takes_onednn(x: torch.Tensor, w: torch.Tensor) -> bool:
     return _onednn and not torch.is_grad_enabled() and x.dtype == torch.float32 and x.device.type == "cpu" \
         and not torch.compiler.is_compiling() and w.dtype == torch.float32 and w.numel() >= _min_weight() \
         and x.numel() >= _min_rows * w.shape[1]
+
+
+def traced_decoding(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether :func:`linear` is traced by torch.compile for a CPU decoding step (the compiled static step): float32
+    weights of oneDNN's size, no gradients, at most :data:`FUSE_MAX_ROWS` rows, fused inference on (module doc)."""
+    return _fused and torch.compiler.is_compiling() and not torch.is_grad_enabled() and x.device.type == "cpu" \
+        and x.dtype == torch.float32 and w.dtype == torch.float32 and x.numel() <= FUSE_MAX_ROWS * w.shape[1] \
+        and w.numel() >= ONEDNN_MIN_WEIGHT["threads"]  # (torch.get_num_threads() stops a trace)
+
+
+def _traced_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A traced decoding step's product (module doc): one row as a reduction, which inductor makes one kernel that
+    streams the weight; several rows through oneDNN's kernel, kept opaque in the graph."""
+    if x.numel() == w.shape[1]:
+        out = (w * x.reshape(1, -1)).sum(-1).reshape(*x.shape[:-1], w.shape[0])
+        return out if bias is None else out + bias
+    if _onednn and x.numel() >= _min_rows * w.shape[1]:
+        return onednn_product(x, w, bias)
+    return F.linear(x, w, bias)
+
+
+@torch.library.custom_op("fullband::onednn_product", mutates_args=())
+def onednn_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's linear as an op inductor calls as it is (its own lowering of the op wants frozen weights)."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+
+
+@onednn_product.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
 
 
 # ---------------------------------------------------------------- fused inference (decoding)
