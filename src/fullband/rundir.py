@@ -29,6 +29,7 @@ MODEL_DIR = "model"  # fullband train: the final model, save_pretrained's files
 TOKENIZER_DIR = "tokenizer"  # the tokenizer a run or a prepared directory was made with
 CHECKPOINTS_DIR = "checkpoints"  # fullband train: step-*/ (training/checkpoint_layout owns what is inside)
 RUN_RESULT = "result.json"  # one training run of a study (word problems): written last, so it marks a finished run
+RUN_PROGRESS = "progress.pt"  # such a run unfinished: its state at a validation step, to go on from (then removed)
 
 # A model directory (save_pretrained)
 MODEL_WEIGHTS = "model.safetensors"

@@ -127,6 +127,63 @@ def test_a_1x_branch_of_a_2x_run_equals_a_1x_run(smoke, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.parametrize("stop_after", [1, 3])  # kept states: at step 6 (before the 1x branch at 9), at 18 (after)
+def test_a_run_stopped_part_way_goes_on_to_the_numbers_of_one_never_stopped(smoke, tmp_path, monkeypatch, stop_after):
+    """A study spans sittings: a run keeps its state at validation steps (progress.pt) and, stopped, goes on from
+    the last one kept to the numbers of a run never stopped, bit for bit; the finished run removes it."""
+    from safetensors.torch import load_file
+
+    from fullband.experiments.word_problems import train
+
+    spec = RunSpec("s5", "fullband", 0.3, 3e-3, 1, (12, 24))
+    whole = train_run(smoke, spec, str(tmp_path / "whole"))
+    monkeypatch.setattr(train, "KEEP_EVERY_SECONDS", 0.0)
+    kept = []
+
+    def keep_then_stop(path, data):
+        train_write(path, data)
+        kept.append(torch.load(path, weights_only=True)["step"])
+        if len(kept) == stop_after:
+            raise KeyboardInterrupt  # the sitting ends
+
+    train_write = train.write_bytes
+    monkeypatch.setattr(train, "write_bytes", keep_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(smoke, spec, str(tmp_path / "stopped"))
+    directory = spec.directory(tmp_path / "stopped")
+    assert (directory / train.PROGRESS).is_file() and not (directory / RESULT).is_file()
+    monkeypatch.setattr(train, "write_bytes", train_write)
+    again = train_run(smoke, spec, str(tmp_path / "stopped"))
+    assert kept[-1] == (6 if stop_after == 1 else 18)
+    assert again["checkpoints"] == whole["checkpoints"] and again["curve"] == whole["curve"]
+    for steps in (12, 24):
+        a, b = (load_file(spec.directory(tmp_path / name) / f"model-{steps}.safetensors") for name in ("whole",
+                                                                                                        "stopped"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not (directory / train.PROGRESS).exists()
+
+
+def test_a_kept_state_of_another_spec_in_the_same_directory_is_not_taken(smoke, tmp_path, monkeypatch):
+    """A run scored at 24 steps only shares the directory of one scored at 12 and 24: it starts over rather than
+    take the other's state (which holds the 12-step checkpoint)."""
+    from fullband.experiments.word_problems import train
+
+    monkeypatch.setattr(train, "KEEP_EVERY_SECONDS", 0.0)
+    real = train.write_bytes
+
+    def keep_then_stop(path, data):
+        real(path, data)
+        if torch.load(path, weights_only=True)["step"] == 18:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "write_bytes", keep_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(smoke, RunSpec("s5", "fullband", 0.3, 3e-3, 1, (12, 24)), str(tmp_path))
+    monkeypatch.setattr(train, "write_bytes", real)
+    alone = train_run(smoke, RunSpec("s5", "fullband", 0.3, 3e-3, 1, (24,)), str(tmp_path))
+    assert set(alone["checkpoints"]) == {"24"} and alone["curve"]["step"] == [6, 12, 18, 24]
+
+
 def test_analysis_numbers():
     assert longest_kept([1.0, 0.95, 0.91, 0.89, 0.99]) == 3
     assert longest_kept([0.5, 1.0]) == 0 and longest_kept([0.9, 0.9]) == 2

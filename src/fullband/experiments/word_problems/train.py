@@ -8,15 +8,21 @@ end, is scored, and the main run goes on from the state before the branch. Both 
 later run of only the shorter count computes the same numbers (batches are a function of the seed and the step).
 
 What a run leaves in its directory: ``result.json`` (written last: a directory without it is an unfinished run) and
-``model-<steps>.safetensors`` for each scored step count. Each checkpoint is scored on the validation problems (the
-trained lengths), the test problems (``test_problems`` of the longest of ``test_lengths``) and, for a run with
-``long_test``, the long test problems (``long_test_problems`` of the config's ``max_test_length``: fewer problems, as a
-looped model's cost grows with the square of the length).
+``model-<steps>.safetensors`` for each scored step count. While it trains, ``progress.pt`` keeps its state (weights,
+AdamW's state, the curve and checkpoints so far) at a validation step on the main schedule, every
+:data:`KEEP_EVERY_SECONDS` at most: a run stopped part-way (a study spans sittings) goes on from there, to the same
+numbers bit for bit, as every step's batch and random draws are functions of the seed and the step.
+
+Each checkpoint is scored on the validation problems (the trained lengths), the test problems (``test_problems`` of
+the longest of ``test_lengths``) and, for a run with ``long_test``, the long test problems (``long_test_problems`` of
+the config's ``max_test_length``: fewer problems, as a looped model's cost grows with the square of the length).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import io
 import json
 import time
 from collections.abc import Iterable
@@ -31,7 +37,7 @@ from fullband import rundir
 from fullband.devices import cpu_flags, cpu_name, resolve_device
 from fullband.experiments.word_problems.arms import Arm, make_arm, parameters
 from fullband.experiments.word_problems.config import ControlsConfig
-from fullband.files import write_json
+from fullband.files import write_bytes, write_json
 from fullband.model.recurrence import ntp_loss
 from fullband.tasks.lookup_problems import LookupProblems
 from fullband.tasks.word_problems import WordBatch, WordProblems, accuracy_by_length
@@ -39,6 +45,8 @@ from fullband.training.optim import lr_at, set_lr
 from fullband.training.sections import OptimConfig
 
 RESULT = rundir.RUN_RESULT
+PROGRESS = rundir.RUN_PROGRESS
+KEEP_EVERY_SECONDS = 300.0  # how often an unfinished run keeps its state (at the next validation step after that)
 EXTRAPOLATION = "extrapolation.json"  # a tuning run's checkpoints scored on the selection problems of unseen lengths
 GRAD_CLIP = 1.0  # fullband train's default
 VALIDATION_SEED, TEST_SEED = 1_000_003, 2_000_003  # the held-out sets: the same for every seed and arm
@@ -156,6 +164,27 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
     last = spec.stops[-1]
     branches = {round((1 - cfg.cooldown_fraction) * s): s for s in spec.stops[:-1]}  # branch step -> its end
     losses: list[float] = []
+    scoring = [0.0]  # seconds spent scoring checkpoints (the rest of the run's time is training)
+    earlier = 0.0  # seconds of the sittings before this one (up to the state kept)
+    step = 0
+    if (kept := _kept_progress(directory, spec)) is not None:
+        model.load_state_dict(kept["model"])
+        optimizer.load_state_dict(kept["optimizer"])
+        step, curve, checkpoints = kept["step"], kept["curve"], kept["checkpoints"]
+        scoring[0], earlier = kept["scoring_seconds"], kept["seconds"]
+    kept_at = [time.perf_counter()]
+
+    def keep_progress(at: int) -> None:
+        """Keep the run's state after ``at`` steps of the main schedule (at a validation: no loss is pending)."""
+        if time.perf_counter() - kept_at[0] < KEEP_EVERY_SECONDS:
+            return
+        state = {"spec": _spec_record(spec), "step": at, "model": model.state_dict(),
+                 "optimizer": optimizer.state_dict(), "curve": curve, "checkpoints": checkpoints,
+                 "scoring_seconds": scoring[0], "seconds": earlier + time.perf_counter() - start}
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        write_bytes(directory / PROGRESS, buffer.getvalue())
+        kept_at[0] = time.perf_counter()
 
     def steps_to(begin: int, end: int, total: int, record: bool) -> None:
         for step in range(begin, end):
@@ -176,8 +205,7 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
                     curve["validation_loss"].append(sum(s["loss"] for s in scored) / len(scored))
                     losses.clear()
                     _progress(cfg, spec, step + 1, curve)
-
-    scoring = [0.0]  # seconds spent scoring checkpoints (the rest of the run's time is training)
+                    keep_progress(step + 1)
 
     def checkpoint(steps: int) -> None:
         began = time.perf_counter()
@@ -185,8 +213,9 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
         scoring[0] += time.perf_counter() - began
         save_model(model, str(directory / f"model-{steps}.safetensors"))
 
-    step = 0
     for branch_at in sorted(branches):
+        if branch_at < step:  # branched before the kept state: its checkpoint is kept
+            continue
         steps_to(step, branch_at, last, record=True)
         saved = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
         steps_to(branch_at, branches[branch_at], branches[branch_at], record=False)
@@ -201,11 +230,26 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
               "stops": list(spec.stops), "checkpoints": checkpoints, "curve": curve, "parameters": parameters(model),
               "describe": arm.describe(spec.knob), "train_flops_per_step": arm.train_flops(spec.knob),
               "inference_flops": inference_costs(cfg, arm, spec.knob),
-              "seconds": time.perf_counter() - start, "scoring_seconds": scoring[0],
+              "seconds": earlier + time.perf_counter() - start, "scoring_seconds": scoring[0],
               "threads": torch.get_num_threads(), "processor": cpu_name(),
               "avx512_bf16": "avx512_bf16" in cpu_flags()}
     write_json(directory / RESULT, rundir.stamped(result))
+    (directory / PROGRESS).unlink(missing_ok=True)
     return read_result(directory)
+
+
+def _spec_record(spec: RunSpec) -> dict[str, Any]:
+    return json.loads(json.dumps(dataclasses.asdict(spec)))  # tuples as lists, as a kept state holds them
+
+
+def _kept_progress(directory: Path, spec: RunSpec) -> dict[str, Any] | None:
+    """The state an unfinished run of ``spec`` kept in ``directory`` (None: none, or one of another spec, which the
+    run then starts over and replaces)."""
+    path = directory / PROGRESS
+    if not path.is_file():
+        return None
+    kept = torch.load(path, map_location="cpu", weights_only=True)
+    return kept if kept.get("spec") == _spec_record(spec) else None
 
 
 def inference_costs(cfg: ControlsConfig, arm: Arm, knob: Any) -> dict[str, float]:
