@@ -2,6 +2,7 @@
 (looped with a normalised state, depth that grows with n without the shift, NoPE in every transformer arm), the RNN's
 parameter match against the built module, and the study end to end with resume."""
 
+import dataclasses
 import json
 import statistics
 
@@ -286,6 +287,10 @@ def test_the_paper_arm_draws_a_few_passes_per_step_and_the_hybrid_is_parameter_m
     wide = make_arm("wide_lstm", cfg, problems)
     full_bandwidth = make_arm("fullband", cfg, problems, "position=rope").train_flops(1.0)
     assert abs(wide.train_flops("lstm") / full_bandwidth - 1) < 0.02
+    # The diagnostic variants train the same LSTM (sized on the full task; compose-only's problems are shorter).
+    for variant in ("compose", "lookup"):
+        assert make_arm("wide_lstm", cfg, dataclasses.replace(problems, variant=variant)).hidden("lstm") == \
+            wide.hidden("lstm")
 
 
 def test_recall_study_end_to_end(tmp_path):
@@ -303,8 +308,44 @@ def test_recall_study_end_to_end(tmp_path):
     assert all(len(c["test"]) == 6 for c in group["cells"]["6"]["fullband"].values())
     assert set(group["variants"]) == {"compose", "lookup"} and set(group["variants"]["lookup"]["cells"]["2"]) == arms
     assert {p["arm"] for p in group["grid"] if "position=none" in p["variant"]} == {"baseline"}  # NoPE: 1-pass only
-    assert "## Predictions, written before the runs" in (out / "report.md").read_text()
+    text = (out / "report.md").read_text()
+    assert "## Predictions, written before the runs" in text
+    # Floors per table size (lookup-only has no composition to track), validation at the trained lengths in every
+    # cell, the controls that failed to train, inference costs: all in results.json and the report.
+    assert set(group["floors"]) == {"2", "6"} and len(group["floors"]["6"]["start cup"]) == 6
+    assert set(group["floors"]["6"]) == {"majority", "start cup", "first 3 steps"}
+    assert set(group["variants"]["lookup"]["floors"]["2"]) == {"majority", "start cup"}
+    assert all(len(c["validation"]) == 3 for c in group["cells"]["6"]["rnn"].values())
+    assert set(group["analysis"]["failed_to_train"]["fair"]) == arms - {"baseline"}
+    assert "floor: start cup" in text and "failed to train (seeds)" in text and "inference FLOPs (K = 6" in text
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("**/" + RESULT)}
     assert main(["eval-recall", "--preset", "smoke", "--out_dir", str(out), "--workers", "1", "--progress", "false",
                  "--resume", "true"]) == 0
     assert {p: p.stat().st_mtime_ns for p in out.glob("**/" + RESULT)} == stamps
+
+
+def test_recall_target_reads_the_median_seeds_longest_n_kept_and_names_controls_that_failed_to_train():
+    """eval-recall's n* is the decisive study's: a full-bandwidth arm's longest n kept at every length 1..n, on its
+    median seed (the lower median); a control more than FIT_TOLERANCE below the 1-pass transformer at a trained
+    length failed to train there."""
+    from fullband.experiments.word_problems.recall.analysis import analyse_group as recall_analysis
+
+    def cell(kept, validation=(1.0, 1.0), length=8):
+        return {"test": [0.95] * kept + [0.5] * (length - kept), "validation": list(validation)}
+
+    seeds = ["100", "101", "102"]
+    exact = {s: cell(k) for s, k in zip(seeds, (6, 4, 8), strict=True)}
+    exact["102"]["test"][2] = 0.5  # a dip at n = 3: this seed keeps 2, whatever follows
+    paper = {s: cell(k) for s, k in zip(seeds, (3, 3, 4), strict=True)}
+    baseline = {s: cell(2) for s in seeds}
+    rnn = {s: cell(3, validation=(1.0, 0.9)) for s in seeds}  # 0.1 below the transformer at n = 2
+    group = {"cells": {"32": {"baseline": baseline, "rnn": rnn, "fullband": exact, "fullband_paper": paper}},
+             "hindsight_cells": {"32": {"baseline": baseline, "rnn": rnn}}}
+    a = recall_analysis(group, 2)
+    target = a["target"]
+    assert target["reach"] == {"fullband": 4, "fullband_paper": 3}  # kept 6, 4, 2 -> 4; 3, 3, 4 -> 3
+    assert target["model"] == "fullband" and target["n"] == 4
+    assert target["margin"]["per_seed"] == pytest.approx({"100": 0.45, "101": 0.45, "102": 0.45})
+    assert target["lead"] and target["paper_keeps_half"] and target["met"]  # median 3 >= median 4 / 2
+    assert a["failed_to_train"]["fair"]["rnn"] == seeds and a["failed_to_train"]["fair"]["fullband"] == []
+    assert a["failed_to_train"]["hindsight"]["baseline"] == []

@@ -416,8 +416,14 @@ class WideLSTM(RNN):
         return ("lstm",)
 
     def hidden(self, cell: str) -> int:
-        target = FullBandwidth(self.cfg, self.problems).train_flops(None)
-        per_token = self.cfg.batch_size * self.train_T * 3 * 2.0  # train_flops = this x (8 H^2 + H V)
+        # Sized on the full task in every variant: the diagnostic variants (compose-only has no table, so shorter
+        # problems) train the same LSTM, at the learning rate chosen for it on the full task.
+        problems = self.problems
+        if getattr(problems, "variant", "full") != "full":
+            problems = dataclasses.replace(problems, variant="full")
+        full = FullBandwidth(self.cfg, problems)
+        target = full.train_flops(None)
+        per_token = self.cfg.batch_size * full.train_T * 3 * 2.0  # train_flops = this x (8 H^2 + H V)
         a, b = 8 * per_token, self.problems.vocab_size * per_token
         return max(1, round((-b + math.sqrt(b * b + 4 * a * target)) / (2 * a)))
 

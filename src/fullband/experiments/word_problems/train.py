@@ -198,7 +198,7 @@ def train_run(cfg: ControlsConfig, spec: RunSpec, root: str) -> dict[str, Any]:
             if record:
                 losses.append(loss.item())
                 if (step + 1) % cfg.eval_every == 0:
-                    scored = [score(arm, model, spec.knob, batch) for batch in validations]
+                    scored = [score(arm, model, spec.knob, batch, other_modes=False) for batch in validations]
                     curve["step"].append(step + 1)
                     curve["train_loss"].append(sum(losses) / len(losses))
                     curve["validation_accuracy"].append(mean_of(s["accuracy"] for s in scored))

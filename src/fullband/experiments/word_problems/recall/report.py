@@ -8,7 +8,7 @@ from typing import Any
 
 from fullband.experiments.core.plots import pyplot, save_figure
 from fullband.experiments.core.report import Report
-from fullband.experiments.word_problems.analysis import KEEP
+from fullband.experiments.word_problems.analysis import FIT_TOLERANCE, KEEP
 from fullband.experiments.word_problems.decisive.analysis import MARGIN_TARGET, RULE_COMMIT, TIE
 from fullband.experiments.word_problems.recall.analysis import FALSIFIERS, PREDICTIONS, TARGET_K
 from fullband.experiments.word_problems.report import GROUP_TITLES
@@ -72,7 +72,10 @@ def _setup(rep: Report, cfg: dict[str, Any]) -> None:
         "Lookup-then-compose word problems (`fullband.tasks.lookup_problems`): a table of K bindings `name move`, "
         "fresh per problem (names from a pool of 64, unique within a problem; moves: the group's generators), a "
         "separator, the start cup, then n names from the table; the label after each name is the ball's cup after "
-        "that name's move. Every test token occurs in training. Chance is 0.20. Training: K uniform in "
+        "that name's move. Every test token occurs in training. A uniform guess scores 0.20; the floors (answers "
+        "that need no model: the most common answer, the start cup, a tracker of the first trained-length steps) are "
+        "in the tables, and the start cup scores more than a guess where a move often leaves the ball's cup alone "
+        "(lookup-only, and the full task at n = 1). Training: K uniform in "
         f"1..{cfg['train_tables']} per batch, n = {L} (every prefix a problem: trained lengths 1..{L}). Tests: "
         f"{cfg['test_problems']} problems of {max(cfg['test_lengths'])} steps at each K of "
         f"{', '.join(map(str, cfg['test_tables']))}. Diagnostics with the full task's chosen settings: compose-only "
@@ -97,19 +100,28 @@ def _group(rep: Report, group: str, data: dict[str, Any], cfg: dict[str, Any]) -
     rep.section(GROUP_TITLES.get(group, group))
     rep.section("Chosen settings and costs", level=3)
     base = data["costs"]["fair"].get("baseline", next(iter(data["costs"]["fair"].values())))["training_flops"]
+    K_cost = str(TARGET_K) if TARGET_K in cfg["test_tables"] else tables[-1]
+    longest = max(cfg["test_lengths"])
     rows = [[title_of(arm), setting, c["describe"], f"{c['parameters']:,}", f"{c['lr']:g}", c["steps"],
-             f"{c['training_flops']:.3g}", f"{c['training_flops'] / base:.1f}x", f"{c['training_seconds']:.0f}",
-             "; ".join(c["processors"])]
+             f"{c['training_flops']:.3g}", f"{c['training_flops'] / base:.1f}x",
+             f"{c['inference_flops'][f'K{K_cost} n{longest}']:.3g}", f"{c['training_seconds']:.0f}",
+             f"{c['scoring_seconds']:.0f}", "; ".join(c["processors"])]
             for setting in ("fair", "hindsight") for arm, c in data["costs"][setting].items()]
     rep.table(["arm", "setting", "model", "parameters", "lr", "steps", "training FLOPs", "x transformer",
-               "training s per run", "CPU"], rows)
+               f"inference FLOPs (K = {K_cost}, n = {longest})", "training s per run", "scoring s per run", "CPU"],
+              rows)
     rep.section(f"Longest n kept at >= {KEEP} by table size: median (per seed)", level=3)
     rows = []
     for setting in ("fair", "hindsight"):
         kept = a["kept"][setting]
         for arm in data["chosen"] if setting == "fair" else data["hindsight"]:
-            rows.append([title_of(arm), setting, *[_kept_text(kept.get(K, {}).get(arm)) for K in tables]])
-    rep.table(["arm", "setting", *[f"K = {K}" for K in tables]], rows)
+            failed = a.get("failed_to_train", {}).get(setting, {}).get(arm, [])
+            rows.append([title_of(arm), setting, *[_kept_text(kept.get(K, {}).get(arm)) for K in tables],
+                         ", ".join(failed) or "none"])
+    rows += _floor_rows(data["floors"], tables, extra=("",))
+    rep.table(["arm", "setting", *[f"K = {K}" for K in tables], "failed to train (seeds)"], rows,
+              f"Failed to train: more than {FIT_TOLERANCE} below the 1-pass transformer at a trained length "
+              f"(validation, K = {', '.join(map(str, cfg['validation_tables']))}), on the fresh seeds.")
     target = a["target"]
     if "margin" in target:
         m = target["margin"]
@@ -121,6 +133,7 @@ def _group(rep: Report, group: str, data: dict[str, Any], cfg: dict[str, Any]) -
         rep.section(f"Diagnostic: {variant}-only, longest n kept (median, per seed)", level=3)
         rows = [[title_of(arm), *[_kept_text(_kept_of(part["cells"].get(K, {}).get(arm))) for K in tables]]
                 for arm in data["chosen"]]
+        rows += [row[:1] + row[2:] for row in _floor_rows(part["floors"], tables)]
         rep.table(["arm", *[f"K = {K}" for K in tables]], rows)
     lengths = [*range(1, cfg["train_length"] + 1), *cfg["test_lengths"]]
     rep.section(f"Accuracy by length at K = {TARGET_K}: mean over the fresh seeds (worst seed)", level=3)
@@ -128,6 +141,8 @@ def _group(rep: Report, group: str, data: dict[str, Any], cfg: dict[str, Any]) -
     for arm, cells in data["cells"].get(str(TARGET_K), {}).items():
         rows.append([title_of(arm), *[f"{statistics.fmean(c['test'][n - 1] for c in cells.values()):.2f} "
                                       f"({min(c['test'][n - 1] for c in cells.values()):.2f})" for n in lengths]])
+    for name, values in data["floors"].get(str(TARGET_K), {}).items():
+        rows.append([f"floor: {name}", *[f"{values[n - 1]:.2f}" for n in lengths]])
     rep.table(["arm", *[f"n={n}" + ("*" if n > cfg["train_length"] else "") for n in lengths]], rows,
               "\\* never trained on.")
     rep.section(f"Tuning grid (seed {cfg['tuning_seed']})", level=3).paragraph(
@@ -142,6 +157,16 @@ def _group(rep: Report, group: str, data: dict[str, Any], cfg: dict[str, Any]) -
                      " ".join(marks)])
     rep.table(["arm", "setting", "lr", "steps", "validation accuracy", "validation loss",
                *[f"K={K}" for K in tables], ""], rows)
+
+
+def _floor_rows(floors: dict[str, dict[str, list[float]]], tables: list[str],
+                extra: tuple[str, ...] = ()) -> list[list[str]]:
+    """The floors' longest n kept by table size, as rows beside the arms' (arm, setting, K columns, *extra)."""
+    from fullband.experiments.word_problems.analysis import longest_kept
+
+    names = next(iter(floors.values()), {})
+    return [[f"floor: {name}", "", *[str(longest_kept(floors[K][name])) if K in floors else "-" for K in tables],
+             *extra] for name in names]
 
 
 def _kept_of(cells: dict[str, Any] | None) -> dict[str, int] | None:

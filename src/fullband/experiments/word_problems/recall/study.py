@@ -104,23 +104,27 @@ class RecallStudy(Study):
             for arm, pick in picks.items():
                 for seed in cfg.fresh_seeds:
                     scores = runs[spec_of(task(group, variant), pick, seed)]["checkpoints"][str(pick["steps"])]
+                    validation = [s["accuracy"] for name, s in scores.items() if name.startswith(VALIDATION)]
                     for name, score in scores.items():
                         if name.startswith("test_K"):
-                            cell = {"test": score["accuracy"]} | {k.removesuffix("_accuracy"): v for k, v in
-                                                                  score.items() if k.endswith("_accuracy")
-                                                                  and k != "accuracy"}
+                            cell = {"test": score["accuracy"],  # and the trained lengths, mean over their tables
+                                    "validation": [statistics.fmean(v) for v in zip(*validation, strict=True)]}
+                            cell |= {k.removesuffix("_accuracy"): v for k, v in score.items()
+                                     if k.endswith("_accuracy") and k != "accuracy"}
                             by_K.setdefault(name.removeprefix("test_K"), {}).setdefault(arm, {})[str(seed)] = cell
             return by_K
 
         data["cells"] = cells_of("full", data["chosen"])
         data["hindsight_cells"] = cells_of("full", data["hindsight"])
-        data["variants"] = {variant: {"cells": cells_of(variant, data["chosen"])}
+        data["floors"] = floors_of(cfg, task(group, "full"))
+        data["variants"] = {variant: {"cells": cells_of(variant, data["chosen"]),
+                                      "floors": floors_of(cfg, task(group, variant))}
                             for variant in cfg.variants if variant != "full"}
         data["costs"] = {setting: {arm: cost_of([runs[spec_of(task(group, "full"), p, s)] for s in cfg.fresh_seeds],
                                                 p) for arm, p in picks.items()}
                          for setting, picks in (("fair", data["chosen"]), ("hindsight", data["hindsight"]))}
         data["knob_names"] = {arm: self.arm(task(group, "full"), arm).knob_name for arm in cfg.arms}
-        data["analysis"] = analyse_group(data, list(cfg.test_lengths))
+        data["analysis"] = analyse_group(data, cfg.train_length)
 
     def plot(self, results: dict[str, Any]) -> None:
         plot_accuracy(results, self.out_dir)
@@ -134,6 +138,25 @@ class RecallStudy(Study):
 
 def spec_of(group: str, pick: dict[str, Any], seed: int) -> RunSpec:
     return RunSpec(group, pick["arm"], pick["knob"], pick["lr"], seed, (pick["steps"],), pick.get("variant", ""))
+
+
+def floors_of(cfg: RecallConfig, group: str) -> dict[str, dict[str, list[float]]]:
+    """Per test table size K, the accuracy at every length 1..max of answers that need no model, on the test problems
+    the cells are scored on (:func:`fullband.tasks.word_problems.floors`: the most common answer, the start cup, a
+    tracker of the first train_length steps; lookup-only, whose label is one move from the start cup, has no
+    composition to track)."""
+    from fullband.experiments.word_problems.train import evaluation_sets
+    from fullband.tasks.word_problems import floors
+
+    problems = cfg.problems(group)
+    out = {}
+    for name, batch in evaluation_sets(cfg, problems).items():
+        if name.startswith("test_K"):
+            values = floors(problems.moves, batch, cfg.train_length)
+            if problems.variant == "lookup":
+                values = {k: v for k, v in values.items() if not k.startswith("first ")}
+            out[name.removeprefix("test_K")] = values
+    return out
 
 
 def grid_points(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
