@@ -132,7 +132,7 @@ def _traced_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None)
 
 
 @torch.library.custom_op("fullband::onednn_product", mutates_args=(),
-                         schema="(Tensor x, Tensor w, Tensor? bias) -> Tensor")  # (not inferred: torch 2.4 cannot)
+                         schema="(Tensor x, Tensor w, Tensor? bias) -> Tensor")  # (annotations are strings here)
 def onednn_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """oneDNN's linear as an op inductor calls as it is (its own lowering of the op wants frozen weights)."""
     return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
