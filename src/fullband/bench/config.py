@@ -116,7 +116,7 @@ class BenchExactConfig:
 
 
 BENCH_PRESETS: dict[str, dict[str, Any]] = {
-    "default": {},  # the sections' defaults: about 3 minutes on 2 CPU cores
+    "default": {},  # the sections' defaults: about 3.5 minutes on 2 CPU cores
     "quick": {  # seconds: the tests
         "rounds": 2, "limit_mib": 16,
         "train": {"d_model": 32, "n_layers": 2, "n_heads": 2, "batch_size": 2, "seq_len": 16, "steps_per_round": 1},
@@ -134,7 +134,7 @@ class BenchConfig:
     likelihood against the peers, with the machine's limits measured in the same run; one table (and ``--json
     FILE``)."""
 
-    preset: str = doc("default", f"One of {tuple(BENCH_PRESETS)}: default = about 3 minutes on 2 CPU cores; quick = "
+    preset: str = doc("default", f"One of {tuple(BENCH_PRESETS)}: default = about 3.5 minutes on 2 CPU cores; quick = "
                       "seconds (tests).")
     sections: tuple[str, ...] = doc(SECTIONS, f"Sections to run, from {SECTIONS}.")
     rounds: int = doc(5, "Interleaved rounds per comparison; every ratio is the median over rounds.")
