@@ -40,6 +40,18 @@ def test_generate_prints_token_ids_without_tokenizer(checkpoint, capsys):
     assert printed == generate(model, [5, 17, 3], max_new_tokens=6, mode="exact")
 
 
+def test_generate_with_the_compiled_step_says_it_compiles_first(checkpoint, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: module)  # the tokens, without the compile's wait
+    model, path = checkpoint
+    assert main(["generate", "--checkpoint", path, "--prompt", "5 17 3", "--max-new-tokens", "4",
+                 "--decode.step", "compiled"]) == 0
+    out, err = capsys.readouterr()
+    assert [int(t) for t in out.split()] == generate(model, [5, 17, 3], max_new_tokens=4)
+    assert err.count("\n") == 1 and "the decode step compiles before its first token" in err
+
+
 def test_generate_reads_a_config_file_and_flags_override_it(checkpoint, tmp_path, capsys):
     model, path = checkpoint
     config = f'checkpoint = "{path}"\nprompt = "1,2"\nmax_new_tokens = 3\n[decode]\nmode = "standard"\n'

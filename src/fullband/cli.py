@@ -70,6 +70,9 @@ def run_generate(cfg: GenerateConfig) -> None:
     eos = [tokenizer.eos_id] if tokenizer is not None and cfg.stop_at_eos and tokenizer.eos_id is not None else []
     stops = [*eos, *cfg.decode.stop_token_ids]
     options = dataclasses.replace(cfg.decode, stop_token_ids=tuple(stops))
+    if options.step == "compiled":  # else the first token seems to hang
+        print("fullband generate: note: the decode step compiles before its first token (seconds to a minute; "
+              "faster when torch's compile cache holds it)", file=sys.stderr)
     steps = decode(model, prompt, fit.new_tokens, options, speculative=_speculative(cfg, model))
     generated: list[int] = []
     shown = ""
