@@ -182,3 +182,20 @@ def test_the_decoding_summary_names_the_compiled_steps_share_when_timed():
     rows.append(row("fullband greedy, compiled step, batch 1", "80.0% mem bw"))
     assert decode_summary(rows)[0].startswith("# decoding: batch-1 greedy (standard) 55.0%, compiled step 80.0% of "
                                               "the copy bandwidth (target >= 60%); soft/standard 1.00 at batch 1")
+
+
+def test_a_compiled_step_that_fell_back_is_named_in_its_row(monkeypatch, restore_threads):
+    """Where torch.compile fails (no C++ compiler), the compiled step decodes as the static step uncompiled: the
+    bench still times it, and says so in the row rather than passing the static step's time off as compiled."""
+    from fullband.bench.run import run_bench
+
+    def failing(*args, **kwargs):
+        raise torch._dynamo.exc.FailOnRecompileLimitHit("no compiler")
+
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: failing)
+    cfg = BenchConfig(preset="quick", sections=("decode",), threads=1)
+    cfg.decode.steps, cfg.decode.batch_sizes = ("compiled",), (1,)
+    with pytest.warns(UserWarning, match="the compiled decode step failed"):
+        rows = {r["case"]: r for r in run_bench(cfg)["rows"]}
+    row = rows["speed eager / compiled step, batch 1"]
+    assert row["check"] == "identical tokens; FELL BACK TO UNCOMPILED" and row["ok"] is False

@@ -8,6 +8,7 @@ import dataclasses
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -264,6 +265,8 @@ class Bench:
                 times[f"{k}-pass"]), ratio=ratio(times, f"{k}-pass", "1-pass"), target=target))
 
     def decode(self) -> None:
+        from fullband.generation.static import COMPILE_FAILED
+
         c = self.cfg.decode
         config = ModelConfig(vocab_size=c.vocab_size, d_model=c.d_model, n_layers=c.n_layers, n_heads=c.n_heads,
                              max_seq_len=c.prompt_len + c.new_tokens, feedback=True)
@@ -294,7 +297,12 @@ class Bench:
                 cases[name] = (lambda p=prompts, context=context, step=name if name in c.steps else "eager":
                                steps.greedy_fullband(model, p, c.new_tokens, "standard", step=step, context=context))
             with torch.no_grad():
-                tokens = {name: cases[name]() for name in ("standard", "generate", "soft", *variants)}  # the warm-up
+                with warnings.catch_warnings(record=True) as caught:  # the warm-up (compiles the compiled step)
+                    warnings.simplefilter("always")
+                    tokens = {name: cases[name]() for name in ("standard", "generate", "soft", *variants)}
+                for w in caught:  # passed on; a compiled step that fell back is also named in its row
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+                fell_back = any(COMPILE_FAILED in str(w.message) for w in caught)
                 times = self.times[f"decode-batch{batch}"] = interleaved(cases, self.cfg.rounds, self.device,
                                                                          warmup=0)
             same = torch.equal(tokens["standard"], tokens["generate"])
@@ -319,8 +327,11 @@ class Bench:
                                  ratio=ratio(times, "standard", "soft"), target=">= 0.98"))
             for name, (_, _, label) in variants.items():
                 identical = torch.equal(tokens[name], tokens["standard"])
+                uncompiled = name == "compiled" and fell_back  # timed, but as the static step uncompiled
+                check = ("identical tokens" if identical else "TOKENS DIFFER") + ("; FELL BACK TO UNCOMPILED"
+                                                                                  if uncompiled else "")
                 self.rows.append(Row("decode", f"{label}, batch {batch}", ratio=ratio(times, name, "standard"),
-                                     check="identical tokens" if identical else "TOKENS DIFFER", ok=identical))
+                                     check=check, ok=identical and not uncompiled))
             self.rows.append(Row("decode", f"standard step beyond its matrix products, batch {batch}",
                                  1000 * statistics.median((t - g) / c.new_tokens for t, g in zip(
                                      times["standard"], times["products"], strict=True)),

@@ -41,6 +41,7 @@ from fullband.modes import DECODE_STEPS
 STEPS = DECODE_STEPS  # DecodeOptions.step: eager, static, compiled
 MAX_COMPILED_SHAPES = 64  # the compiled step's graphs (rows x capacity x fused or plain) before falling back
 MIN_CAPACITY = 64  # the smallest cache: capacities are powers of two from here, so few shapes get compiled
+COMPILE_FAILED = "the compiled decode step failed"  # how the warning of a step that fell back to uncompiled begins
 
 
 def supports_static(model: FeedbackLM) -> bool:
@@ -188,7 +189,7 @@ class StaticDecoder:
             # compiling failed, or too many shapes compiled (before the step ran): the static step, uncompiled
             if not self.compiled:
                 raise
-            warnings.warn(f"the compiled decode step failed ({type(error).__name__}: "
+            warnings.warn(f"{COMPILE_FAILED} ({type(error).__name__}: "
                           f"{str(error).strip().splitlines()[0][:200] if str(error).strip() else ''}); decoding "
                           "with the static step uncompiled", stacklevel=2)
             self.compiled, self._steps = False, {}
