@@ -83,6 +83,7 @@ def test_recall_study_end_to_end(tmp_path):
     assert {p["arm"] for p in group["grid"] if "position=none" in p["variant"]} == {"baseline"}  # NoPE: 1-pass only
     text = (out / "report.md").read_text()
     assert "## Predictions, written before the runs" in text
+    assert "the columns are replicates" in text  # compose-only has no table: its K columns say so
     # Floors per table size (lookup-only has no composition to track), validation at the trained lengths in every
     # cell, the controls that failed to train, inference costs: all in results.json and the report.
     assert set(group["floors"]) == {"2", "6"} and len(group["floors"]["6"]["start cup"]) == 6
