@@ -66,6 +66,21 @@ def test_the_paper_arm_draws_a_few_passes_per_step_and_the_hybrid_is_parameter_m
             wide.hidden("lstm")
 
 
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_the_hybrids_parameter_count_is_the_built_modules(blocks):
+    """The width search counts the hybrid's parameters without building it at every width: the count is the built
+    module's, at the matched width and others."""
+    from fullband.experiments.word_problems.models import AttentionThenLSTM, hybrid_parameters
+    from fullband.experiments.word_problems.recall.config import RecallConfig
+
+    cfg = RecallConfig()
+    arm = make_arm("hybrid", cfg, cfg.problems("a5/full"), "position=rope")
+    config = arm.blocks_config(blocks)
+    for hidden in (1, 17, arm.hidden(blocks)):
+        built = AttentionThenLSTM(config, hidden)
+        assert hybrid_parameters(config, hidden) == sum(p.numel() for p in built.parameters())
+
+
 def test_recall_study_end_to_end(tmp_path):
     from fullband.cli import main
 

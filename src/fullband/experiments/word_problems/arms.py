@@ -506,10 +506,18 @@ class FullBandwidthPaper(FullBandwidth):
             - step_flops(self.shape(knob), self.cfg.batch_size, T, 1, feedback=True))
 
 
+_FULL_BANDWIDTH_PARAMETERS: dict[str, int] = {}  # repr(config) -> parameters
+
+
 def full_bandwidth_parameters(arm: Arm) -> int:
-    """The full-bandwidth model's parameter count in ``arm``'s study (built on the meta device)."""
-    with torch.device("meta"):
-        return parameters(FullBandwidthLM(FullBandwidth(arm.cfg, arm.problems).config()))
+    """The full-bandwidth model's parameter count in ``arm``'s study (built once per config on the meta device: the
+    RNN and hybrid arms ask at every width and FLOP count)."""
+    config = FullBandwidth(arm.cfg, arm.problems).config()
+    key = repr(config)
+    if key not in _FULL_BANDWIDTH_PARAMETERS:
+        with torch.device("meta"):
+            _FULL_BANDWIDTH_PARAMETERS[key] = parameters(FullBandwidthLM(config))
+    return _FULL_BANDWIDTH_PARAMETERS[key]
 
 
 ARM_TYPES: dict[str, type[Arm]] = {a.name: a for a in (Baseline, EqualFlops, Looped, RNN, FullBandwidth, Shift0,

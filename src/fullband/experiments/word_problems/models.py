@@ -151,10 +151,19 @@ class AttentionThenLSTM(nn.Module):
         return self.head(states)
 
 
+_HYBRID_BLOCKS: dict[str, int] = {}  # repr(config) -> parameters of AttentionThenLSTM's embedding and blocks
+
+
 def hybrid_parameters(config: ModelConfig, hidden: int) -> int:
-    """Parameters of :class:`AttentionThenLSTM` (built on the meta device: nothing allocated)."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in AttentionThenLSTM(config, hidden).parameters())
+    """Parameters of :class:`AttentionThenLSTM`: its embedding and blocks (built once per config, on the meta device:
+    the width search asks for many widths, and a meta build still runs every initialiser), then the LSTM's (four
+    gates: input and recurrent weights, two biases) and the head's (with bias)."""
+    key = repr(config)
+    if key not in _HYBRID_BLOCKS:
+        with torch.device("meta"):
+            _HYBRID_BLOCKS[key] = sum(p.numel() for p in AttentionThenLSTM(config, 1).net.parameters())
+    d, V = config.d_model, config.vocab_size
+    return _HYBRID_BLOCKS[key] + 4 * hidden * (d + hidden + 2) + hidden * V + V
 
 
 def matched_hybrid_hidden(config: ModelConfig, parameters: int) -> int:
