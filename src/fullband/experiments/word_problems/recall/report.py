@@ -134,8 +134,8 @@ def _group(rep: Report, group: str, data: dict[str, Any], cfg: dict[str, Any]) -
         rows = [[title_of(arm), *[_kept_text(_kept_of(part["cells"].get(K, {}).get(arm))) for K in tables]]
                 for arm in data["chosen"]]
         rows += [row[:1] + row[2:] for row in _floor_rows(part["floors"], tables)]
-        note = ("Compose-only problems have no table: each K column is a test set of its own (the K's seed) of the "
-                "same problems, so the columns are replicates." if variant == "compose" else "")
+        note = ("Compose-only problems have no table: each K column is its own test set (seeded by K) drawn from one "
+                "distribution, so the columns are replicates." if variant == "compose" else "")
         rep.table(["arm", *[f"K = {K}" for K in tables]], rows, note)
     lengths = [*range(1, cfg["train_length"] + 1), *cfg["test_lengths"]]
     rep.section(f"Accuracy by length at K = {TARGET_K}: mean over the fresh seeds (worst seed)", level=3)
