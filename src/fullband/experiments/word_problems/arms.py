@@ -49,6 +49,7 @@ from fullband.experiments.word_problems.models import (
     growing_depth_logits,
     matched_hybrid_hidden,
     matched_rnn_hidden,
+    meta_parameters,
     rnn_parameters,
 )
 from fullband.model import FullBandwidthLM
@@ -506,18 +507,10 @@ class FullBandwidthPaper(FullBandwidth):
             - step_flops(self.shape(knob), self.cfg.batch_size, T, 1, feedback=True))
 
 
-_FULL_BANDWIDTH_PARAMETERS: dict[str, int] = {}  # repr(config) -> parameters
-
-
 def full_bandwidth_parameters(arm: Arm) -> int:
-    """The full-bandwidth model's parameter count in ``arm``'s study (built once per config on the meta device: the
-    RNN and hybrid arms ask at every width and FLOP count)."""
-    config = FullBandwidth(arm.cfg, arm.problems).config()
-    key = repr(config)
-    if key not in _FULL_BANDWIDTH_PARAMETERS:
-        with torch.device("meta"):
-            _FULL_BANDWIDTH_PARAMETERS[key] = parameters(FullBandwidthLM(config))
-    return _FULL_BANDWIDTH_PARAMETERS[key]
+    """The full-bandwidth model's parameter count in ``arm``'s study (:func:`meta_parameters`: the RNN and hybrid arms
+    ask at every width and FLOP count)."""
+    return meta_parameters(FullBandwidth(arm.cfg, arm.problems).config(), FullBandwidthLM)
 
 
 ARM_TYPES: dict[str, type[Arm]] = {a.name: a for a in (Baseline, EqualFlops, Looped, RNN, FullBandwidth, Shift0,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -151,19 +151,28 @@ class AttentionThenLSTM(nn.Module):
         return self.head(states)
 
 
-_HYBRID_BLOCKS: dict[str, int] = {}  # repr(config) -> parameters of AttentionThenLSTM's embedding and blocks
+_META_PARAMETERS: dict[tuple[str, str], int] = {}  # (builder, repr(config)) -> parameters
+
+
+def meta_parameters(config: ModelConfig, build: Callable[[ModelConfig], nn.Module]) -> int:
+    """Parameters of ``build(config)``, built once per builder and config on the meta device: the width searches ask
+    for the same count many times, and a meta build still runs every initialiser."""
+    key = (build.__qualname__, repr(config))
+    if key not in _META_PARAMETERS:
+        with torch.device("meta"):
+            _META_PARAMETERS[key] = sum(p.numel() for p in build(config).parameters())
+    return _META_PARAMETERS[key]
+
+
+def _hybrid_blocks(config: ModelConfig) -> nn.Module:
+    return AttentionThenLSTM(config, 1).net
 
 
 def hybrid_parameters(config: ModelConfig, hidden: int) -> int:
-    """Parameters of :class:`AttentionThenLSTM`: its embedding and blocks (built once per config, on the meta device:
-    the width search asks for many widths, and a meta build still runs every initialiser), then the LSTM's (four
-    gates: input and recurrent weights, two biases) and the head's (with bias)."""
-    key = repr(config)
-    if key not in _HYBRID_BLOCKS:
-        with torch.device("meta"):
-            _HYBRID_BLOCKS[key] = sum(p.numel() for p in AttentionThenLSTM(config, 1).net.parameters())
+    """Parameters of :class:`AttentionThenLSTM`: its embedding and blocks (:func:`meta_parameters`), then the LSTM's
+    (four gates: input and recurrent weights, two biases) and the head's (with bias)."""
     d, V = config.d_model, config.vocab_size
-    return _HYBRID_BLOCKS[key] + 4 * hidden * (d + hidden + 2) + hidden * V + V
+    return meta_parameters(config, _hybrid_blocks) + 4 * hidden * (d + hidden + 2) + hidden * V + V
 
 
 def matched_hybrid_hidden(config: ModelConfig, parameters: int) -> int:
