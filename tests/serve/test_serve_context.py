@@ -138,8 +138,8 @@ def test_a_schemathesis_run_on_a_small_context_with_an_api_key_finds_no_conforma
                                         max_seq_len=CONTEXT))
     app = create_app(Engine(model, max_batch=4, max_queue=4), ByteTokenizer(), "tiny", Defaults(max_tokens=4),
                      api_key="sk-fuzz")
-    began = time.monotonic()
+    began = time.process_time()  # CPU seconds: the run's budget, which a busy machine's wall clock would not keep
     report = fuzz_app(app, examples=40, seed=1, headers={"Authorization": "Bearer sk-fuzz"})
     assert report.failures == [] and dict(report.check_failures) == {}, report.check_examples
     assert report.by_status().get(200, 0) >= 40 and 401 not in report.by_status(), report.by_status()
-    assert time.monotonic() - began < 60
+    assert time.process_time() - began < 60
