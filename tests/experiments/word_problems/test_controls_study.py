@@ -19,9 +19,9 @@ from fullband.experiments.word_problems.analysis import (
     longest_kept,
     t_interval,
 )
-from fullband.experiments.word_problems.arms import make_arm, parameters
+from fullband.experiments.word_problems.arms import make_arm
 from fullband.experiments.word_problems.config import ControlsConfig
-from fullband.experiments.word_problems.models import LoopedTransformer
+from fullband.experiments.word_problems.models import LoopedTransformer, parameters
 from fullband.experiments.word_problems.train import RESULT, RunSpec, train_run, training_batch
 from fullband.model.recurrence import ntp_loss
 from fullband.tasks.word_problems import WordProblems

@@ -519,7 +519,3 @@ ARM_TYPES: dict[str, type[Arm]] = {a.name: a for a in (Baseline, EqualFlops, Loo
 
 def make_arm(name: str, cfg: ControlsConfig, problems: WordProblems, variant: str = "") -> Arm:
     return ARM_TYPES[name](cfg, problems, variant)
-
-
-def parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

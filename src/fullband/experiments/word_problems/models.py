@@ -151,6 +151,10 @@ class AttentionThenLSTM(nn.Module):
         return self.head(states)
 
 
+def parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
 _META_PARAMETERS: dict[tuple[str, str], int] = {}  # (builder, repr(config)) -> parameters
 
 
@@ -160,7 +164,7 @@ def meta_parameters(config: ModelConfig, build: Callable[[ModelConfig], nn.Modul
     key = (build.__qualname__, repr(config))
     if key not in _META_PARAMETERS:
         with torch.device("meta"):
-            _META_PARAMETERS[key] = sum(p.numel() for p in build(config).parameters())
+            _META_PARAMETERS[key] = parameters(build(config))
     return _META_PARAMETERS[key]
 
 

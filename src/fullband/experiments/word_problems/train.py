@@ -35,8 +35,9 @@ from safetensors.torch import save_model
 
 from fullband import rundir
 from fullband.devices import cpu_flags, cpu_name, resolve_device
-from fullband.experiments.word_problems.arms import Arm, make_arm, parameters
+from fullband.experiments.word_problems.arms import Arm, make_arm
 from fullband.experiments.word_problems.config import ControlsConfig
+from fullband.experiments.word_problems.models import parameters
 from fullband.files import write_bytes, write_json
 from fullband.model.recurrence import ntp_loss
 from fullband.tasks.lookup_problems import LookupProblems
